@@ -1,0 +1,129 @@
+"""Every MemT failure kind, one class each, shared by the server, the client and the proxy.
+
+The HTTP status of a failure is chosen here and nowhere else::
+
+    MemTError                         base class; .status, .wire_type, .message
+    ├── InvalidRequest          400   malformed or illegal input; nothing was changed
+    │   └── SnapshotError       400   a snapshot file that fails the memt-memory-v1 checks
+    ├── Conflict                409   the request does not fit the session's state
+    │   ├── UnknownSession            no such session (or it was closed)
+    │   ├── SessionExists             create with an ID already in use
+    │   ├── LeaseConflict             missing, wrong, expired or foreign lease
+    │   ├── EpochMismatch             the request names another server epoch
+    │   ├── SessionBusy               work in flight forbids the action
+    │   ├── TransactionConflict       no / another / already-open transaction
+    │   └── RouteDisabled             an admin route this server does not offer
+    ├── CapacityExceeded        429   session or in-flight commit limit reached
+    ├── BadGeneration           502   the engine returned an incomplete or invalid result
+    └── WorkerUnavailable       503   the engine could not be reached; the session may be uncertain
+
+``CheckpointError`` is separate: it refuses a checkpoint at load time and never reaches the wire.
+"""
+
+from __future__ import annotations
+
+WIRE_TYPE = "invalid_memory_request"
+
+
+class MemTError(Exception):
+    """Base of every protocol-level failure; carries its HTTP status and wire type."""
+
+    status: int = 500
+    wire_type: str = WIRE_TYPE
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+    def to_wire(self) -> dict:
+        """The error body the server sends: ``{"error": {"type", "message"}}``."""
+        return {"error": {"type": self.wire_type, "message": self.message}}
+
+
+class InvalidRequest(MemTError):
+    """Bad request parameters (400)."""
+
+    status = 400
+
+
+class SnapshotError(InvalidRequest):
+    """A snapshot file that is not a valid memt-memory-v1 file for this model (400)."""
+
+
+class Conflict(MemTError):
+    """The request conflicts with the session's current state (409)."""
+
+    status = 409
+
+
+class UnknownSession(Conflict):
+    """The named session does not exist."""
+
+
+class SessionExists(Conflict):
+    """A session with this ID already exists."""
+
+
+class LeaseConflict(Conflict):
+    """The lease is missing, wrong, expired, or held by someone else."""
+
+
+class EpochMismatch(Conflict):
+    """The request belongs to another server epoch (the server restarted)."""
+
+
+class SessionBusy(Conflict):
+    """Work in flight on the session forbids this action now."""
+
+
+class TransactionConflict(Conflict):
+    """The transaction named does not match the session's open transaction."""
+
+
+class RouteDisabled(Conflict):
+    """An administrative route that this server keeps disabled."""
+
+
+class CapacityExceeded(MemTError):
+    """Session or concurrent-commit capacity is exhausted (429)."""
+
+    status = 429
+
+
+class BadGeneration(MemTError):
+    """The engine produced an incomplete or invalid result (502)."""
+
+    status = 502
+
+
+class WorkerUnavailable(MemTError):
+    """The engine could not be reached or did not acknowledge in time (503)."""
+
+    status = 503
+
+
+class CheckpointError(ValueError):
+    """A checkpoint directory that this project refuses to load; the message names the field."""
+
+
+_BY_STATUS = {
+    400: InvalidRequest,
+    409: Conflict,
+    429: CapacityExceeded,
+    502: BadGeneration,
+    503: WorkerUnavailable,
+}
+
+
+def error_from_wire(status: int, body: object) -> MemTError:
+    """Rebuild the typed error for an HTTP error answer (used by the client)."""
+    message = f"HTTP {status}"
+    if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        message = str(body["error"].get("message") or message)
+    elif isinstance(body, dict) and "detail" in body:
+        message = str(body["detail"])
+    cls = _BY_STATUS.get(status, MemTError)
+    error = cls(message)
+    if cls is MemTError:
+        error.status = status
+    return error

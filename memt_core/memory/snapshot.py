@@ -1,0 +1,145 @@
+"""``memt-memory-v1`` snapshot files: published memory in safetensors, checked before use.
+
+A file holds one FP32 tensor ``memory.<layer>`` of shape ``[1, H, K, V]`` per memory layer and the
+metadata ``format=memt-memory-v1`` and ``identity=<model identity>``. An empty memory has no
+tensors. Files are written to a temporary name, fsynced and renamed, so a reader never sees a
+partial file under its final name; an existing file is replaced only when asked.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Sequence
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save as safetensors_bytes
+
+from memt_core.checkpoint import SNAPSHOT_FORMAT
+from memt_core.errors import Conflict, InvalidRequest, SnapshotError
+from memt_core.memory.state import MemoryState
+
+TENSOR_NAME = re.compile(r"^memory\.(0|[1-9][0-9]*)$")
+FILE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,194}\.safetensors$")
+
+
+def snapshot_path(directory: str | Path | None, name: object) -> Path:
+    """The path of snapshot ``name`` inside ``directory``; refuses anything but a simple file name."""
+    if directory is None:
+        raise InvalidRequest("snapshots need a server started with --state-directory")
+    if not isinstance(name, str) or not name:
+        raise InvalidRequest("'file' must be a nonempty snapshot file name")
+    if "/" in name or "\\" in name or name in (".", "..") or ".." in name or os.path.isabs(name):
+        raise InvalidRequest(f"snapshot name {name!r} must be a simple file name (no paths, '..' or absolute names)")
+    if not FILE_NAME.match(name):
+        raise InvalidRequest(
+            f"snapshot name {name!r} must match [A-Za-z0-9_][A-Za-z0-9_.-]* and end with '.safetensors'"
+        )
+    root = Path(directory)
+    path = root / name
+    if path.is_symlink():
+        raise InvalidRequest(f"snapshot {name!r} is a symbolic link; links are refused")
+    return path
+
+
+def save_snapshot(path: str | Path, state: MemoryState, *, identity: str, overwrite: bool = False) -> Path:
+    """Write ``state`` atomically: temporary file in the same folder, fsync, rename."""
+    path = Path(path)
+    tensors = {f"memory.{layer}": state.get(layer).detach().to("cpu", torch.float32).contiguous() for layer in state.layers()}
+    for name, tensor in tensors.items():
+        if not torch.isfinite(tensor).all():
+            raise SnapshotError(f"memory tensor {name} has non-finite values; refusing to save it")
+    data = safetensors_bytes(tensors, metadata={"format": SNAPSHOT_FORMAT, "identity": identity})
+    if path.exists() and not overwrite:
+        raise Conflict(f"snapshot {path.name!r} already exists; pass overwrite: true to replace it")
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".partial", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        if overwrite:
+            os.replace(tmp, path)
+        else:
+            try:
+                os.link(tmp, path)  # atomic, and fails rather than replace a file that appeared meanwhile
+            except FileExistsError:
+                raise Conflict(f"snapshot {path.name!r} already exists; pass overwrite: true to replace it") from None
+            os.unlink(tmp)
+        _fsync_dir(path.parent)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def load_snapshot(
+    path: str | Path,
+    *,
+    identity: str,
+    layers: Sequence[int],
+    shape: Sequence[int],
+) -> MemoryState:
+    """Read and check a snapshot: format, identity, layer set, dtype, shape, finite values."""
+    path = Path(path)
+    if not path.is_file():
+        raise SnapshotError(f"snapshot {path.name!r} does not exist")
+    if path.is_symlink():
+        raise SnapshotError(f"snapshot {path.name!r} is a symbolic link; links are refused")
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            metadata = handle.metadata() or {}
+            names = list(handle.keys())
+            _check_header(path.name, metadata, names, identity, layers)
+            state = MemoryState()
+            for name in names:
+                tensor = handle.get_tensor(name)
+                _check_tensor(path.name, name, tensor, shape)
+                state.set(int(name.split(".")[1]), tensor)
+    except SafetensorError as exc:
+        raise SnapshotError(f"snapshot {path.name!r} is not a readable safetensors file: {exc}") from exc
+    except OSError as exc:
+        raise SnapshotError(f"snapshot {path.name!r} could not be read: {exc}") from exc
+    return state
+
+
+def _check_header(file: str, metadata: dict, names: list[str], identity: str, layers: Sequence[int]) -> None:
+    if metadata.get("format") != SNAPSHOT_FORMAT:
+        raise SnapshotError(
+            f"snapshot {file!r} has format {metadata.get('format')!r}; expected {SNAPSHOT_FORMAT!r} "
+            "(files using memory.layers.<n> or model/encoding metadata are an older, incompatible format)"
+        )
+    if metadata.get("identity") != identity:
+        raise SnapshotError(
+            f"snapshot {file!r} was made for another model/tokenizer identity "
+            f"({metadata.get('identity')!r}, this server has {identity!r})"
+        )
+    bad = [name for name in names if not TENSOR_NAME.match(name)]
+    if bad:
+        raise SnapshotError(f"snapshot {file!r} has unexpected tensor(s): {', '.join(sorted(bad))}")
+    found = sorted(int(name.split(".")[1]) for name in names)
+    if found and found != sorted(layers):
+        raise SnapshotError(
+            f"snapshot {file!r} has memory layers {found}; this model's memory layers are {sorted(layers)}"
+        )
+
+
+def _check_tensor(file: str, name: str, tensor: torch.Tensor, shape: Sequence[int]) -> None:
+    if tensor.dtype != torch.float32:
+        raise SnapshotError(f"snapshot {file!r}: {name} has dtype {tensor.dtype}; expected float32")
+    if tuple(tensor.shape) != tuple(shape):
+        raise SnapshotError(f"snapshot {file!r}: {name} has shape {list(tensor.shape)}; expected {list(shape)}")
+    if not torch.isfinite(tensor).all():
+        raise SnapshotError(f"snapshot {file!r}: {name} has non-finite values")
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
