@@ -69,23 +69,56 @@ def commit_tokens(
 
     Runs under the caller's grad mode, so training can backpropagate through the write.
     """
+    return commit_batch(model, [memory], [token_ids], chunk_tokens=chunk_tokens)[0]
+
+
+def commit_batch(
+    model: MemTForCausalLM,
+    memories: Sequence[MemoryState],
+    token_lists: Sequence[Sequence[int] | torch.Tensor],
+    *,
+    chunk_tokens: int | None = None,
+) -> list[CommitResult]:
+    """Commit several token lists at once, each into a fork of its own memory.
+
+    Rows are right-padded to one length; padded positions write nothing (k = v = β = 0, α = 1) and,
+    the backbone being causal, do not change what real tokens see. Each row reads its own memory as
+    it was before the commit (one read snapshot per commit) and writes in events of ``chunk_tokens``.
+    """
+    if len(memories) != len(token_lists):
+        raise ValueError("one memory per token list")
     chunk = chunk_tokens or model.checkpoint.memory.chunk_tokens
     device = next(model.parameters()).device
-    ids = torch.as_tensor(token_ids, dtype=torch.long, device=device).reshape(1, -1)
-    length = ids.shape[1]
-    if length == 0:
+    rows = [torch.as_tensor(ids, dtype=torch.long).reshape(-1) for ids in token_lists]
+    lengths = [row.numel() for row in rows]
+    if min(lengths) == 0:
         raise ValueError("a commit needs at least one token")
-    read = memory_batch(model, [memory])  # the one read snapshot of this commit
+    longest = max(lengths)
+    pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
+    ids = torch.full((len(rows), longest), pad_id, dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, : row.numel()] = row
+    ids = ids.to(device)
+    mask = (torch.arange(longest)[None, :] < torch.tensor(lengths)[:, None]).to(device)  # [B, T]
+    read = memory_batch(model, list(memories))  # the one read snapshot of each commit
     out = model(ids, memory=read, collect_writes=True, logits_to_keep=1)
-    candidate = memory.fork()
-    events = 0
-    for start in range(0, length, chunk):
-        for layer, inputs in out.writes.items():
-            piece = inputs.slice(start, start + chunk)
-            state = candidate.get(layer)
-            candidate.set(layer, _write(piece, None if state is None else state.to(piece.k.device)))
-        events += 1
-    return CommitResult(memory=candidate, tokens=length, write_events=events, read_snapshots=1)
+    candidates = [m.fork() for m in memories]
+    for layer, inputs in out.writes.items():
+        inputs = inputs.masked(mask)
+        state = _stacked(model, [c.get(layer) for c in candidates], device)
+        for start in range(0, longest, chunk):
+            state = _write(inputs.slice(start, start + chunk), state)
+        for i, candidate in enumerate(candidates):
+            candidate.set(layer, state[i : i + 1])
+    return [
+        CommitResult(memory=candidate, tokens=length, write_events=-(-length // chunk), read_snapshots=1)
+        for candidate, length in zip(candidates, lengths)
+    ]
+
+
+def _stacked(model: MemTForCausalLM, tensors: list[torch.Tensor | None], device) -> torch.Tensor:
+    shape = model.checkpoint.memory.state_shape()
+    return torch.cat([torch.zeros(shape, device=device) if t is None else t.to(device) for t in tensors], dim=0)
 
 
 def _write(piece, state):

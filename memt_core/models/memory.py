@@ -32,6 +32,13 @@ class WriteInputs:
         """Tokens ``start:stop`` (a write event's share of a commit)."""
         return WriteInputs(self.k[:, start:stop], self.v[:, start:stop], self.g[:, start:stop], self.beta[:, start:stop])
 
+    def masked(self, mask: torch.Tensor) -> "WriteInputs":
+        """Zero the writes of tokens where ``mask [B, T]`` is False (k = v = β = 0, log α = 0)."""
+        keep = mask.to(self.k.dtype)
+        return WriteInputs(
+            self.k * keep[..., None, None], self.v * keep[..., None, None], self.g * keep[..., None], self.beta * keep[..., None]
+        )
+
     @property
     def length(self) -> int:
         return self.k.shape[1]
