@@ -12,7 +12,10 @@ The HTTP status of a failure is chosen here and nowhere else::
     │   ├── EpochMismatch             the request names another server epoch
     │   ├── SessionBusy               work in flight forbids the action
     │   ├── TransactionConflict       no / another / already-open transaction
+    │   ├── NonceReused               a RID nonce the session has seen before
+    │   ├── UncertainSession          unreconciled work of unknown outcome
     │   └── RouteDisabled             an admin route this server does not offer
+    ├── AuthenticationError     401   missing or wrong API key
     ├── CapacityExceeded        429   session or in-flight commit limit reached
     ├── BadGeneration           502   the engine returned an incomplete or invalid result
     └── WorkerUnavailable       503   the engine could not be reached; the session may be uncertain
@@ -80,8 +83,23 @@ class TransactionConflict(Conflict):
     """The transaction named does not match the session's open transaction."""
 
 
+class NonceReused(Conflict):
+    """A request ID nonce that this session has already seen; it is never applied twice."""
+
+
+class UncertainSession(Conflict):
+    """Earlier work on the session has an unknown outcome; reconcile with status/recover first."""
+
+
 class RouteDisabled(Conflict):
     """An administrative route that this server keeps disabled."""
+
+
+class AuthenticationError(MemTError):
+    """Missing or wrong API key (401)."""
+
+    status = 401
+    wire_type = "authentication_error"
 
 
 class CapacityExceeded(MemTError):
@@ -108,6 +126,7 @@ class CheckpointError(ValueError):
 
 _BY_STATUS = {
     400: InvalidRequest,
+    401: AuthenticationError,
     409: Conflict,
     429: CapacityExceeded,
     502: BadGeneration,

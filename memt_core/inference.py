@@ -30,6 +30,7 @@ class CommitResult:
     tokens: int
     write_events: int
     read_snapshots: int
+    logits: torch.Tensor | None = None  # [tokens, vocab], only when asked for (training)
 
 
 @dataclass
@@ -64,12 +65,13 @@ def commit_tokens(
     token_ids: Sequence[int] | torch.Tensor,
     *,
     chunk_tokens: int | None = None,
+    keep_logits: bool = False,
 ) -> CommitResult:
     """Write ``token_ids`` into a fork of ``memory``; the input memory is left unchanged.
 
     Runs under the caller's grad mode, so training can backpropagate through the write.
     """
-    return commit_batch(model, [memory], [token_ids], chunk_tokens=chunk_tokens)[0]
+    return commit_batch(model, [memory], [token_ids], chunk_tokens=chunk_tokens, keep_logits=keep_logits)[0]
 
 
 def commit_batch(
@@ -78,12 +80,15 @@ def commit_batch(
     token_lists: Sequence[Sequence[int] | torch.Tensor],
     *,
     chunk_tokens: int | None = None,
+    keep_logits: bool = False,
 ) -> list[CommitResult]:
     """Commit several token lists at once, each into a fork of its own memory.
 
     Rows are right-padded to one length; padded positions write nothing (k = v = β = 0, α = 1) and,
     the backbone being causal, do not change what real tokens see. Each row reads its own memory as
     it was before the commit (one read snapshot per commit) and writes in events of ``chunk_tokens``.
+    ``keep_logits`` also returns each row's logits over its tokens (the same forward pass; for training,
+    where they are the logits a query over the same tokens and memory would have produced).
     """
     if len(memories) != len(token_lists):
         raise ValueError("one memory per token list")
@@ -101,7 +106,7 @@ def commit_batch(
     ids = ids.to(device)
     mask = (torch.arange(longest)[None, :] < torch.tensor(lengths)[:, None]).to(device)  # [B, T]
     read = memory_batch(model, list(memories))  # the one read snapshot of each commit
-    out = model(ids, memory=read, collect_writes=True, logits_to_keep=1)
+    out = model(ids, memory=read, collect_writes=True, logits_to_keep=0 if keep_logits else 1)
     candidates = [m.fork() for m in memories]
     for layer, inputs in out.writes.items():
         inputs = inputs.masked(mask)
@@ -111,8 +116,14 @@ def commit_batch(
         for i, candidate in enumerate(candidates):
             candidate.set(layer, state[i : i + 1])
     return [
-        CommitResult(memory=candidate, tokens=length, write_events=-(-length // chunk), read_snapshots=1)
-        for candidate, length in zip(candidates, lengths)
+        CommitResult(
+            memory=candidate,
+            tokens=length,
+            write_events=-(-length // chunk),
+            read_snapshots=1,
+            logits=out.logits[i, :length] if keep_logits else None,
+        )
+        for i, (candidate, length) in enumerate(zip(candidates, lengths))
     ]
 
 

@@ -95,11 +95,10 @@ def chunk_gated_delta_rule(
     # e^{γ_t − γ_i} for i ≤ t, zero above the diagonal (masked before exp so it never overflows)
     decay = (gamma[..., :, None] - gamma[..., None, :]).masked_fill(~lower, float("-inf")).exp()
 
-    # T = (I + A)^{-1} by forward substitution on the strictly lower part, row by row
-    t = -(beta_c[..., :, None] * decay * (k_c @ k_c.transpose(-1, -2))).tril(-1)
-    for i in range(1, size):
-        t[..., i, :i] = t[..., i, :i] + (t[..., i, :, None] * t[..., :, :i]).sum(-2)
-    t = t + torch.eye(size, device=k.device)
+    # T = (I + A)^{-1}: a unit lower triangular solve (out of place, so autograd can differentiate it)
+    eye = torch.eye(size, device=k.device)
+    a = (beta_c[..., :, None] * decay * (k_c @ k_c.transpose(-1, -2))).tril(-1)
+    t = torch.linalg.solve_triangular(a + eye, eye.expand_as(a), upper=False, unitriangular=True)
     wu = t @ torch.cat([(beta_c * gamma.exp())[..., None] * k_c, beta_c[..., None] * v_c], dim=-1)
     w, u = wu[..., :key_dim].contiguous(), wu[..., key_dim:].contiguous()  # U = u − w S₀ once S₀ is known
     k_tail = (k_c * (gamma[..., -1:] - gamma).exp()[..., None]).transpose(-1, -2).contiguous()  # Kᵀ e^{γ_C−γ}

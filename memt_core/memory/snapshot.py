@@ -21,23 +21,16 @@ from safetensors.torch import save as safetensors_bytes
 from memt_core.checkpoint import SNAPSHOT_FORMAT
 from memt_core.errors import Conflict, InvalidRequest, SnapshotError
 from memt_core.memory.state import MemoryState
+from memt_core.protocol.events import check_snapshot_name
 
 TENSOR_NAME = re.compile(r"^memory\.(0|[1-9][0-9]*)$")
-FILE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,194}\.safetensors$")
 
 
 def snapshot_path(directory: str | Path | None, name: object) -> Path:
     """The path of snapshot ``name`` inside ``directory``; refuses anything but a simple file name."""
     if directory is None:
         raise InvalidRequest("snapshots need a server started with --state-directory")
-    if not isinstance(name, str) or not name:
-        raise InvalidRequest("'file' must be a nonempty snapshot file name")
-    if "/" in name or "\\" in name or name in (".", "..") or ".." in name or os.path.isabs(name):
-        raise InvalidRequest(f"snapshot name {name!r} must be a simple file name (no paths, '..' or absolute names)")
-    if not FILE_NAME.match(name):
-        raise InvalidRequest(
-            f"snapshot name {name!r} must match [A-Za-z0-9_][A-Za-z0-9_.-]* and end with '.safetensors'"
-        )
+    check_snapshot_name(name)
     root = Path(directory)
     path = root / name
     if path.is_symlink():
@@ -57,6 +50,7 @@ def save_snapshot(path: str | Path, state: MemoryState, *, identity: str, overwr
         raise Conflict(f"snapshot {path.name!r} already exists; pass overwrite: true to replace it")
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".partial", dir=path.parent)
     try:
+        os.fchmod(fd, 0o644)
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()

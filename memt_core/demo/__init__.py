@@ -1,0 +1,7 @@
+"""The bundled demo model: synthetic data, training and evaluation of a tiny Nano-architecture MemT.
+
+``episodes`` draws synthetic conversations (personal facts, documents, tool calls, repetition),
+``format`` turns them into token ids exactly as the client and proxy encode them, ``train`` trains a
+tiny checkpoint through the engine's commit and read paths, and ``eval`` measures recall from latent
+memory alone. Importing this package imports neither torch nor transformers.
+"""

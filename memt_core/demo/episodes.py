@@ -1,0 +1,752 @@
+"""Synthetic conversations for the demo model, at the text level.
+
+An :class:`Episode` is what one training example (or one evaluation case) is made of: the things
+written to latent memory, in order (conversation turns, tool-calling turns, documents), and a final
+:class:`Query` whose prompt holds *only* what a client would send after trimming committed turns, with
+the answer the model should give. Every value (names, cities, foods, …) is drawn at random from
+:mod:`memt_core.demo.pools` for each episode, so the only place an episode's facts can come from is
+the memory (or, for in-context episodes, the prompt).
+
+Skills: (1) personal facts said in one turn and asked about later, several facts per turn and several
+turns; (2) a document ingested through memory and questions about it; (3) tool calls for
+``get_weather``, ``add`` and ``multiply`` and answers from the tool's result; (4) repeating a text
+exactly. :class:`EpisodeSampler` mixes them, with a curriculum from one fact to many facts and
+distractor commits. Turning an episode into token ids is :mod:`memt_core.demo.format`'s job.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from dataclasses import dataclass, field
+from typing import Union
+
+from memt_core.demo import pools
+
+# --------------------------------------------------------------------------------------------------
+# Data model
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    name: str
+    arguments: dict
+
+
+@dataclass
+class Turn:
+    """A conversation turn: the user's message and the assistant's reply (``values``: words to stress)."""
+
+    user: str
+    reply: str
+    values: tuple[str, ...] = ()
+
+
+@dataclass
+class ToolTurn:
+    """A turn that calls a tool: user message, the call, the tool's result (JSON text), the final reply."""
+
+    user: str
+    tools: list[dict]
+    call: ToolCall
+    result: str
+    reply: str
+    values: tuple[str, ...] = ()
+
+
+@dataclass
+class Document:
+    """Raw text ingested through memory, split into ``chunk_tokens`` pieces (one commit each)."""
+
+    text: str
+
+
+#: One commit: several turns concatenated, or a document (which becomes one commit per piece).
+Commit = Union[list[Union[Turn, ToolTurn]], Document]
+
+
+@dataclass
+class Query:
+    """The request after the commits: chat messages (+ tools) and the expected answer text."""
+
+    messages: list[dict]
+    answer: str
+    tools: list[dict] | None = None
+    thinking: bool = False
+    values: tuple[str, ...] = ()  # words of the answer that carry the skill (recalled values, copied args)
+    meta: dict = field(default_factory=dict)
+
+
+@dataclass
+class Episode:
+    kind: str
+    commits: list[Commit]
+    query: Query
+
+
+# --------------------------------------------------------------------------------------------------
+# Personal facts
+
+
+@dataclass(frozen=True)
+class Attribute:
+    """A kind of personal fact: its values, how the user states and asks it, how the assistant says it.
+
+    Templates use ``{v}`` for the value and ``{a}`` for its article ("a"/"an"); statements are sentence
+    fragments (lower-case unless they start with "I") so they can be joined with "and".
+    """
+
+    key: str
+    pool: tuple[str, ...]
+    statements: tuple[str, ...]
+    questions: tuple[str, ...]
+    clause: str  # second person, e.g. "you live in {v}": used in replies and answers
+    unknown: str  # "I don't know ...": e.g. "where you live"
+
+
+ATTRIBUTES: dict[str, Attribute] = {
+    a.key: a
+    for a in (
+        Attribute(
+            "name", pools.NAMES,
+            ("my name is {v}", "I am {v}", "I'm {v}", "call me {v}", "my name's {v}"),
+            ("What is my name?", "What's my name?", "Do you remember my name?", "Who am I?",
+             "What am I called?", "Can you tell me my name?"),
+            "your name is {v}", "your name",
+        ),
+        Attribute(
+            "age", pools.AGES,
+            ("I am {v} years old", "I'm {v} years old", "my age is {v}", "I just turned {v}"),
+            ("How old am I?", "What is my age?", "What's my age?", "Do you know how old I am?"),
+            "you are {v} years old", "how old you are",
+        ),
+        Attribute(
+            "city", pools.CITIES,
+            ("I live in {v}", "I'm from {v}", "my home town is {v}", "I am living in {v}", "my city is {v}"),
+            ("Where do I live?", "Which city do I live in?", "Where am I from?", "What is my home town?",
+             "What city am I from?"),
+            "you live in {v}", "where you live",
+        ),
+        Attribute(
+            "food", pools.FOODS,
+            ("my favourite food is {v}", "my favorite food is {v}", "I love eating {v}", "I really like {v}"),
+            ("What is my favourite food?", "What's my favorite food?", "What food do I like?",
+             "What do I love eating?"),
+            "your favourite food is {v}", "your favourite food",
+        ),
+        Attribute(
+            "pet", pools.ANIMALS,
+            ("I have a pet {v}", "I have {a} {v} at home", "my pet is {a} {v}"),
+            ("What pet do I have?", "What kind of pet do I have?", "What animal do I have at home?"),
+            "you have {a} {v}", "what pet you have",
+        ),
+        Attribute(
+            "pet_name", pools.NAMES,
+            ("my pet is called {v}", "my pet's name is {v}"),
+            ("What is my pet called?", "What is my pet's name?", "What's the name of my pet?"),
+            "your pet is called {v}", "your pet's name",
+        ),
+        Attribute(
+            "job", pools.JOBS,
+            ("I work as {a} {v}", "I'm {a} {v} by trade", "by profession I am {a} {v}"),
+            ("What is my job?", "What do I do for a living?", "What is my profession?", "What do I work as?"),
+            "you work as {a} {v}", "your job",
+        ),
+        Attribute(
+            "trait", pools.TRAITS,
+            ("I am very {v}", "people say I am {v}", "my friends think I am {v}"),
+            ("How would you describe me?", "What kind of person am I?", "What is my personality like?"),
+            "you are {v}", "what you are like",
+        ),
+        Attribute(
+            "colour", pools.COLOURS,
+            ("my favourite colour is {v}", "my favorite color is {v}", "I like the colour {v} best"),
+            ("What is my favourite colour?", "What's my favorite color?", "Which colour do I like best?"),
+            "your favourite colour is {v}", "your favourite colour",
+        ),
+        Attribute(
+            "hobby", pools.HOBBIES,
+            ("my hobby is {v}", "I enjoy {v} in my free time", "in my free time I love {v}"),
+            ("What is my hobby?", "What do I do in my free time?", "What's my hobby?"),
+            "your hobby is {v}", "your hobby",
+        ),
+        Attribute(
+            "friend", pools.NAMES,
+            ("my best friend is {v}", "my best friend is called {v}"),
+            ("Who is my best friend?", "What is my best friend's name?"),
+            "your best friend is {v}", "who your best friend is",
+        ),
+        Attribute(
+            "month", pools.MONTHS,
+            ("I was born in {v}", "my birthday is in {v}"),
+            ("When was I born?", "In which month was I born?", "When is my birthday?"),
+            "you were born in {v}", "when you were born",
+        ),
+    )
+}
+
+
+@dataclass(frozen=True)
+class Fact:
+    attribute: str
+    value: str
+
+
+def article(word: str) -> str:
+    return "an" if word[:1].lower() in "aeiou" else "a"
+
+
+def fill(template: str, value: str) -> str:
+    return template.replace("{a}", article(value)).replace("{v}", value)
+
+
+def capitalise(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
+def lower_first(text: str) -> str:
+    """Lower-case the first letter unless the text starts with the pronoun "I"."""
+    if re.match(r"I\b|I'", text):
+        return text
+    return text[:1].lower() + text[1:]
+
+
+def join_clauses(clauses: list[str]) -> str:
+    if len(clauses) == 1:
+        return clauses[0]
+    return ", ".join(clauses[:-1]) + " and " + clauses[-1]
+
+
+def sample_facts(rng: random.Random, count: int, *, exclude: tuple[str, ...] = (), used: set[str] | None = None) -> list[Fact]:
+    """``count`` facts about distinct attributes, values distinct from ``used`` (names share one pool)."""
+    keys = [k for k in ATTRIBUTES if k not in exclude]
+    chosen = rng.sample(keys, count)
+    used = set() if used is None else used
+    facts = []
+    for key in chosen:
+        value = rng.choice([v for v in ATTRIBUTES[key].pool if v not in used])
+        used.add(value)
+        facts.append(Fact(key, value))
+    return facts
+
+
+def acknowledgement(facts: list[Fact]) -> str:
+    """The assistant's reply to a turn that tells facts: it restates them (a second write to memory)."""
+    name = next((f.value for f in facts if f.attribute == "name"), None)
+    rest = [fill(ATTRIBUTES[f.attribute].clause, f.value) for f in facts if f.attribute != "name"]
+    parts = []
+    if name is not None:
+        parts.append(f"Nice to meet you, {name}!")
+    if rest:
+        parts.append(("" if name is not None else "Got it! ") + "I will remember that " + join_clauses(rest) + ".")
+    return " ".join(parts)
+
+
+GREETINGS = ("", "", "", "Hi, ", "Hello! ", "Hey, ", "Hi there. ", "Good morning! ")
+
+
+def statement_message(rng: random.Random, facts: list[Fact]) -> str:
+    """A user message telling ``facts``, e.g. "Hi, my name is Alice and I live in Lisbon. I'm a chef." """
+    fragments = [fill(rng.choice(ATTRIBUTES[f.attribute].statements), f.value) for f in facts]
+    sentences, i = [], 0
+    while i < len(fragments):
+        if i + 1 < len(fragments) and rng.random() < 0.4:
+            sentences.append(fragments[i] + " and " + lower_first(fragments[i + 1]))
+            i += 2
+        else:
+            sentences.append(fragments[i])
+            i += 1
+    greeting = rng.choice(GREETINGS)
+    first = sentences[0] if greeting.endswith(", ") else capitalise(sentences[0])
+    return greeting + ". ".join([first] + [capitalise(s) for s in sentences[1:]]) + "."
+
+
+QUESTION_PREFIXES = ("", "", "", "", "By the way, ", "Quick question: ", "Tell me, ", "Hey, ")
+
+
+def question_message(rng: random.Random, attributes: list[str]) -> str:
+    questions = [rng.choice(ATTRIBUTES[a].questions) for a in attributes]
+    text = questions[0]
+    if len(questions) > 1:
+        text = text[:-1] + " and " + lower_first(questions[1])
+    prefix = rng.choice(QUESTION_PREFIXES)
+    return prefix + (lower_first(text) if prefix else text)
+
+
+def fact_answer(facts: list[Fact]) -> str:
+    return capitalise(join_clauses([fill(ATTRIBUTES[f.attribute].clause, f.value) for f in facts])) + "."
+
+
+def unknown_answer(attribute: str) -> str:
+    return f"I don't know {ATTRIBUTES[attribute].unknown}."
+
+
+def fact_turn(rng: random.Random, facts: list[Fact]) -> Turn:
+    return Turn(statement_message(rng, facts), acknowledgement(facts), tuple(f.value for f in facts))
+
+
+# --------------------------------------------------------------------------------------------------
+# Distractor turns: small talk that must not disturb what memory holds
+
+
+SMALL_TALK = (
+    ("How are you?", "I am fine, thank you! How can I help you?"),
+    ("Thank you!", "You are welcome!"),
+    ("Thanks a lot.", "You are welcome!"),
+    ("Good morning!", "Good morning! How can I help you?"),
+    ("Hello!", "Hello! How can I help you?"),
+    ("What is your name?", "I am MemT, a tiny assistant with latent memory."),
+    ("Who are you?", "I am MemT, a tiny assistant with latent memory."),
+    ("What can you do?", "I can remember what you tell me, call tools and repeat text."),
+    ("Tell me a joke.", "Why did the cat sit on the computer? To keep an eye on the mouse!"),
+    ("Can you help me?", "Of course! What do you need?"),
+    ("Goodbye!", "Goodbye! Talk to you soon."),
+    ("The weather is nice today.", "That is great! Enjoy the sun."),
+    ("I am tired.", "Take a break and rest a little."),
+    ("Let's talk about something else.", "Sure! What would you like to talk about?"),
+    ("Do you like music?", "I like all kinds of music!"),
+)
+
+
+def small_talk_turn(rng: random.Random) -> Turn:
+    """A distractor turn; some mention names, cities or foods that are *not* the user's own."""
+    kind = rng.random()
+    if kind < 0.6:
+        user, reply = rng.choice(SMALL_TALK)
+        return Turn(user, reply)
+    if kind < 0.7:
+        animal = rng.choice(pools.ANIMALS)
+        return Turn(f"I watched a film about {animal}s yesterday.", "That sounds fun!")
+    if kind < 0.8:
+        city = rng.choice(pools.CITIES)
+        return Turn(f"I am going to {city} next week.", f"Have a great trip to {city}!", (city,))
+    if kind < 0.9:
+        name = rng.choice(pools.NAMES)
+        return Turn(f"My neighbour {name} is visiting me today.", f"That sounds nice! Say hello to {name}.", (name,))
+    food = rng.choice(pools.FOODS)
+    return Turn(f"I ate {food} for lunch today.", "Sounds tasty!")
+
+
+# --------------------------------------------------------------------------------------------------
+# Documents
+
+
+@dataclass(frozen=True)
+class DocumentFact:
+    key: str
+    value: str
+    sentences: tuple[str, ...]  # "{org}" and "{v}" filled in later
+    questions: tuple[str, ...]
+    answer: str
+
+
+def _org_facts(rng: random.Random) -> list[DocumentFact]:
+    founder = rng.choice(pools.NAMES)
+    return [
+        DocumentFact("city", rng.choice(pools.CITIES), ("{org} is a company based in {v}.",),
+                     ("Where is {org} based?", "In which city is {org} based?"), "{org} is based in {v}."),
+        DocumentFact("founder", founder, ("It was founded by {v}.", "The company was started by {v}."),
+                     ("Who founded {org}?", "Who started {org}?"), "{org} was founded by {v}."),
+        DocumentFact("year", str(rng.randint(1900, 2020)), ("It was founded in {v}.", "The company started in {v}."),
+                     ("When was {org} founded?", "In which year was {org} founded?"), "{org} was founded in {v}."),
+        DocumentFact("product", rng.choice(pools.PRODUCTS), ("The company makes {v}.", "{org} is known for its {v}."),
+                     ("What does {org} make?", "What does {org} produce?"), "{org} makes {v}."),
+        DocumentFact("employees", str(rng.randint(10, 990)), ("It has {v} employees.", "About {v} people work there."),
+                     ("How many employees does {org} have?", "How many people work at {org}?"),
+                     "{org} has {v} employees."),
+        DocumentFact("colour", rng.choice(pools.COLOURS), ("Its logo is {v}.", "The logo of the company is {v}."),
+                     ("What colour is the logo of {org}?", "What colour is the {org} logo?"),
+                     "The logo of {org} is {v}."),
+    ]
+
+
+def document(rng: random.Random, *, fillers: int | None = None) -> tuple[str, str, list[DocumentFact]]:
+    """A company profile: ``(org, text, facts)``; the first sentence names the company and its city."""
+    org = f"{rng.choice(pools.ORG_WORDS)} {rng.choice(pools.ORG_KINDS)}"
+    facts = _org_facts(rng)
+    intro, others = facts[0], facts[1:]
+    rng.shuffle(others)
+    keep = others[: rng.randint(2, len(others))]
+    sentences = [rng.choice(f.sentences).replace("{v}", f.value) for f in keep]
+    count = rng.choice((0, 0, 1, 2, 3, 6)) if fillers is None else fillers
+    for filler in rng.sample(pools.FILLER_SENTENCES, count):
+        sentences.insert(rng.randint(0, len(sentences)), filler)
+    text = " ".join([intro.sentences[0].replace("{v}", intro.value)] + sentences).replace("{org}", org)
+    if rng.random() < 0.3:
+        text = f"About {org}\n" + text
+    return org, text, [intro] + keep
+
+
+DOCUMENT_PREFIXES = ("", "", "According to the document, ", "From the document: ", "In the text you read, ")
+
+
+def document_question(rng: random.Random, org: str, fact: DocumentFact) -> tuple[str, str]:
+    question = rng.choice(fact.questions).replace("{org}", org)
+    prefix = rng.choice(DOCUMENT_PREFIXES)
+    if prefix:
+        question = prefix + (question if prefix.endswith(": ") else lower_first(question))
+    return question, fact.answer.replace("{org}", org).replace("{v}", fact.value)
+
+
+# --------------------------------------------------------------------------------------------------
+# Tools
+
+
+def _tool(name: str, description: str, properties: dict) -> dict:
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {"type": "object", "properties": properties, "required": list(properties)},
+        },
+    }
+
+
+NUMBER = {"type": "number"}
+TOOLS = {
+    "get_weather": _tool("get_weather", "Get the current weather in a city.", {"city": {"type": "string", "description": "The city name."}}),
+    "add": _tool("add", "Add two numbers.", {"a": NUMBER, "b": NUMBER}),
+    "multiply": _tool("multiply", "Multiply two numbers.", {"a": NUMBER, "b": NUMBER}),
+}
+
+WEATHER_REQUESTS = ("What is the weather in {c}?", "What's the weather like in {c}?", "How is the weather in {c} today?",
+                    "Tell me the weather in {c}.", "Is it raining in {c}?", "Weather in {c}, please.")
+WEATHER_AT_HOME = ("What is the weather where I live?", "How is the weather in my city?", "What's the weather like at home?")
+ADD_REQUESTS = ("What is {a} plus {b}?", "Add {a} and {b}.", "What is {a} + {b}?", "Can you add {a} and {b}?",
+                "How much is {a} plus {b}?")
+MULTIPLY_REQUESTS = ("What is {a} times {b}?", "Multiply {a} by {b}.", "What is {a} * {b}?", "How much is {a} times {b}?")
+
+
+def tool_call_text(call: ToolCall) -> str:
+    """A tool call exactly as the Nano chat template renders one (and as the model must write it)."""
+    return '<tool_call>\n{"name": "' + call.name + '", "arguments": ' + json.dumps(call.arguments, ensure_ascii=False) + "}\n</tool_call>"
+
+
+def _number(rng: random.Random) -> int:
+    return rng.choice((rng.randint(0, 20), rng.randint(0, 100), rng.randint(0, 999)))
+
+
+def tool_turn(rng: random.Random, *, tool: str | None = None, home_city: str | None = None, tools: list[str] | None = None) -> ToolTurn:
+    """A tool-calling turn; with ``home_city`` the weather request may say "where I live" (from memory)."""
+    tool = tool or rng.choice(("get_weather", "get_weather", "add", "multiply"))
+    offered = tools if tools is not None else _offered_tools(rng, tool)
+    if tool == "get_weather":
+        if home_city is not None and rng.random() < 0.5:
+            city, user = home_city, rng.choice(WEATHER_AT_HOME)
+        else:
+            city = rng.choice(pools.CITIES)
+            user = rng.choice(WEATHER_REQUESTS).replace("{c}", city)
+        temperature, condition = rng.randint(-10, 40), rng.choice(pools.CONDITIONS)
+        call = ToolCall("get_weather", {"city": city})
+        result = json.dumps({"city": city, "temperature": temperature, "condition": condition})
+        reply = f"It is {condition} and {temperature} degrees in {city}."
+        values = (city, condition, str(temperature))
+    else:
+        a, b = _number(rng), _number(rng)
+        add = tool == "add"
+        user = rng.choice(ADD_REQUESTS if add else MULTIPLY_REQUESTS).replace("{a}", str(a)).replace("{b}", str(b))
+        value = a + b if add else a * b
+        call = ToolCall(tool, {"a": a, "b": b})
+        result = json.dumps({"result": value})
+        reply = f"{a} {'plus' if add else 'times'} {b} is {value}."
+        values = (str(value),)
+    return ToolTurn(user, [TOOLS[name] for name in offered], call, result, reply, values)
+
+
+def _offered_tools(rng: random.Random, needed: str | None) -> list[str]:
+    names = list(TOOLS)
+    offered = rng.sample(names, rng.randint(1, len(names)))
+    if needed is not None and needed not in offered:
+        offered.insert(rng.randint(0, len(offered)), needed)
+    return offered
+
+
+# --------------------------------------------------------------------------------------------------
+# Repetition
+
+REPEAT_REQUESTS = ("Repeat exactly:\n{t}", "Repeat after me: {t}", "Please repeat this text exactly: {t}",
+                   "Say this back to me word for word:\n{t}", "Repeat this: {t}", "Copy this text:\n{t}")
+
+
+def repeat_text(rng: random.Random) -> str:
+    words = [rng.choice(pools.STARTERS)]
+    for _ in range(rng.randint(2, 14)):
+        r = rng.random()
+        if r < 0.7:
+            words.append(rng.choice(pools.COMMON_WORDS))
+        elif r < 0.8:
+            words.append(rng.choice(pools.NAMES))
+        elif r < 0.9:
+            words.append(rng.choice(pools.CITIES + pools.FOODS + pools.HOBBIES))
+        else:
+            words.append(str(_number(rng)))
+    return " ".join(words) + rng.choice((".", ".", "!", "?", ""))
+
+
+def repeat_turn(rng: random.Random, text: str | None = None) -> Turn:
+    text = text or repeat_text(rng)
+    return Turn(rng.choice(REPEAT_REQUESTS).replace("{t}", text), text)
+
+
+# --------------------------------------------------------------------------------------------------
+# Episodes
+
+
+def _system(rng: random.Random, p: float) -> list[dict]:
+    return [{"role": "system", "content": rng.choice(pools.SYSTEM_PROMPTS)}] if rng.random() < p else []
+
+
+def _user(text: str) -> dict:
+    return {"role": "user", "content": text}
+
+
+def _group_commits(rng: random.Random, turns: list, merge: float) -> list[Commit]:
+    """Commit turns one by one, sometimes several turns in one commit; documents stay on their own."""
+    commits: list[Commit] = []
+    for item in turns:
+        if isinstance(item, Document):
+            commits.append(item)
+        elif commits and isinstance(commits[-1], list) and rng.random() < merge:
+            commits[-1].append(item)
+        else:
+            commits.append([item])
+    return commits
+
+
+@dataclass
+class Mix:
+    """What an :class:`EpisodeSampler` draws: kind weights and the difficulty of fact episodes."""
+
+    facts: float = 0.55
+    unknown: float = 0.05
+    document: float = 0.10
+    tool_call: float = 0.07
+    tool_answer: float = 0.05
+    repeat: float = 0.08
+    statement: float = 0.04
+    context: float = 0.04
+    small_talk: float = 0.02
+    max_facts: int = 5  # facts told in one episode
+    max_turns: int = 3  # turns they are spread over
+    max_distractors: int = 3  # distractor commits (small talk, tools, documents, repeats)
+    distractor_p: float = 0.7  # probability that a fact episode has distractors at all
+    merge: float = 0.25  # probability of committing a turn together with the previous one
+    system: float = 0.25
+    thinking: float = 0.05
+    extra_tools: float = 0.1  # tools offered in a prompt that needs none
+
+    @classmethod
+    def curriculum(cls, progress: float) -> "Mix":
+        """Start with one fact and few distractors; reach the full mix at a third of training."""
+        p = min(1.0, max(0.0, progress / 0.33))
+        return cls(
+            max_facts=1 + round(4 * p),
+            max_turns=1 + round(2 * p),
+            max_distractors=1 + round(2 * p),
+            distractor_p=0.3 + 0.4 * p,
+        )
+
+
+class EpisodeSampler:
+    """Draws random episodes of every kind; seeded, so a run is reproducible."""
+
+    def __init__(self, seed: int = 0):
+        self.rng = random.Random(seed)
+
+    # -- building blocks -------------------------------------------------------------------------
+
+    def distractor(self, mix: Mix, *, home_city: str | None = None, exclude_documents: bool = False) -> Turn | ToolTurn | Document:
+        rng = self.rng
+        r = rng.random()
+        if r < 0.5:
+            return small_talk_turn(rng)
+        if r < 0.65:
+            return repeat_turn(rng)
+        if r < 0.85 or exclude_documents:
+            return tool_turn(rng, home_city=home_city)
+        return Document(document(rng)[1])
+
+    def _finish(self, kind: str, items: list, query: Query, mix: Mix, *, tools_needed: bool = False) -> Episode:
+        rng = self.rng
+        if not tools_needed and query.tools is None and rng.random() < mix.extra_tools:
+            query.tools = [TOOLS[name] for name in _offered_tools(rng, None)]
+        if query.thinking is False and rng.random() < mix.thinking:
+            query.thinking = True
+        return Episode(kind, _group_commits(rng, items, mix.merge), query)
+
+    def _fact_turns(self, mix: Mix, count: int, turns: int, used: set[str]) -> tuple[list[Fact], list[Turn]]:
+        rng = self.rng
+        facts = sample_facts(rng, count, used=used)
+        turns = min(turns, count)
+        cuts = sorted(rng.sample(range(1, count), turns - 1)) if turns > 1 else []
+        groups = [facts[i:j] for i, j in zip([0] + cuts, cuts + [count])]
+        return facts, [fact_turn(rng, group) for group in groups]
+
+    def _with_distractors(self, mix: Mix, items: list, *, home_city: str | None = None) -> list:
+        rng = self.rng
+        if rng.random() >= mix.distractor_p:
+            return items
+        for _ in range(rng.randint(1, mix.max_distractors)):
+            position = rng.randint(0, len(items))
+            if position == 0 and rng.random() < 0.7:  # mostly after the first fact turn
+                position = len(items)
+            items.insert(position, self.distractor(mix, home_city=home_city))
+        return items
+
+    # -- episode kinds ---------------------------------------------------------------------------
+
+    def facts(self, mix: Mix, *, count: int | None = None, turns: int | None = None, ask: int | None = None) -> Episode:
+        """Facts told in 1+ turns (with distractors); the query asks about one or two of them."""
+        rng = self.rng
+        count = count or rng.randint(1, mix.max_facts)
+        turns = turns or rng.randint(1, min(count, mix.max_turns))
+        facts, items = self._fact_turns(mix, count, turns, set())
+        home = next((f.value for f in facts if f.attribute == "city"), None)
+        items = self._with_distractors(mix, items, home_city=home)
+        ask = ask or (2 if count > 1 and rng.random() < 0.1 else 1)
+        asked = rng.sample(facts, ask)
+        query = Query(
+            _system(rng, mix.system) + [_user(question_message(rng, [f.attribute for f in asked]))],
+            fact_answer(asked),
+            values=tuple(f.value for f in asked),
+            meta={"facts": facts, "asked": asked},
+        )
+        return self._finish("facts", items, query, mix)
+
+    def unknown(self, mix: Mix) -> Episode:
+        """The asked attribute was never told (memory empty, or holding other things): "I don't know …"."""
+        rng = self.rng
+        items: list = []
+        told: list[Fact] = []
+        if rng.random() < 0.6:
+            told, items = self._fact_turns(mix, rng.randint(1, mix.max_facts), 1, set())
+        items = self._with_distractors(mix, items) if rng.random() < 0.5 else items
+        attribute = rng.choice([k for k in ATTRIBUTES if k not in {f.attribute for f in told}])
+        query = Query(_system(rng, mix.system) + [_user(question_message(rng, [attribute]))], unknown_answer(attribute),
+                      meta={"attribute": attribute})
+        return self._finish("unknown", items, query, mix)
+
+    def document(self, mix: Mix) -> Episode:
+        rng = self.rng
+        org, text, facts = document(rng)
+        items: list = [Document(text)]
+        if rng.random() < 0.3:
+            items.insert(0, self._fact_turns(mix, rng.randint(1, 3), 1, set())[1][0])
+        if rng.random() < 0.4:
+            items.append(self.distractor(mix, exclude_documents=True))
+        fact = rng.choice(facts)
+        question, answer = document_question(rng, org, fact)
+        query = Query(_system(rng, mix.system) + [_user(question)], answer, values=(fact.value,), meta={"fact": fact, "org": org})
+        return self._finish("document", items, query, mix)
+
+    def _memory_background(self, mix: Mix) -> tuple[list, list[Fact]]:
+        """Some earlier commits, so that skills are also trained with a nonempty memory."""
+        rng = self.rng
+        if rng.random() < 0.4:
+            return [], []
+        facts, items = self._fact_turns(mix, rng.randint(1, 3), 1, set())
+        return self._with_distractors(mix, items), facts
+
+    def tool_call(self, mix: Mix) -> Episode:
+        """The query asks for something a tool provides; the answer is the call (then ``<|im_end|>``)."""
+        rng = self.rng
+        items, facts = self._memory_background(mix)
+        home = next((f.value for f in facts if f.attribute == "city"), None)
+        turn = tool_turn(rng, home_city=home)
+        query = Query(_system(rng, mix.system) + [_user(turn.user)], tool_call_text(turn.call), tools=turn.tools,
+                      values=tuple(str(v) for v in turn.call.arguments.values()), meta={"turn": turn})
+        return self._finish("tool_call", items, query, mix, tools_needed=True)
+
+    def tool_answer(self, mix: Mix) -> Episode:
+        """The follow-up request carrying the tool's result; the answer uses it."""
+        rng = self.rng
+        items, facts = self._memory_background(mix)
+        home = next((f.value for f in facts if f.attribute == "city"), None)
+        turn = tool_turn(rng, home_city=home)
+        messages = _system(rng, mix.system) + tool_messages(turn)
+        query = Query(messages, turn.reply, tools=turn.tools, values=turn.values, meta={"turn": turn})
+        return self._finish("tool_answer", items, query, mix, tools_needed=True)
+
+    def repeat(self, mix: Mix) -> Episode:
+        rng = self.rng
+        items, _ = self._memory_background(mix)
+        turn = repeat_turn(rng)
+        query = Query(_system(rng, mix.system) + [_user(turn.user)], turn.reply, meta={"text": turn.reply})
+        return self._finish("repeat", items, query, mix)
+
+    def statement(self, mix: Mix) -> Episode:
+        """The query tells facts; the answer is the acknowledgement that restates them."""
+        rng = self.rng
+        items, facts = self._memory_background(mix)
+        used = {f.value for f in facts}
+        new = sample_facts(rng, rng.randint(1, min(3, mix.max_facts)), used=used)
+        turn = fact_turn(rng, new)
+        query = Query(_system(rng, mix.system) + [_user(turn.user)], turn.reply, values=turn.values)
+        return self._finish("statement", items, query, mix)
+
+    def context(self, mix: Mix) -> Episode:
+        """Nothing committed: earlier turns are in the prompt (stateless chat); answer from the context."""
+        rng = self.rng
+        count = rng.randint(1, min(3, mix.max_facts))
+        facts, turns = self._fact_turns(mix, count, 1, set())
+        history = []
+        for turn in turns + ([small_talk_turn(rng)] if rng.random() < 0.5 else []):
+            history += [_user(turn.user), {"role": "assistant", "content": turn.reply}]
+        asked = rng.choice(facts)
+        query = Query(_system(rng, mix.system) + history + [_user(question_message(rng, [asked.attribute]))],
+                      fact_answer([asked]), values=(asked.value,), meta={"asked": [asked]})
+        return self._finish("context", [], query, mix)
+
+    def small_talk(self, mix: Mix) -> Episode:
+        rng = self.rng
+        items, _ = self._memory_background(mix)
+        turn = small_talk_turn(rng)
+        return self._finish("small_talk", items, Query(_system(rng, mix.system) + [_user(turn.user)], turn.reply), mix)
+
+    KINDS = ("facts", "unknown", "document", "tool_call", "tool_answer", "repeat", "statement", "context", "small_talk")
+
+    def sample(self, mix: Mix) -> Episode:
+        weights = [getattr(mix, kind) for kind in self.KINDS]
+        kind = self.rng.choices(self.KINDS, weights)[0]
+        return getattr(self, kind)(mix)
+
+
+def tool_messages(turn: ToolTurn) -> list[dict]:
+    """user → assistant tool call → tool result, as OpenAI-style chat messages."""
+    return [
+        _user(turn.user),
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"type": "function", "function": {"name": turn.call.name, "arguments": turn.call.arguments}}
+        ]},
+        {"role": "tool", "content": turn.result},
+    ]
+
+
+def corpus(seed: int = 0, episodes: int = 20000) -> list[str]:
+    """Text for training the demo tokenizer: rendered episode texts plus every pool word."""
+    sampler = EpisodeSampler(seed)
+    texts: list[str] = []
+    mix = Mix()
+    for _ in range(episodes):
+        episode = sampler.sample(mix)
+        for commit in episode.commits:
+            items = [commit] if isinstance(commit, Document) else commit
+            for item in items:
+                if isinstance(item, Document):
+                    texts.append(item.text)
+                else:
+                    texts += [item.user, item.reply]
+                    if isinstance(item, ToolTurn):
+                        texts += [tool_call_text(item.call), item.result]
+        texts += [m["content"] for m in episode.query.messages if isinstance(m.get("content"), str)]
+        texts.append(episode.query.answer)
+        if episode.query.tools:
+            texts += [json.dumps(t["function"]) for t in episode.query.tools]
+    every_word = (pools.NAMES + pools.CITIES + pools.FOODS + pools.ANIMALS + pools.JOBS + pools.TRAITS + pools.COLOURS
+                  + pools.HOBBIES + pools.MONTHS + pools.AGES + pools.ORG_WORDS + pools.ORG_KINDS + pools.PRODUCTS
+                  + pools.CONDITIONS + pools.STARTERS + pools.COMMON_WORDS)
+    for _ in range(20):
+        texts.append(" ".join(" " + w for w in every_word))
+    return texts

@@ -1,0 +1,342 @@
+"""Training the demo model: a tiny Nano-architecture MemT, on CPU, through the engine's memory paths.
+
+Every training example is an :class:`~memt_core.demo.episodes.Episode`: its commits go through
+:func:`memt_core.inference.commit_batch` (one forward over the commit tokens reading the memory as it
+was, then the gated-delta write, with autograd on), and its query through ``model(ids, memory=
+memory_batch(...))``, the read path of a query. The loss is next-token cross-entropy on the assistant's
+tokens: the query's answer and the replies inside committed turns (the commit forward computes the
+same logits as the query that generated them), so gradients reach the writes of earlier commits only
+through the memory that the query reads.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import shutil
+import time
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from memt_core.checkpoint import read_checkpoint
+from memt_core.demo.episodes import EpisodeSampler, Mix, corpus
+from memt_core.demo.format import ChatFormat, Segment, TokenEpisode
+from memt_core.inference import commit_batch, memory_batch
+from memt_core.memory.state import MemoryState
+from memt_core.models.memt import MemTForCausalLM
+
+CHECKPOINT_ID = "memt-tiny-demo"
+
+
+@dataclass
+class ModelShape:
+    """The demo model's geometry (Nano architecture: Qwen3.5-MoE backbone + memory)."""
+
+    vocab_size: int = 3072  # tokenizer target; every pool word is one token at this size
+    hidden_size: int = 128
+    layers: int = 4  # all full_attention: legal for Nano, and faster on CPU than linear attention
+    heads: int = 4
+    kv_heads: int = 2
+    head_dim: int = 32
+    experts: int = 4
+    experts_per_token: int = 2
+    expert_size: int = 128
+    shared_expert_size: int = 256
+    memory_layers: tuple[int, ...] = (2, 3)
+    memory_heads: int = 4
+    key_dim: int = 32
+    value_dim: int = 32
+    chunk_tokens: int = 128
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 3000
+    batch_size: int = 32
+    lr: float = 2e-3
+    min_lr_ratio: float = 0.1
+    warmup: int = 100
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    value_weight: float = 3.0  # loss weight of recalled values / copied arguments in answers
+    reply_weight: float = 0.5  # loss weight of the assistant replies inside committed turns
+    seed: int = 0
+    threads: int = 1
+    log_every: int = 50
+    init_std: float = 0.02
+    memory_init_std: float = 0.05
+    decay_a_log: float = -5.0  # initial decay: log α ≈ −exp(A_log)·softplus(dt_bias) per token ≈ −3e-4
+    decay_dt_bias: float = -3.0
+    shape: ModelShape = field(default_factory=ModelShape)
+
+
+# ------------------------------------------------------------------------------------------------
+# Tokenizer and checkpoint skeleton
+
+
+def build_demo_tokenizer(directory: str | Path, *, vocab_size: int, seed: int = 0):
+    """A byte-level BPE trained on the demo corpus (plus rendered prompts), saved with the Nano template."""
+    from memt_core.checkpoint import NANO
+    from memt_core.tiny import build_tokenizer
+
+    texts = corpus(seed)
+    first = build_tokenizer(directory, NANO, corpus=texts, vocab_size=vocab_size)
+    # Second pass: add the chat template's own text (roles, tool instructions) so it gets merges too.
+    sampler, mix, fmt = EpisodeSampler(seed + 1), Mix(), ChatFormat(first)
+    rendered = []
+    for _ in range(2000):
+        query = sampler.sample(mix).query
+        kwargs = {"tools": query.tools} if query.tools else {}
+        rendered.append(first.apply_chat_template(query.messages, add_generation_prompt=True, tokenize=False,
+                                                  enable_thinking=query.thinking, **kwargs))
+    del fmt
+    return build_tokenizer(directory, NANO, corpus=texts + rendered, vocab_size=vocab_size)
+
+
+def demo_config(tokenizer, shape: ModelShape) -> dict:
+    """config.json of the demo model."""
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    return {
+        "model_type": "memt_qwen3_5_moe",
+        "architectures": ["MemTQwen3_5MoeForCausalLM"],
+        "memt_checkpoint_id": CHECKPOINT_ID,
+        "dtype": "bfloat16",
+        "backbone_configs": {
+            "model_type": "qwen3_5_moe",
+            "text_config": {
+                "vocab_size": len(tokenizer),
+                "hidden_size": shape.hidden_size,
+                "num_hidden_layers": shape.layers,
+                "layer_types": ["full_attention"] * shape.layers,
+                "num_attention_heads": shape.heads,
+                "num_key_value_heads": shape.kv_heads,
+                "head_dim": shape.head_dim,
+                "linear_num_key_heads": 2,
+                "linear_num_value_heads": 4,
+                "linear_key_head_dim": 16,
+                "linear_value_head_dim": 16,
+                "num_experts": shape.experts,
+                "num_experts_per_tok": shape.experts_per_token,
+                "moe_intermediate_size": shape.expert_size,
+                "shared_expert_intermediate_size": shape.shared_expert_size,
+                "max_position_embeddings": 4096,
+                "tie_word_embeddings": True,
+                "initializer_range": 0.02,
+                "eos_token_id": im_end,
+                "pad_token_id": tokenizer.pad_token_id,
+            },
+        },
+        "memt": {
+            "chunk_tokens": shape.chunk_tokens,
+            "memory_layers": list(shape.memory_layers),
+            "num_heads": shape.memory_heads,
+            "key_dim": shape.key_dim,
+            "value_dim": shape.value_dim,
+            "update_rule": "gated_delta",
+            "state_dtype": "float32",
+        },
+        "memt_runtime": {"max_sessions_per_rank": 64, "max_inflight_commits_per_rank": 4, "min_kv_tokens": 256},
+    }
+
+
+def write_skeleton(directory: str | Path, config: TrainConfig):
+    """Tokenizer files + config.json in ``directory``; returns the tokenizer."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_demo_tokenizer(directory, vocab_size=config.shape.vocab_size, seed=config.seed)
+    text = json.dumps(demo_config(tokenizer, config.shape), indent=2) + "\n"
+    (directory / "config.json").write_text(text, encoding="utf-8")
+    return tokenizer
+
+
+def init_model(directory: str | Path, config: TrainConfig) -> MemTForCausalLM:
+    """A freshly initialised model for the checkpoint skeleton in ``directory`` (FP32, CPU)."""
+    from memt_core.models.weights import build_backbone
+
+    checkpoint = read_checkpoint(directory)
+    torch.manual_seed(config.seed)
+    model = MemTForCausalLM(checkpoint, build_backbone(checkpoint))
+    with torch.no_grad():
+        for name, param in model.backbone.named_parameters():
+            if not torch.isfinite(param).all():
+                param.normal_(0.0, config.init_std)
+        for layer in model.memory_layers:
+            module = model.memory_module(layer)
+            module.reset_parameters(std=config.memory_init_std)
+            torch.nn.init.normal_(module.o_proj.weight, std=config.init_std)
+            module.A_log.fill_(config.decay_a_log)  # decay close to 1: facts survive many later tokens
+            module.dt_bias.fill_(config.decay_dt_bias)
+    return model
+
+
+# ------------------------------------------------------------------------------------------------
+# One training step
+
+
+def _groups(lengths: list[int], slack: float = 1.5) -> list[list[int]]:
+    """Row indices grouped by similar length, so that padding stays small."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    groups: list[list[int]] = []
+    for i in order:
+        if groups and lengths[i] <= slack * lengths[groups[-1][0]] + 8:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
+def _weighted_loss(logits: torch.Tensor, segment: Segment) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Σ w·CE over a row's tokens, Σ w, and per-token correctness (argmax) of the weighted tokens."""
+    ids = torch.tensor(segment.ids[1:])
+    weights = torch.tensor(segment.weights[1:])
+    keep = weights > 0
+    if not keep.any():
+        zero = logits.sum() * 0.0
+        return zero, torch.tensor(0.0), torch.ones(0, dtype=torch.bool)
+    positions = keep.nonzero().squeeze(1)
+    row = logits[positions]  # logits at t predict token t+1
+    target = ids[positions]
+    ce = F.cross_entropy(row.float(), target, reduction="none")
+    return (ce * weights[positions]).sum(), weights[positions].sum(), row.argmax(-1) == target
+
+
+@dataclass
+class StepStats:
+    loss: float
+    tokens: int
+    exact: dict[str, list[bool]]  # kind → per episode: every answer token argmax-correct (teacher forced)
+
+
+def episode_loss(model: MemTForCausalLM, batch: list[TokenEpisode], *, reply_weight_scale: float = 1.0) -> tuple[torch.Tensor, StepStats]:
+    """Run a batch of episodes through commit → write → query-reads-memory; the weighted mean CE."""
+    memories = [MemoryState() for _ in batch]
+    total, weight_sum, tokens = torch.zeros(()), torch.zeros(()), 0
+    for depth in range(max(len(e.commits) for e in batch)):
+        rows = [i for i, e in enumerate(batch) if len(e.commits) > depth]
+        lengths = [len(batch[i].commits[depth]) for i in rows]
+        for group in _groups(lengths):
+            members = [rows[g] for g in group]
+            segments = [batch[i].commits[depth] for i in members]
+            keep = reply_weight_scale > 0 and any(w > 0 for s in segments for w in s.weights)
+            results = commit_batch(model, [memories[i] for i in members], [s.ids for s in segments], keep_logits=keep)
+            for i, segment, result in zip(members, segments, results):
+                memories[i] = result.memory
+                tokens += len(segment)
+                if keep:
+                    loss, weight, _ = _weighted_loss(result.logits, segment)
+                    total = total + loss * reply_weight_scale
+                    weight_sum = weight_sum + weight * reply_weight_scale
+    exact: dict[str, list[bool]] = defaultdict(list)
+    lengths = [len(e.query) for e in batch]
+    pad = model.config.pad_token_id or 0
+    for group in _groups(lengths):
+        longest = max(lengths[i] for i in group)
+        ids = torch.full((len(group), longest), pad, dtype=torch.long)
+        for row, i in enumerate(group):
+            ids[row, : lengths[i]] = torch.tensor(batch[i].query.ids)
+        out = model(ids, memory=memory_batch(model, [memories[i] for i in group]))
+        for row, i in enumerate(group):
+            loss, weight, correct = _weighted_loss(out.logits[row, : lengths[i]], batch[i].query)
+            total, weight_sum = total + loss, weight_sum + weight
+            exact[batch[i].kind].append(bool(correct.all()))
+            tokens += lengths[i]
+    mean = total / weight_sum.clamp(min=1.0)
+    return mean, StepStats(float(mean.detach()), tokens, exact)
+
+
+# ------------------------------------------------------------------------------------------------
+# The loop
+
+
+def lr_at(step: int, config: TrainConfig) -> float:
+    if step < config.warmup:
+        return config.lr * (step + 1) / config.warmup
+    progress = (step - config.warmup) / max(1, config.steps - config.warmup)
+    cosine = 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+    return config.lr * (config.min_lr_ratio + (1 - config.min_lr_ratio) * cosine)
+
+
+def train(
+    config: TrainConfig,
+    directory: str | Path,
+    *,
+    log: Callable[[str], None] = print,
+    mix_for: Callable[[float], Mix] = Mix.curriculum,
+    time_limit_s: float | None = None,
+) -> MemTForCausalLM:
+    """Train a demo model into ``directory`` (tokenizer + config.json + BF16 weights); returns it (FP32)."""
+    from transformers import AutoTokenizer
+
+    from memt_core.models.weights import save_weights
+
+    torch.set_num_threads(config.threads)
+    random.seed(config.seed)
+    directory = Path(directory)
+    started = time.time()
+    write_skeleton(directory, config)
+    tokenizer = AutoTokenizer.from_pretrained(str(directory))
+    model = init_model(directory, config)
+    model.train()
+    params = sum(p.numel() for p in model.parameters())
+    log(f"model: {params / 1e6:.2f}M parameters, vocabulary {len(tokenizer)}, memory layers {list(model.memory_layers)}")
+    fmt = ChatFormat(tokenizer, value_weight=config.value_weight)
+    sampler = EpisodeSampler(config.seed)
+    chunk = model.checkpoint.memory.chunk_tokens
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        (no_decay if p.dim() < 2 or "A_log" in name or "dt_bias" in name else decay).append(p)
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=config.lr, betas=(0.9, 0.98),
+    )
+    window_loss, window_tokens, window_exact = [], 0, defaultdict(list)
+    window_start = time.time()
+    for step in range(config.steps):
+        mix = mix_for(step / config.steps)
+        batch = [fmt.episode(sampler.sample(mix), chunk, reply_weight=config.reply_weight) for _ in range(config.batch_size)]
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, config)
+        loss, stats = episode_loss(model, batch)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+        optimizer.step()
+        window_loss.append(stats.loss)
+        window_tokens += stats.tokens
+        for kind, values in stats.exact.items():
+            window_exact[kind] += values
+        if (step + 1) % config.log_every == 0 or step + 1 == config.steps:
+            elapsed = time.time() - window_start
+            kinds = " ".join(f"{k}={sum(v) / len(v):.2f}" for k, v in sorted(window_exact.items()))
+            log(
+                f"step {step + 1}/{config.steps} loss {sum(window_loss) / len(window_loss):.3f} "
+                f"lr {lr_at(step, config):.2e} {window_tokens / elapsed:.0f} tok/s "
+                f"t={time.time() - started:.0f}s | exact {kinds}"
+            )
+            window_loss, window_tokens, window_exact = [], 0, defaultdict(list)
+            window_start = time.time()
+        if time_limit_s is not None and time.time() - started > time_limit_s:
+            log(f"time limit reached at step {step + 1}")
+            break
+    model.eval()
+    save_weights(model, directory)
+    return model
+
+
+def copy_checkpoint(source: str | Path, target: str | Path) -> None:
+    """Copy a trained checkpoint directory (files only)."""
+    target = Path(target)
+    target.mkdir(parents=True, exist_ok=True)
+    for path in Path(source).iterdir():
+        if path.is_file():
+            shutil.copyfile(path, target / path.name)
+
+
+def config_json(config: TrainConfig) -> dict:
+    return asdict(config)

@@ -1,0 +1,87 @@
+"""Joining, splitting and trimming the backbone's KV caches for continuous batching.
+
+Rows of a decode batch keep their keys/values left-padded to a common length, with an attention mask
+``[B, L]`` that is 0 on padding. Recurrent (linear-attention) layer states have no length axis and
+are simply stacked. Only transformers' plain ``DynamicLayer`` and ``LinearAttentionLayer`` caches
+are batched this way (Nano's layers); other cache kinds (DeepSeek-V4's compressed caches) decode
+one row at a time — ``batchable`` says which.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn.functional as F
+from transformers.cache_utils import DynamicLayer, LinearAttentionLayer
+
+
+def batchable(cache) -> bool:
+    """True when every layer of ``cache`` is a kind this module can join and split."""
+    return all(type(layer) in (DynamicLayer, LinearAttentionLayer) for layer in cache.layers)
+
+
+def _clone_layer(layer):
+    clone = copy.copy(layer)
+    if isinstance(layer, LinearAttentionLayer):
+        clone.conv_states = dict(layer.conv_states)
+        clone.recurrent_states = dict(layer.recurrent_states)
+    return clone
+
+
+def _new_cache(template, layers):
+    cache = copy.copy(template)
+    cache.layers = layers
+    return cache
+
+
+def join(a, mask_a: torch.Tensor, b, mask_b: torch.Tensor):
+    """Stack two batched caches (rows of ``a`` first), left-padding the shorter to the longer."""
+    length = max(mask_a.shape[1], mask_b.shape[1])
+    pad_a, pad_b = length - mask_a.shape[1], length - mask_b.shape[1]
+    layers = []
+    for la, lb in zip(a.layers, b.layers):
+        layer = _clone_layer(la)
+        if type(la) is DynamicLayer:
+            if la.is_initialized and lb.is_initialized:
+                layer.keys = torch.cat([F.pad(la.keys, (0, 0, pad_a, 0)), F.pad(lb.keys, (0, 0, pad_b, 0))], dim=0)
+                layer.values = torch.cat([F.pad(la.values, (0, 0, pad_a, 0)), F.pad(lb.values, (0, 0, pad_b, 0))], dim=0)
+        else:
+            for index in la.recurrent_states:
+                if la.conv_states[index] is not None:
+                    layer.conv_states[index] = torch.cat([la.conv_states[index], lb.conv_states[index]], dim=0)
+                if la.recurrent_states[index] is not None:
+                    layer.recurrent_states[index] = torch.cat([la.recurrent_states[index], lb.recurrent_states[index]], dim=0)
+        layers.append(layer)
+    mask = torch.cat([F.pad(mask_a, (pad_a, 0)), F.pad(mask_b, (pad_b, 0))], dim=0)
+    return _new_cache(a, layers), mask
+
+
+def select(cache, mask: torch.Tensor, rows: list[int]):
+    """Keep ``rows`` of a batched cache, dropping leading columns that are padding for every kept row."""
+    index = torch.tensor(rows, device=mask.device)
+    mask = mask.index_select(0, index)
+    real = mask.any(dim=0).nonzero()
+    start = int(real[0]) if real.numel() else mask.shape[1]
+    mask = mask[:, start:]
+    layers = []
+    for layer in cache.layers:
+        clone = _clone_layer(layer)
+        if type(layer) is DynamicLayer:
+            if layer.is_initialized:
+                clone.keys = layer.keys.index_select(0, index.to(layer.keys.device))[:, :, start:]
+                clone.values = layer.values.index_select(0, index.to(layer.values.device))[:, :, start:]
+        else:
+            for i in layer.recurrent_states:
+                if layer.conv_states[i] is not None:
+                    clone.conv_states[i] = layer.conv_states[i].index_select(0, index.to(layer.conv_states[i].device))
+                if layer.recurrent_states[i] is not None:
+                    clone.recurrent_states[i] = layer.recurrent_states[i].index_select(0, index.to(layer.recurrent_states[i].device))
+        layers.append(clone)
+    return _new_cache(cache, layers), mask
+
+
+def extract(cache, mask: torch.Tensor, row: int):
+    """One row as an unpadded batch-of-one cache (for retaining a session's native context)."""
+    single, single_mask = select(cache, mask, [row])
+    return single

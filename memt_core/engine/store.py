@@ -1,0 +1,131 @@
+"""The engine's side of sessions: published memory, transaction candidates, retained KV, snapshots.
+
+``SessionStore.apply`` carries out the protocol's effects (``memt_core.protocol.effects``). Memory
+tensors are never changed in place, so a query that captured a session's published memory keeps
+reading exactly that memory whatever happens afterwards.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from memt_core.errors import BadGeneration
+from memt_core.memory.snapshot import load_snapshot, save_snapshot, snapshot_path
+from memt_core.memory.state import MemoryState
+from memt_core.protocol import effects as fx
+
+
+@dataclass
+class Candidate:
+    """A transaction's memory under construction and the commit nonces folded into it."""
+
+    memory: MemoryState
+    applied: list[str] = field(default_factory=list)
+
+
+@dataclass
+class RetainedKV:
+    """Native context kept after a query of a ``retain_kv`` session."""
+
+    cache: Any  # the backbone's cache object, batch size 1
+    tokens: tuple[int, ...]  # tokens whose keys/values the cache holds
+    acknowledged: tuple[int, ...]  # tokens + the last generated token: what the next query must extend
+    memory_version: int
+    memory_read: bool
+
+
+@dataclass
+class SessionMemory:
+    published: MemoryState = field(default_factory=MemoryState)
+    version: int = 0
+    candidates: dict[str, Candidate] = field(default_factory=dict)
+    retained: RetainedKV | None = None
+
+
+class SessionStore:
+    """All sessions' memory on this engine, and the snapshot directory."""
+
+    def __init__(self, *, identity: str, layers: tuple[int, ...], shape: tuple[int, ...], device, state_directory: str | Path | None):
+        self.identity = identity
+        self.layers = layers
+        self.shape = shape
+        self.device = device
+        self.state_directory = Path(state_directory) if state_directory else None
+        self.sessions: dict[str, SessionMemory] = {}
+        if self.state_directory is not None:
+            self.state_directory.mkdir(parents=True, exist_ok=True)
+
+    def get(self, session: str) -> SessionMemory:
+        try:
+            return self.sessions[session]
+        except KeyError:
+            raise BadGeneration(f"the engine has no memory for session {session!r}") from None
+
+    def candidate(self, session: str, transaction: str) -> Candidate:
+        try:
+            return self.get(session).candidates[transaction]
+        except KeyError:
+            raise BadGeneration(f"the engine has no candidate for transaction {transaction!r} of {session!r}") from None
+
+    def apply(self, effect: fx.Effect) -> Any:
+        """Carry out one effect; returns what the protocol needs back (file name, nonces, …)."""
+        handler = getattr(self, "_" + type(effect).__name__)
+        return handler(effect)
+
+    def _NewMemory(self, e: fx.NewMemory) -> None:
+        self.sessions[e.session] = SessionMemory()
+
+    def _CopyMemory(self, e: fx.CopyMemory) -> None:
+        self.sessions[e.session] = SessionMemory(published=self.get(e.source).published.fork())
+
+    def _ForkCandidate(self, e: fx.ForkCandidate) -> None:
+        memory = self.get(e.session)
+        memory.candidates[e.transaction] = Candidate(memory.published.fork())
+
+    def _DropCandidate(self, e: fx.DropCandidate) -> None:
+        self.get(e.session).candidates.pop(e.transaction, None)
+
+    def _PublishCandidate(self, e: fx.PublishCandidate) -> None:
+        memory = self.get(e.session)
+        memory.published = self.candidate(e.session, e.transaction).memory
+        memory.version += 1
+        del memory.candidates[e.transaction]
+
+    def _ImportSnapshot(self, e: fx.ImportSnapshot) -> None:
+        path = snapshot_path(self.state_directory, e.file)
+        state = load_snapshot(path, identity=self.identity, layers=self.layers, shape=self.shape).to(self.device)
+        self.candidate(e.session, e.transaction).memory = state
+
+    def _ExportSnapshot(self, e: fx.ExportSnapshot) -> str:
+        memory = self.get(e.session)
+        state = memory.published if e.transaction is None else self.candidate(e.session, e.transaction).memory
+        name = e.file or self._new_name(e.session)
+        path = snapshot_path(self.state_directory, name)
+        save_snapshot(path, state, identity=self.identity, overwrite=e.overwrite)
+        return name
+
+    def _new_name(self, session: str) -> str:
+        while True:
+            name = f"{session[:80]}-{secrets.token_hex(6)}.safetensors"
+            if not (self.state_directory / name).exists():
+                return name
+
+    def _ClearMemory(self, e: fx.ClearMemory) -> None:
+        memory = self.get(e.session)
+        memory.published = MemoryState()
+        memory.version += 1
+        memory.retained = None
+
+    def _DropSession(self, e: fx.DropSession) -> None:
+        self.sessions.pop(e.session, None)
+
+    def _DropRetainedKV(self, e: fx.DropRetainedKV) -> None:
+        self.get(e.session).retained = None
+
+    def _ReconcileCommits(self, e: fx.ReconcileCommits) -> list[str]:
+        candidate = self.get(e.session).candidates.get(e.transaction)
+        return list(candidate.applied) if candidate else []
+

@@ -1,0 +1,465 @@
+"""The torch engine: runs many sessions' queries and commits on CPU or one GPU.
+
+One worker thread owns all model execution. Each loop iteration it (1) runs waiting commits, batched;
+(2) prefills newly admitted queries one by one; (3) advances every running query by one token in a
+single batched decode step (continuous batching: requests join and leave between steps). Each row
+of a decode batch reads its own session's memory snapshot, captured when the query was admitted.
+Results flow back to the asyncio side through per-request queues and futures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+import torch
+from transformers import DynamicCache
+
+from memt_core.engine import kv
+from memt_core.engine.store import RetainedKV, SessionStore
+from memt_core.errors import BadGeneration, InvalidRequest, MemTError, WorkerUnavailable
+from memt_core.inference import commit_batch, eos_token_ids, memory_batch
+from memt_core.memory.state import MemoryState
+from memt_core.models.memt import MemTForCausalLM
+from memt_core.protocol import effects as fx
+from memt_core.sampling import Sampler, SamplingParams
+
+log = logging.getLogger("memt.engine")
+
+
+@dataclass
+class TokenEvent:
+    """One generated token, or the end of a request (``finish_reason`` set, ``token`` possibly None)."""
+
+    token: int | None
+    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    matched_stop: int | None = None
+    error: MemTError | None = None
+
+
+@dataclass
+class CommitInfo:
+    tokens: int
+    write_events: int
+
+
+@dataclass
+class EngineStats:
+    """Counters the server exports as metrics."""
+
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    commit_tokens: int = 0
+    commits: int = 0
+    write_events: int = 0
+    decode_steps: int = 0
+    decode_rows: int = 0
+    running: int = 0
+    waiting: int = 0
+
+
+@dataclass(eq=False)
+class _Query:
+    rid: str
+    prompt: list[int]
+    memory: MemoryState | None
+    params: SamplingParams
+    events: asyncio.Queue
+    loop: asyncio.AbstractEventLoop
+    session: str | None = None
+    retain: bool = False  # keep native context afterwards (retain_kv session)
+    retained: RetainedKV | None = None  # context handed over from the previous query
+    memory_version: int = 0
+    memory_read: bool = True
+    cancelled: bool = False
+    sampler: Sampler | None = None
+    output: list[int] = field(default_factory=list)
+    cache: Any = None  # own cache while not in the shared batch
+    fed: int = 0  # tokens whose keys/values are cached
+
+    @property
+    def last(self) -> int:
+        return self.output[-1]
+
+
+@dataclass(eq=False)
+class _Commit:
+    session: str
+    transaction: str
+    nonce: str
+    ids: list[int]
+    future: asyncio.Future
+    loop: asyncio.AbstractEventLoop
+
+
+class TorchEngine:
+    """Queries, commits and memory effects for every session of one model."""
+
+    def __init__(
+        self,
+        model: MemTForCausalLM,
+        *,
+        state_directory=None,
+        max_running_requests: int = 32,
+        max_commit_batch: int = 4,
+    ):
+        self.model = model
+        self.checkpoint = model.checkpoint
+        self.device = next(model.parameters()).device
+        memory = self.checkpoint.memory
+        self.store = SessionStore(
+            identity=self.checkpoint.identity(),
+            layers=memory.memory_layers,
+            shape=memory.state_shape(),
+            device=self.device,
+            state_directory=state_directory,
+        )
+        self.stop_ids = eos_token_ids(model)
+        self.max_running = max_running_requests
+        self.max_commit_batch = max_commit_batch
+        self.stats = EngineStats()
+        self._inbox: queue.Queue = queue.Queue()
+        self._waiting: deque[_Query] = deque()
+        self._commits: deque[_Commit] = deque()
+        self._rows: list[_Query] = []  # the shared decode batch (batchable caches)
+        self._solo: list[_Query] = []  # running queries whose caches cannot be batched
+        self._batch_cache = None
+        self._batch_mask: torch.Tensor | None = None
+        self._by_rid: dict[str, _Query] = {}
+        self._stopping = False
+        self._thread = threading.Thread(target=self._loop, name="memt-engine", daemon=True)
+        self._failed: BaseException | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> "TorchEngine":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._inbox.put(None)
+        self._thread.join(timeout=30)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive() and self._failed is None
+
+    # ------------------------------------------------------------------ asyncio-side API
+
+    async def apply(self, effect: fx.Effect) -> Any:
+        """Carry out a protocol effect. Memory effects run here; cancels reach the worker."""
+        if isinstance(effect, fx.CancelRequest):
+            return self.cancel(effect.rid)
+        return self.store.apply(effect)
+
+    async def commit(self, session: str, transaction: str, nonce: str, ids: list[int]) -> CommitInfo:
+        """Fold ``ids`` into the transaction's candidate; resolves when the candidate holds them."""
+        self.store.candidate(session, transaction)  # fail fast if the protocol and engine disagree
+        self._check_alive()
+        loop = asyncio.get_running_loop()
+        job = _Commit(session, transaction, nonce, list(ids), loop.create_future(), loop)
+        self._inbox.put(job)
+        return await asyncio.shield(job.future)
+
+    def query(
+        self,
+        rid: str,
+        prompt: list[int],
+        params: SamplingParams,
+        *,
+        session: str | None = None,
+        memory_read: bool = True,
+        retain: bool = False,
+    ) -> AsyncIterator[TokenEvent]:
+        """Start generating; returns an async iterator of token events ending with a finish event.
+
+        Reads the session's published memory as it is now (or none when ``memory_read`` is off or
+        ``session`` is None). For a ``retain`` session, ``prompt`` must extend the acknowledged prefix
+        of the previous query, whose native context is then reused.
+        """
+        self._check_alive()
+        loop = asyncio.get_running_loop()
+        memory, version, retained = None, 0, None
+        if session is not None:
+            state = self.store.get(session)
+            memory = state.published if memory_read else None
+            version = state.version
+            if retain:
+                retained = self._take_retained(state, prompt, version, memory_read)
+        job = _Query(
+            rid=rid, prompt=list(prompt), memory=memory, params=params, events=asyncio.Queue(), loop=loop,
+            session=session, retain=retain, retained=retained, memory_version=version, memory_read=memory_read,
+        )
+        self._by_rid[rid] = job
+        self._inbox.put(job)
+        return self._events(job)
+
+    @staticmethod
+    def _take_retained(state, prompt: list[int], version: int, memory_read: bool) -> RetainedKV | None:
+        retained, state.retained = state.retained, None
+        if retained is None:
+            return None
+        n = len(retained.acknowledged)
+        if len(prompt) <= len(retained.tokens) or tuple(prompt[:n]) != retained.acknowledged:
+            state.retained = retained  # refused: the session keeps its context
+            raise InvalidRequest(
+                f"this session retains native context: the query must extend the acknowledged prefix of {n} tokens "
+                "exactly (or call kv_reset first)"
+            )
+        if retained.memory_version != version or retained.memory_read != memory_read:
+            return None  # memory changed since: rebuild the context from the prompt
+        return retained
+
+    async def _events(self, job: _Query) -> AsyncIterator[TokenEvent]:
+        try:
+            while True:
+                event = await job.events.get()
+                yield event
+                if event.finish_reason is not None or event.error is not None:
+                    return
+        finally:
+            if self._by_rid.get(job.rid) is job:
+                job.cancelled = True  # consumer went away: stop the work
+                self._inbox.put(("wake",))
+
+    def cancel(self, rid: str) -> bool:
+        """Stop a running query; its iterator ends with finish_reason "abort". False if unknown."""
+        job = self._by_rid.get(rid)
+        if job is None:
+            return False
+        job.cancelled = True
+        self._inbox.put(("wake",))
+        return True
+
+    def _check_alive(self) -> None:
+        if not self.alive:
+            raise WorkerUnavailable(f"the engine worker is not running ({self._failed!r})")
+
+    # ------------------------------------------------------------------ worker thread
+
+    def _loop(self) -> None:
+        torch.set_grad_enabled(False)
+        try:
+            while not self._stopping:
+                self._drain(block=not (self._commits or self._waiting or self._rows or self._solo))
+                if self._stopping:
+                    break
+                if self._commits:
+                    self._run_commits()
+                self._admit()
+                self._step()
+        except BaseException as exc:  # the worker must never die silently
+            log.exception("engine worker failed")
+            self._failed = exc
+            self._fail_all(WorkerUnavailable(f"engine worker failed: {exc!r}"))
+
+    def _drain(self, block: bool) -> None:
+        try:
+            item = self._inbox.get(timeout=0.5) if block else self._inbox.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            if item is None:
+                self._stopping = True
+            elif isinstance(item, _Query):
+                self._waiting.append(item)
+            elif isinstance(item, _Commit):
+                self._commits.append(item)
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+        self.stats.waiting = len(self._waiting)
+
+    def _run_commits(self) -> None:
+        jobs = [self._commits.popleft() for _ in range(min(self.max_commit_batch, len(self._commits)))]
+        try:
+            candidates = [self.store.candidate(job.session, job.transaction) for job in jobs]
+            results = commit_batch(self.model, [c.memory for c in candidates], [job.ids for job in jobs])
+        except Exception as exc:  # nothing was applied: the candidates are unchanged
+            log.exception("commit failed")
+            error = exc if isinstance(exc, MemTError) else BadGeneration(f"commit failed in the engine: {exc!r}")
+            for job in jobs:
+                job.loop.call_soon_threadsafe(_set_exception, job.future, error)
+            return
+        for job, candidate, result in zip(jobs, candidates, results):
+            candidate.memory = result.memory
+            candidate.applied.append(job.nonce)
+            self.stats.commits += 1
+            self.stats.commit_tokens += result.tokens
+            self.stats.write_events += result.write_events * len(self.model.memory_layers)
+            job.loop.call_soon_threadsafe(_set_result, job.future, CommitInfo(result.tokens, result.write_events))
+
+    def _admit(self) -> None:
+        while self._waiting and len(self._rows) + len(self._solo) < self.max_running:
+            job = self._waiting.popleft()
+            if job.cancelled:
+                self._finish(job, "abort")
+                continue
+            if job.params.max_new_tokens == 0:
+                self._finish(job, "length")
+                continue
+            try:
+                self._prefill(job)
+            except Exception as exc:
+                log.exception("prefill failed")
+                self._finish(job, None, error=exc if isinstance(exc, MemTError) else BadGeneration(f"prefill failed: {exc!r}"))
+                continue
+            if self._emit(job):
+                continue
+            if kv.batchable(job.cache):
+                mask = torch.ones(1, job.fed, dtype=torch.long, device=self.device)
+                if self._batch_cache is None:
+                    self._batch_cache, self._batch_mask = job.cache, mask
+                else:
+                    self._batch_cache, self._batch_mask = kv.join(self._batch_cache, self._batch_mask, job.cache, mask)
+                job.cache = None
+                self._rows.append(job)
+            else:
+                self._solo.append(job)
+        self.stats.running = len(self._rows) + len(self._solo)
+        self.stats.waiting = len(self._waiting)
+
+    def _prefill(self, job: _Query) -> None:
+        job.sampler = Sampler(job.params)
+        if job.retained is not None:
+            cache, start = job.retained.cache, len(job.retained.tokens)
+        else:
+            cache, start = DynamicCache(config=self.model.config), 0
+        feed = torch.tensor([job.prompt[start:]], dtype=torch.long, device=self.device)
+        out = self.model(feed, memory=memory_batch(self.model, [job.memory]), past_key_values=cache, use_cache=True, logits_to_keep=1)
+        job.cache, job.fed = out.past_key_values, len(job.prompt)
+        self.stats.prompt_tokens += feed.shape[1]
+        job.output.append(job.sampler(out.logits[0, -1]))
+
+    def _verdict(self, job: _Query) -> tuple[str, int | None] | None:
+        """Whether the newest token ends the request: (finish_reason, matched stop token) or None."""
+        token = job.output[-1]
+        if job.cancelled:
+            return "abort", None
+        if (token in self.stop_ids or token in job.params.stop_token_ids) and not job.params.skip_eos:
+            return "stop", token
+        if len(job.output) >= job.params.max_new_tokens:
+            return "length", None
+        return None
+
+    def _emit(self, job: _Query, cache_of_row=None) -> bool:
+        """Send the newest token, or finish the request with it. Returns True when finished.
+
+        ``cache_of_row`` produces the request's own cache when it must be retained at the end.
+        """
+        self.stats.generated_tokens += 1
+        verdict = self._verdict(job)
+        if verdict is None:
+            job.loop.call_soon_threadsafe(job.events.put_nowait, TokenEvent(job.output[-1]))
+            return False
+        reason, matched = verdict
+        if reason == "abort":
+            job.output.pop()
+            self._finish(job, "abort")
+            return True
+        if job.retain and job.session is not None:
+            self._retain(job, job.cache if cache_of_row is None else cache_of_row())
+        self._finish(job, reason, token=job.output[-1], matched=matched)
+        return True
+
+    def _finish(self, job: _Query, reason: str | None, *, token: int | None = None, matched: int | None = None, error: Exception | None = None) -> None:
+        self._by_rid.pop(job.rid, None)
+        event = TokenEvent(token, finish_reason=reason, matched_stop=matched, error=error)
+        job.loop.call_soon_threadsafe(job.events.put_nowait, event)
+
+    def _retain(self, job: _Query, cache) -> None:
+        state = self.store.sessions.get(job.session)
+        if state is None:
+            return
+        tokens = tuple(job.prompt + job.output[:-1])
+        state.retained = RetainedKV(
+            cache=cache, tokens=tokens, acknowledged=tuple(job.prompt + job.output),
+            memory_version=job.memory_version, memory_read=job.memory_read,
+        )
+
+    def _step(self) -> None:
+        if self._rows:
+            self._batched_step()
+        for job in list(self._solo):
+            self._solo_step(job)
+        self.stats.running = len(self._rows) + len(self._solo)
+
+    def _batched_step(self) -> None:
+        rows = self._rows
+        ids = torch.tensor([[job.last] for job in rows], dtype=torch.long, device=self.device)
+        positions = torch.tensor([[job.fed] for job in rows], dtype=torch.long, device=self.device)
+        mask = torch.cat([self._batch_mask, torch.ones(len(rows), 1, dtype=torch.long, device=self.device)], dim=1)
+        out = self.model(
+            ids, memory=memory_batch(self.model, [job.memory for job in rows]), past_key_values=self._batch_cache,
+            use_cache=True, attention_mask=mask, position_ids=positions, logits_to_keep=1,
+        )
+        self._batch_cache, self._batch_mask = out.past_key_values, mask
+        self.stats.decode_steps += 1
+        self.stats.decode_rows += len(rows)
+        keep, done = [], []
+        for i, job in enumerate(rows):
+            job.fed += 1
+            job.output.append(job.sampler(out.logits[i, -1]))
+            if self._emit(job, lambda i=i: kv.extract(self._batch_cache, self._batch_mask, i)):
+                done.append(i)
+            else:
+                keep.append(i)
+        if done:
+            self._rows = [rows[i] for i in keep]
+            if keep:
+                self._batch_cache, self._batch_mask = kv.select(self._batch_cache, self._batch_mask, keep)
+            else:
+                self._batch_cache, self._batch_mask = None, None
+        self._drop_cancelled()
+
+    def _drop_cancelled(self) -> None:
+        cancelled = [i for i, job in enumerate(self._rows) if job.cancelled]
+        if not cancelled:
+            return
+        for i in cancelled:
+            self._finish(self._rows[i], "abort")
+        keep = [i for i in range(len(self._rows)) if i not in cancelled]
+        self._rows = [self._rows[i] for i in keep]
+        if keep:
+            self._batch_cache, self._batch_mask = kv.select(self._batch_cache, self._batch_mask, keep)
+        else:
+            self._batch_cache, self._batch_mask = None, None
+
+    def _solo_step(self, job: _Query) -> None:
+        if job.cancelled:
+            self._solo.remove(job)
+            self._finish(job, "abort")
+            return
+        ids = torch.tensor([[job.last]], dtype=torch.long, device=self.device)
+        out = self.model(ids, memory=memory_batch(self.model, [job.memory]), past_key_values=job.cache, use_cache=True, logits_to_keep=1)
+        job.cache = out.past_key_values
+        job.fed += 1
+        self.stats.decode_steps += 1
+        self.stats.decode_rows += 1
+        job.output.append(job.sampler(out.logits[0, -1]))
+        if self._emit(job):
+            self._solo.remove(job)
+
+    def _fail_all(self, error: MemTError) -> None:
+        for job in list(self._waiting) + self._rows + self._solo:
+            job.loop.call_soon_threadsafe(job.events.put_nowait, TokenEvent(None, error=error))
+        for job in self._commits:
+            job.loop.call_soon_threadsafe(_set_exception, job.future, error)
+
+
+def _set_result(future: asyncio.Future, value) -> None:
+    if not future.done():
+        future.set_result(value)
+
+
+def _set_exception(future: asyncio.Future, error: BaseException) -> None:
+    if not future.done():
+        future.set_exception(error)

@@ -1,0 +1,272 @@
+"""``python -m memt_core.launch``: validate a MemT checkpoint and serve it over memt-http-v1.
+
+The model family (Nano or Flash) comes from ``config.json``; there is no model flag. Runtime limits
+merge in this order: defaults → the checkpoint's ``memt_runtime`` → ``--json-model-override-args`` →
+explicit flags. ``--dry-run`` validates and prints the launch identity and the engine arguments it
+would use, without loading weights. Checkpoint Python code is never executed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import sys
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from memt_core import __version__
+from memt_core.checkpoint import Checkpoint, RuntimeConfig, parse_override_args, read_checkpoint
+from memt_core.errors import CheckpointError
+
+BUNDLED_MODEL = Path(__file__).parent / "bundled" / "memt-tiny-demo"
+HEADER_OVERRIDES = "SGLANG_ENABLE_REQUEST_HEADER_OVERRIDES"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m memt_core.launch",
+        description="Serve a MemT checkpoint (Nano or Flash, identified from config.json) over the native memt-http-v1 protocol.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    model = parser.add_argument_group("model")
+    model.add_argument("--model-path", default=None, help="local checkpoint directory (config.json, BF16 safetensors, tokenizer); default: the bundled tiny demo model")
+    model.add_argument("--json-model-override-args", default=None, help='JSON overriding runtime limits only: {"memt_runtime": {...}}')
+    model.add_argument("--trust-remote-code", action="store_true", help="refused: checkpoint Python code is never executed")
+    model.add_argument("--config", default=None, help="refused: configuration merging is not supported; model structure comes from config.json")
+    runtime = parser.add_argument_group("runtime limits (override memt_runtime)")
+    runtime.add_argument("--max-sessions-per-rank", type=int, default=None, help="sessions this server holds at once (beyond: 429)")
+    runtime.add_argument("--max-inflight-commits-per-rank", type=int, default=None, help="commits executing at once (beyond: 429)")
+    runtime.add_argument("--min-kv-tokens", type=int, default=None, help="minimum KV-cache tokens the engine must provide")
+    engine = parser.add_argument_group("engine")
+    engine.add_argument("--device", default="auto", help="'cpu', 'cuda', 'cuda:N' or 'auto' (CUDA when available)")
+    engine.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float64"], help="compute dtype (auto: float32 on CPU, bfloat16 on GPU)")
+    engine.add_argument("--max-prefill-tokens", type=int, default=16384, help="longest accepted input_ids list; at least memt.chunk_tokens")
+    engine.add_argument("--max-running-requests", type=int, default=32, help="queries decoded concurrently (more wait in a queue)")
+    engine.add_argument("--context-length", type=int, default=None, help="prompt + max_new_tokens limit (default: the model's max_position_embeddings)")
+    engine.add_argument("--enable-streaming-session", action="store_true", help="allow sessions created with retain_kv (native context kept between queries)")
+    engine.add_argument("--deterministic-communication", action="store_true", help="fixed collective settings for reproducibility experiments (multi-GPU backends; the torch engine is single-device)")
+    server = parser.add_argument_group("server")
+    server.add_argument("--host", default="127.0.0.1", help="address to bind")
+    server.add_argument("--port", type=int, default=30000, help="port to bind")
+    server.add_argument("--state-directory", default=None, help="server-owned snapshot directory; required for export/import")
+    server.add_argument("--api-key", default=None, help="require 'Authorization: Bearer <key>' on every route but /health")
+    server.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"], help="log verbosity")
+    parser.add_argument("--dry-run", action="store_true", help="validate and print the launch identity and engine arguments without loading weights")
+    return parser
+
+
+@dataclass
+class LaunchPlan:
+    """Everything the launcher decided before loading weights."""
+
+    checkpoint: Checkpoint
+    runtime: RuntimeConfig
+    device: str
+    dtype: str
+    max_prefill_tokens: int
+    max_running_requests: int
+    context_length: int
+    enable_streaming_session: bool
+    deterministic_communication: bool
+    host: str
+    port: int
+    state_directory: str | None
+    api_key: str | None
+    log_level: str
+
+    def identity(self) -> dict:
+        return {
+            **self.checkpoint.describe(),
+            "engine": "memt-torch",
+            "engine_version": __version__,
+            "memt_runtime": asdict(self.runtime),
+        }
+
+    def engine_args(self) -> dict:
+        return {
+            "device": self.device,
+            "dtype": self.dtype,
+            "max_prefill_tokens": self.max_prefill_tokens,
+            "max_running_requests": self.max_running_requests,
+            "context_length": self.context_length,
+            "max_sessions_per_rank": self.runtime.max_sessions_per_rank,
+            "max_inflight_commits_per_rank": self.runtime.max_inflight_commits_per_rank,
+            "min_kv_tokens": self.runtime.min_kv_tokens,
+            "enable_streaming_session": self.enable_streaming_session,
+            "deterministic_communication": self.deterministic_communication,
+            "state_directory": self.state_directory,
+            "host": self.host,
+            "port": self.port,
+        }
+
+    def sglang_args(self) -> dict:
+        """The single-node eager SGLang settings MemT requires, for the GPU backend."""
+        args = {
+            "model_path": str(self.checkpoint.path),
+            "dtype": "bfloat16",
+            "trust_remote_code": False,
+            "chunked_prefill_size": -1,
+            "disable_radix_cache": True,
+            "disable_overlap_schedule": True,
+            "disable_cuda_graph": True,
+            "max_prefill_tokens": self.max_prefill_tokens,
+            "max_running_requests": self.max_running_requests,
+            "enable_streaming_session": self.enable_streaming_session,
+        }
+        if self.checkpoint.model == "memt-flash":
+            args["enable_dp_attention"] = True
+        else:
+            args["enable_dp_attention"] = False
+        return args
+
+
+def plan_launch(args: argparse.Namespace, environ=os.environ) -> LaunchPlan:
+    """Validate arguments and the checkpoint; raises ``CheckpointError`` or ``SystemExit`` with the reason."""
+    if args.trust_remote_code:
+        raise CheckpointError("--trust-remote-code is refused: MemT serve never executes checkpoint Python code")
+    if args.config:
+        raise CheckpointError("--config merging is refused: model structure comes from the checkpoint's config.json")
+    if environ.get(HEADER_OVERRIDES, "").strip().lower() not in ("", "0", "false", "no", "off"):
+        raise CheckpointError(f"{HEADER_OVERRIDES} must remain disabled (it lets requests override server settings)")
+    path = Path(args.model_path) if args.model_path else BUNDLED_MODEL
+    if args.model_path is None and not (path / "config.json").is_file():
+        raise CheckpointError(f"no --model-path given and the bundled demo model is missing at {path}")
+    checkpoint = read_checkpoint(path)
+    runtime = RuntimeConfig.merge(
+        checkpoint.runtime,
+        parse_override_args(args.json_model_override_args),
+        {
+            "max_sessions_per_rank": args.max_sessions_per_rank,
+            "max_inflight_commits_per_rank": args.max_inflight_commits_per_rank,
+            "min_kv_tokens": args.min_kv_tokens,
+        },
+    )
+    chunk = checkpoint.memory.chunk_tokens
+    if args.max_prefill_tokens < chunk:
+        raise CheckpointError(f"--max-prefill-tokens ({args.max_prefill_tokens}) must be at least memt.chunk_tokens ({chunk})")
+    if args.max_running_requests < 1:
+        raise CheckpointError("--max-running-requests must be at least 1")
+    model_limit = int(checkpoint.backbone.get("max_position_embeddings") or 32768)
+    context = args.context_length or model_limit
+    if context < 1 or context > model_limit:
+        raise CheckpointError(f"--context-length must be between 1 and the model's max_position_embeddings ({model_limit})")
+    device = args.device
+    if device == "auto":
+        device = "cuda" if _cuda_available() else "cpu"
+    dtype = args.dtype if args.dtype != "auto" else ("float32" if device == "cpu" else "bfloat16")
+    return LaunchPlan(
+        checkpoint=checkpoint, runtime=runtime, device=device, dtype=dtype,
+        max_prefill_tokens=args.max_prefill_tokens, max_running_requests=args.max_running_requests,
+        context_length=context, enable_streaming_session=args.enable_streaming_session,
+        deterministic_communication=args.deterministic_communication, host=args.host, port=args.port,
+        state_directory=args.state_directory, api_key=args.api_key, log_level=args.log_level,
+    )
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def build_app(plan: LaunchPlan):
+    """Load the model and assemble engine, protocol, service and HTTP app."""
+    import torch
+    from transformers import PreTrainedTokenizerFast
+
+    from memt_core.engine import TorchEngine
+    from memt_core.models.weights import load_model
+    from memt_core.protocol import Limits, MemTProtocol
+    from memt_core.server.app import create_app
+    from memt_core.server.service import MemTService
+
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}[plan.dtype]
+    model = load_model(plan.checkpoint, device=plan.device, dtype=dtype)
+    tokenizer = None
+    if (plan.checkpoint.path / "tokenizer.json").is_file():
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(str(plan.checkpoint.path), local_files_only=True)
+    engine = TorchEngine(
+        model,
+        state_directory=plan.state_directory,
+        max_running_requests=plan.max_running_requests,
+        max_commit_batch=plan.runtime.max_inflight_commits_per_rank,
+    )
+    native = plan.checkpoint.native_encoding()["name"]
+    protocol = MemTProtocol(
+        epoch=uuid.uuid4().hex,
+        limits=Limits(
+            max_sessions=plan.runtime.max_sessions_per_rank,
+            max_inflight_commits=plan.runtime.max_inflight_commits_per_rank,
+            retain_kv_enabled=plan.enable_streaming_session,
+            native_encoding=native,
+        ),
+    )
+    service = MemTService(
+        engine, protocol, tokenizer=tokenizer,
+        max_prefill_tokens=plan.max_prefill_tokens, context_length=plan.context_length,
+    )
+    capabilities = {
+        "protocol": "memt-http-v1",
+        "snapshot_format": "memt-memory-v1",
+        "model": plan.checkpoint.model,
+        "identity": plan.checkpoint.identity(),
+        "native_encoding": native,
+        "chunk_tokens": plan.checkpoint.memory.chunk_tokens,
+        "max_prefill_tokens": plan.max_prefill_tokens,
+        "context_length": plan.context_length,
+        "streaming": {"format": "sse", "text": "cumulative", "finish_reason": True, "done": "data: [DONE]"},
+        "retain_kv": plan.enable_streaming_session,
+        "snapshots": plan.state_directory is not None,
+        "auth": plan.api_key is not None,
+    }
+    app = create_app(service, identity=plan.identity(), capabilities=capabilities, api_key=plan.api_key)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        engine.start()
+
+        async def reaper():
+            while True:
+                await asyncio.sleep(5)
+                await service.reap()
+
+        task = asyncio.create_task(reaper())
+        try:
+            yield
+        finally:
+            task.cancel()
+            engine.stop()
+
+    app.router.lifespan_context = lifespan
+    return app, service
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        plan = plan_launch(args)
+    except CheckpointError as exc:
+        print(f"memt_core.launch: refused: {exc}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        print(json.dumps({"launch_identity": plan.identity(), "engine_args": plan.engine_args(), "sglang_args": plan.sglang_args()}, indent=2))
+        return 0
+    import uvicorn
+
+    app, _ = build_app(plan)
+    print(f"memt_core: serving {plan.checkpoint.model} from {plan.checkpoint.path} on http://{plan.host}:{plan.port}", flush=True)
+    uvicorn.run(app, host=plan.host, port=plan.port, log_level=plan.log_level, timeout_graceful_shutdown=5)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

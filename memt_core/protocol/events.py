@@ -1,0 +1,497 @@
+"""The memt-http-v1 wire requests as validated, frozen events.
+
+``parse_control`` turns a ``POST /memt/control`` body into one action event; ``parse_generate`` turns a
+``POST /generate`` body into a ``Query``, a ``Commit`` or a ``PlainGeneration``. Every check on the
+shape of a request lives here and raises ``InvalidRequest`` naming the field; nothing here knows
+about HTTP, sessions or time.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from memt_core.errors import InvalidRequest
+
+NAME = re.compile(r"^[A-Za-z0-9_.-]{1,160}$")
+MIN_TTL, MAX_TTL, DEFAULT_TTL = 1, 3600, 300
+
+
+SNAPSHOT_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,194}\.safetensors$")
+
+
+def check_snapshot_name(value: Any) -> str:
+    """Snapshot files are simple ``.safetensors`` names inside the server's state directory."""
+    if not isinstance(value, str) or not value:
+        raise InvalidRequest("'file' must be a nonempty snapshot file name")
+    if "/" in value or "\\" in value or ".." in value or value.startswith("."):
+        raise InvalidRequest(f"snapshot name {value!r} must be a simple file name (no paths, '..', or hidden names)")
+    if not SNAPSHOT_NAME.fullmatch(value):
+        raise InvalidRequest(f"snapshot name {value!r} must match [A-Za-z0-9_][A-Za-z0-9_.-]* and end with '.safetensors'")
+    return value
+
+
+def check_name(value: Any, what: str) -> str:
+    """Session IDs, transaction names and RID nonces share one grammar: ``[A-Za-z0-9_.-]{1,160}``."""
+    if not isinstance(value, str) or not NAME.fullmatch(value):
+        raise InvalidRequest(f"{what} must match [A-Za-z0-9_.-]{{1,160}}, got {value!r}")
+    return value
+
+
+# --------------------------------------------------------------------------- request IDs
+
+
+@dataclass(frozen=True)
+class Rid:
+    """``memt|<session>|<operation>|<nonce>``; operation is ``query`` or ``commit:<token_count>``."""
+
+    session: str
+    operation: str  # "query" | "commit"
+    nonce: str
+    count: int | None = None  # commit token count
+
+    @property
+    def text(self) -> str:
+        op = self.operation if self.count is None else f"{self.operation}:{self.count}"
+        return f"memt|{self.session}|{op}|{self.nonce}"
+
+
+def is_memt_rid(rid: Any) -> bool:
+    """Any RID starting with ``memt`` is reserved for MemT and validated as one."""
+    return isinstance(rid, str) and rid.startswith("memt")
+
+
+def parse_rid(rid: str) -> Rid:
+    parts = rid.split("|")
+    if len(parts) != 4 or parts[0] != "memt":
+        raise InvalidRequest(f"rid {rid!r} is reserved for MemT but is not memt|<session>|<operation>|<nonce>")
+    _, session, operation, nonce = parts
+    check_name(session, "rid session")
+    check_name(nonce, "rid nonce")
+    if operation == "query":
+        return Rid(session, "query", nonce)
+    if operation.startswith("commit:"):
+        count = operation[len("commit:"):]
+        if not re.fullmatch(r"[1-9][0-9]*", count):
+            raise InvalidRequest(f"rid {rid!r}: commit:<token_count> needs a positive integer count")
+        return Rid(session, "commit", nonce, int(count))
+    raise InvalidRequest(f"rid {rid!r}: operation must be 'query' or 'commit:<token_count>', got {operation!r}")
+
+
+# --------------------------------------------------------------------------- control actions
+
+
+@dataclass(frozen=True)
+class Action:
+    """Fields every control action carries."""
+
+    session: str
+    lease: str | None = None
+    epoch: str | None = None
+
+
+@dataclass(frozen=True)
+class Create(Action):
+    memory_read: bool = True
+    source: str | None = None
+    source_lease: str | None = None
+    retain_kv: bool = False
+
+
+@dataclass(frozen=True)
+class Acquire(Action):
+    ttl: int = DEFAULT_TTL
+
+
+@dataclass(frozen=True)
+class Renew(Action):
+    ttl: int = DEFAULT_TTL
+
+
+@dataclass(frozen=True)
+class Release(Action):
+    pass
+
+
+@dataclass(frozen=True)
+class Begin(Action):
+    transaction: str = ""
+
+
+@dataclass(frozen=True)
+class Abort(Action):
+    transaction: str = ""
+
+
+@dataclass(frozen=True)
+class Publish(Action):
+    transaction: str = ""
+    memory_read: bool | None = None
+
+
+@dataclass(frozen=True)
+class MemoryRead(Action):
+    enabled: bool = True
+
+
+@dataclass(frozen=True)
+class Export(Action):
+    encoding: str = ""
+    file: str | None = None
+    transaction: str | None = None
+    overwrite: bool = False
+
+
+@dataclass(frozen=True)
+class Import(Action):
+    transaction: str = ""
+    file: str = ""
+    encoding: str = ""
+
+
+@dataclass(frozen=True)
+class Inspect(Action):
+    pass
+
+
+@dataclass(frozen=True)
+class Status(Action):
+    pass
+
+
+@dataclass(frozen=True)
+class Recover(Action):
+    ttl: int = DEFAULT_TTL
+
+
+@dataclass(frozen=True)
+class Cancel(Action):
+    request_id: str = ""
+
+
+@dataclass(frozen=True)
+class KvReset(Action):
+    pass
+
+
+@dataclass(frozen=True)
+class Reset(Action):
+    pass
+
+
+@dataclass(frozen=True)
+class Close(Action):
+    pass
+
+
+class _Fields:
+    """Reads typed fields of one request body, naming the field in every refusal."""
+
+    def __init__(self, body: dict, where: str):
+        self.body, self.where, self.used = body, where, set()
+
+    def get(self, name: str, kind: str, *, required: bool = False, default: Any = None) -> Any:
+        self.used.add(name)
+        if name not in self.body or self.body[name] is None:
+            if required:
+                raise InvalidRequest(f"{self.where}: field {name!r} is required")
+            return default
+        value = self.body[name]
+        check = _KINDS[kind]
+        if not check(value):
+            raise InvalidRequest(f"{self.where}: field {name!r} must be {kind}, got {value!r}")
+        return value
+
+    def name(self, name: str, *, required: bool = False) -> str | None:
+        value = self.get(name, "a string", required=required)
+        return None if value is None else check_name(value, f"{self.where}: {name!r}")
+
+    def ttl(self) -> int:
+        ttl = self.get("ttl", "an integer", default=DEFAULT_TTL)
+        if not MIN_TTL <= ttl <= MAX_TTL:
+            raise InvalidRequest(f"{self.where}: 'ttl' must be between {MIN_TTL} and {MAX_TTL} seconds, got {ttl}")
+        return ttl
+
+    def no_extra(self) -> None:
+        extra = sorted(set(self.body) - self.used)
+        if extra:
+            raise InvalidRequest(f"{self.where}: unknown field(s) {', '.join(map(repr, extra))}")
+
+
+_KINDS: dict[str, Callable[[Any], bool]] = {
+    "a string": lambda v: isinstance(v, str),
+    "a boolean": lambda v: isinstance(v, bool),
+    "an integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "a finite number": lambda v: (isinstance(v, int) and not isinstance(v, bool) and abs(v) <= 2**53)
+    or (isinstance(v, float) and math.isfinite(v)),
+    "an object": lambda v: isinstance(v, dict),
+    "a list": lambda v: isinstance(v, list),
+}
+
+# action name → (event class, lease needed, readers of the action's own fields)
+CONTROL_ACTIONS: dict[str, tuple[type[Action], bool, Callable[[_Fields], dict]]] = {
+    "create": (Create, False, lambda f: {
+        "memory_read": f.get("memory_read", "a boolean", default=True),
+        "source": f.name("source"),
+        "source_lease": f.get("source_lease", "a string"),
+        "retain_kv": f.get("retain_kv", "a boolean", default=False),
+    }),
+    "acquire": (Acquire, False, lambda f: {"ttl": f.ttl()}),
+    "renew": (Renew, True, lambda f: {"ttl": f.ttl()}),
+    "release": (Release, True, lambda f: {}),
+    "begin": (Begin, True, lambda f: {"transaction": f.name("transaction", required=True)}),
+    "abort": (Abort, True, lambda f: {"transaction": f.name("transaction", required=True)}),
+    "publish": (Publish, True, lambda f: {
+        "transaction": f.name("transaction", required=True),
+        "memory_read": f.get("memory_read", "a boolean"),
+    }),
+    "memory_read": (MemoryRead, True, lambda f: {"enabled": f.get("enabled", "a boolean", required=True)}),
+    "export": (Export, True, lambda f: {
+        "encoding": f.get("encoding", "a string", required=True),
+        "file": f.get("file", "a string"),
+        "transaction": f.name("transaction"),
+        "overwrite": f.get("overwrite", "a boolean", default=False),
+    }),
+    "import": (Import, True, lambda f: {
+        "transaction": f.name("transaction", required=True),
+        "file": f.get("file", "a string", required=True),
+        "encoding": f.get("encoding", "a string", required=True),
+    }),
+    "inspect": (Inspect, False, lambda f: {}),
+    "status": (Status, True, lambda f: {}),
+    "recover": (Recover, True, lambda f: {"ttl": f.ttl()}),
+    "cancel": (Cancel, True, lambda f: {"request_id": f.get("request_id", "a string", required=True)}),
+    "kv_reset": (KvReset, True, lambda f: {}),
+    "reset": (Reset, True, lambda f: {}),
+    "close": (Close, True, lambda f: {}),
+}
+
+
+def parse_control(body: Any) -> Action:
+    """Validate a control request body into its action event."""
+    if not isinstance(body, dict):
+        raise InvalidRequest("control request body must be a JSON object")
+    action = body.get("action")
+    if not isinstance(action, str) or action not in CONTROL_ACTIONS:
+        raise InvalidRequest(f"'action' must be one of {', '.join(CONTROL_ACTIONS)}; got {action!r}")
+    cls, needs_lease, read = CONTROL_ACTIONS[action]
+    fields = _Fields(body, f"control {action!r}")
+    fields.used.add("action")
+    session = fields.name("session", required=action != "create")
+    lease = fields.get("lease", "a string", required=needs_lease)
+    epoch = fields.get("epoch", "a string")
+    own = read(fields)
+    fields.no_extra()
+    return cls(session=session or "", lease=lease, epoch=epoch, **own)
+
+
+def action_name(action: Action) -> str:
+    for name, (cls, _, _) in CONTROL_ACTIONS.items():
+        if type(action) is cls:
+            return name
+    raise TypeError(type(action))
+
+
+# --------------------------------------------------------------------------- generation requests
+
+SAMPLING_FIELDS = {
+    "max_new_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "sampling_seed", "stop",
+    "stop_token_ids", "n", "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens",
+    "no_stop_trim", "frequency_penalty", "presence_penalty", "repetition_penalty", "min_new_tokens",
+}
+UNSUPPORTED_INPUTS = ("text", "input_embeds", "image_data", "audio_data", "video_data")
+COMMIT_REFUSED = ("return_logprob", "return_hidden_states", "top_logprobs_num", "logprob_start_len", "return_text_in_logprobs")
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Validated ``sampling_params``; engine-neutral."""
+
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    skip_special_tokens: bool = True
+
+
+@dataclass(frozen=True)
+class Query:
+    rid: Rid
+    input_ids: tuple[int, ...]
+    sampling: Sampling
+    lease: str
+    epoch: str | None
+    stream: bool = False
+    session_params: dict | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
+class Commit:
+    rid: Rid
+    input_ids: tuple[int, ...]
+    lease: str
+    transaction: str
+    epoch: str | None
+
+
+@dataclass(frozen=True)
+class PlainGeneration:
+    """A generation without a MemT RID: ordinary generation that never touches session memory."""
+
+    rid: str | None
+    input_ids: tuple[int, ...] | None
+    text: str | None
+    sampling: Sampling
+    stream: bool = False
+
+
+def parse_sampling(params: Any, *, where: str) -> Sampling:
+    if params is None:
+        raise InvalidRequest(f"{where}: 'sampling_params' with an explicit 'max_new_tokens' is required")
+    if not isinstance(params, dict):
+        raise InvalidRequest(f"{where}: 'sampling_params' must be an object")
+    unknown = sorted(set(params) - SAMPLING_FIELDS)
+    if unknown:
+        raise InvalidRequest(f"{where}: unsupported sampling_params field(s) {', '.join(map(repr, unknown))}")
+    f = _Fields(params, f"{where}: sampling_params")
+    max_new = f.get("max_new_tokens", "an integer", required=True)
+    if max_new < 0:
+        raise InvalidRequest(f"{where}: sampling_params.max_new_tokens must be non-negative, got {max_new}")
+    if f.get("n", "an integer", default=1) != 1:
+        raise InvalidRequest(f"{where}: sampling_params.n must be 1")
+    if f.get("ignore_eos", "a boolean", default=False):
+        raise InvalidRequest(f"{where}: sampling_params.ignore_eos must remain false")
+    temperature = float(f.get("temperature", "a finite number", default=1.0))
+    top_p = float(f.get("top_p", "a finite number", default=1.0))
+    top_k = f.get("top_k", "an integer", default=-1)
+    if temperature < 0:
+        raise InvalidRequest(f"{where}: sampling_params.temperature must be >= 0")
+    if not 0 < top_p <= 1:
+        raise InvalidRequest(f"{where}: sampling_params.top_p must be in (0, 1]")
+    if top_k == 0 or top_k < -1:
+        raise InvalidRequest(f"{where}: sampling_params.top_k must be -1 or a positive integer")
+    for name in ("frequency_penalty", "presence_penalty", "min_p", "min_new_tokens"):
+        if f.get(name, "a finite number", default=0) != 0:
+            raise InvalidRequest(f"{where}: sampling_params.{name} is not supported by this engine")
+    if f.get("repetition_penalty", "a finite number", default=1) != 1:
+        raise InvalidRequest(f"{where}: sampling_params.repetition_penalty is not supported by this engine")
+    seed = f.get("seed", "an integer")
+    seed = f.get("sampling_seed", "an integer", default=seed)
+    stop = f.get("stop", "a string") if isinstance(params.get("stop"), str) else f.get("stop", "a list", default=[])
+    stop = [stop] if isinstance(stop, str) else stop
+    if not all(isinstance(s, str) and s for s in stop):
+        raise InvalidRequest(f"{where}: sampling_params.stop must be a string or a list of nonempty strings")
+    stop_ids = f.get("stop_token_ids", "a list", default=[])
+    if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in stop_ids):
+        raise InvalidRequest(f"{where}: sampling_params.stop_token_ids must be a list of token ids")
+    f.get("no_stop_trim", "a boolean")
+    f.get("spaces_between_special_tokens", "a boolean")
+    skip_special = f.get("skip_special_tokens", "a boolean", default=True)
+    return Sampling(
+        max_new_tokens=max_new, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
+        stop=tuple(stop), stop_token_ids=tuple(stop_ids), skip_special_tokens=skip_special,
+    )
+
+
+def _input_ids(body: dict, where: str, *, vocab_size: int, max_prefill_tokens: int) -> tuple[int, ...]:
+    ids = body.get("input_ids")
+    if ids is None:
+        raise InvalidRequest(f"{where}: 'input_ids' is required (one nonempty list of token ids)")
+    if not isinstance(ids, list) or not ids:
+        raise InvalidRequest(f"{where}: 'input_ids' must be one nonempty list of token ids")
+    if any(isinstance(item, list) for item in ids):
+        raise InvalidRequest(f"{where}: batched 'input_ids' are not supported; send one list per request")
+    for token in ids:
+        if not isinstance(token, int) or isinstance(token, bool) or not 0 <= token < vocab_size:
+            raise InvalidRequest(f"{where}: 'input_ids' holds {token!r}, not a token id in [0, {vocab_size})")
+    if len(ids) > max_prefill_tokens:
+        raise InvalidRequest(f"{where}: {len(ids)} input tokens exceed max_prefill_tokens ({max_prefill_tokens})")
+    return tuple(ids)
+
+
+GENERATE_FIELDS = {
+    "rid", "input_ids", "text", "sampling_params", "stream", "memt_lease", "memt_epoch", "memt_transaction",
+    "session_params", "return_logprob", "return_hidden_states", "top_logprobs_num", "logprob_start_len",
+    "return_text_in_logprobs", "input_embeds", "image_data", "audio_data", "video_data", "lora_path",
+    "custom_logit_processor",
+}
+
+
+def parse_generate(body: Any, *, vocab_size: int, max_prefill_tokens: int) -> Query | Commit | PlainGeneration:
+    """Validate a ``/generate`` body (the spec's "Generation requests" rules)."""
+    if not isinstance(body, dict):
+        raise InvalidRequest("generate request body must be a JSON object")
+    unknown = sorted(set(body) - GENERATE_FIELDS)
+    if unknown:
+        raise InvalidRequest(f"generate: unknown field(s) {', '.join(map(repr, unknown))}")
+    rid = body.get("rid")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise InvalidRequest("generate: 'stream' must be a boolean")
+    for name in ("lora_path", "custom_logit_processor"):
+        if body.get(name) is not None:
+            raise InvalidRequest(f"generate: {name!r} is not supported")
+
+    if not is_memt_rid(rid):
+        if rid is not None and not isinstance(rid, str):
+            raise InvalidRequest("generate: 'rid' must be a string (batched requests are not supported)")
+        for name in ("memt_lease", "memt_transaction", "memt_epoch"):
+            if body.get(name) is not None:
+                raise InvalidRequest(f"generate: {name!r} needs a MemT rid (memt|<session>|<operation>|<nonce>)")
+        for name in ("input_embeds", "image_data", "audio_data", "video_data"):
+            if body.get(name) is not None:
+                raise InvalidRequest(f"generate: {name!r} is not supported")
+        text = body.get("text")
+        if text is not None and not isinstance(text, str):
+            raise InvalidRequest("generate: 'text' must be one string (batched requests are not supported)")
+        if (text is None) == (body.get("input_ids") is None):
+            raise InvalidRequest("generate: give exactly one of 'text' or 'input_ids'")
+        ids = None if text is not None else _input_ids(body, "generate", vocab_size=vocab_size, max_prefill_tokens=max_prefill_tokens)
+        return PlainGeneration(rid=rid, input_ids=ids, text=text, sampling=parse_sampling(body.get("sampling_params"), where="generate"), stream=stream)
+
+    parsed = parse_rid(rid)
+    where = f"{parsed.operation} {rid!r}"
+    for name in UNSUPPORTED_INPUTS:
+        if body.get(name) is not None:
+            raise InvalidRequest(f"{where}: {name!r} is not supported for MemT requests; send input_ids")
+    ids = _input_ids(body, where, vocab_size=vocab_size, max_prefill_tokens=max_prefill_tokens)
+    lease = body.get("memt_lease")
+    if not isinstance(lease, str) or not lease:
+        raise InvalidRequest(f"{where}: 'memt_lease' is required")
+    epoch = body.get("memt_epoch")
+    if epoch is not None and not isinstance(epoch, str):
+        raise InvalidRequest(f"{where}: 'memt_epoch' must be a string")
+    sampling = parse_sampling(body.get("sampling_params"), where=where)
+
+    if parsed.operation == "commit":
+        if parsed.count != len(ids):
+            raise InvalidRequest(f"{where}: commit:{parsed.count} does not match {len(ids)} input_ids")
+        if sampling.max_new_tokens != 0:
+            raise InvalidRequest(f"{where}: commits must set sampling_params.max_new_tokens to 0")
+        if stream:
+            raise InvalidRequest(f"{where}: only queries support stream: true")
+        for name in COMMIT_REFUSED:
+            if body.get(name):
+                raise InvalidRequest(f"{where}: commits do not return output scores or hidden states ({name!r})")
+        if body.get("session_params") is not None:
+            raise InvalidRequest(f"{where}: session_params are not accepted on commits")
+        transaction = body.get("memt_transaction")
+        if transaction is None:
+            raise InvalidRequest(f"{where}: commits must name their transaction in 'memt_transaction'")
+        check_name(transaction, f"{where}: 'memt_transaction'")
+        return Commit(rid=parsed, input_ids=ids, lease=lease, transaction=transaction, epoch=epoch)
+
+    if body.get("memt_transaction") is not None:
+        raise InvalidRequest(f"{where}: queries do not take 'memt_transaction'")
+    for name in COMMIT_REFUSED:
+        if body.get(name):
+            raise InvalidRequest(f"{where}: {name!r} is not supported by this engine")
+    session_params = body.get("session_params")
+    if session_params is not None and session_params != {"id": parsed.session}:
+        raise InvalidRequest(f"{where}: session_params may only be {{\"id\": \"{parsed.session}\"}}")
+    return Query(rid=parsed, input_ids=ids, sampling=sampling, lease=lease, epoch=epoch, stream=stream, session_params=session_params)

@@ -1,0 +1,108 @@
+"""FastAPI routes of memt-http-v1: a thin adapter from HTTP to ``MemTService``.
+
+Parse the body, call the service, serialise the answer; every ``MemTError`` becomes its status with
+``{"error": {"type", "message"}}``. No protocol rule lives here.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from typing import Any
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from sse_starlette.sse import EventSourceResponse
+
+from memt_core.errors import AuthenticationError, InvalidRequest, MemTError, RouteDisabled, WorkerUnavailable
+from memt_core.server.metrics import CONTENT_TYPE, Metrics
+from memt_core.server.service import MemTService
+
+#: Administrative routes of SGLang that a MemT server keeps disabled (they would bypass memory rules).
+DISABLED_ROUTES = (
+    "/update_weights_from_disk", "/update_weights_from_tensor", "/update_weights_from_distributed",
+    "/init_weights_update_group", "/flush_cache", "/load_lora_adapter", "/unload_lora_adapter",
+    "/release_memory_occupation", "/resume_memory_occupation",
+)
+
+
+def create_app(service: MemTService, *, identity: dict, capabilities: dict, api_key: str | None = None) -> FastAPI:
+    """The HTTP application for one service."""
+    app = FastAPI(
+        title="MemT serve — memt-http-v1",
+        version=identity.get("engine_version", ""),
+        description="Native MemT protocol: sessions, leases, transactions and snapshots over latent memory.",
+    )
+    metrics = Metrics(service)
+
+    async def authorised(request: Request) -> None:
+        if api_key is None:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), api_key.encode()):
+            raise AuthenticationError("missing or invalid API key; send 'Authorization: Bearer <key>'")
+
+    guard = [Depends(authorised)]
+
+    @app.exception_handler(MemTError)
+    async def memt_error(request: Request, exc: MemTError) -> JSONResponse:
+        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+        return JSONResponse(exc.to_wire(), status_code=exc.status, headers=headers)
+
+    async def json_body(request: Request) -> Any:
+        try:
+            return json.loads(await request.body())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        if not service.engine.alive:
+            raise WorkerUnavailable("the engine worker is not running")
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/memt/identity", dependencies=guard)
+    async def get_identity() -> dict:
+        return identity
+
+    @app.get("/memt/capabilities", dependencies=guard)
+    async def get_capabilities() -> dict:
+        return {**capabilities, "epoch": service.protocol.epoch}
+
+    @app.post("/memt/control", dependencies=guard)
+    async def control(request: Request) -> dict:
+        return await service.control(await json_body(request))
+
+    @app.post("/generate", dependencies=guard)
+    async def generate(request: Request):
+        result = await service.generate(await json_body(request))
+        if isinstance(result, dict):
+            return result
+        return EventSourceResponse(_sse(result), sep="\n", ping=15)
+
+    @app.get("/metrics", dependencies=guard)
+    async def get_metrics() -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
+
+    for path in DISABLED_ROUTES:
+        app.add_api_route(path, _disabled(path), methods=["GET", "POST"], dependencies=guard, include_in_schema=False)
+    return app
+
+
+async def _sse(bodies):
+    """Stream bodies as ``data: <json>`` frames, then ``data: [DONE]``; errors become a final error frame."""
+    try:
+        async for body in bodies:
+            yield {"data": json.dumps(body, ensure_ascii=False)}
+    except MemTError as exc:
+        yield {"data": json.dumps(exc.to_wire())}
+        return
+    yield {"data": "[DONE]"}
+
+
+def _disabled(path: str):
+    async def refuse() -> None:
+        raise RouteDisabled(f"{path} is disabled on MemT servers: it would bypass session memory rules")
+
+    return refuse

@@ -1,0 +1,299 @@
+"""The serving logic between HTTP and the engine: protocol decisions carried out on the engine.
+
+Nothing here knows about HTTP. ``control`` runs a control action (plan → engine effects → complete);
+``generate`` admits a query, commit or plain generation and returns either a finished response body
+or an async iterator of cumulative stream bodies. Errors are typed ``MemTError``s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+from memt_core.engine.torch_engine import TokenEvent, TorchEngine
+from memt_core.errors import InvalidRequest, MemTError, WorkerUnavailable
+from memt_core.protocol import (
+    APPLIED,
+    FAILED,
+    Commit,
+    MemTProtocol,
+    PlainGeneration,
+    Query,
+    Sampling,
+    Ticket,
+    action_name,
+    parse_control,
+    parse_generate,
+)
+from memt_core.sampling import SamplingParams
+
+log = logging.getLogger("memt.server")
+
+
+@dataclass
+class Counters:
+    """What the service counts for /metrics (the engine counts tokens; latencies go to observers)."""
+
+    control: dict[tuple[str, int], int] = field(default_factory=dict)  # (action, status) → count
+    requests: dict[tuple[str, int], int] = field(default_factory=dict)  # (kind, status) → count
+
+    def count(self, table: dict, key: tuple[str, int]) -> None:
+        table[key] = table.get(key, 0) + 1
+
+
+class MemTService:
+    """One model served over memt-http-v1."""
+
+    def __init__(
+        self,
+        engine: TorchEngine,
+        protocol: MemTProtocol,
+        *,
+        tokenizer=None,
+        max_prefill_tokens: int,
+        context_length: int,
+        clock=time.monotonic,
+    ):
+        self.engine = engine
+        self.protocol = protocol
+        self.tokenizer = tokenizer
+        self.max_prefill_tokens = max_prefill_tokens
+        self.context_length = context_length
+        self.vocab_size = engine.model.config.vocab_size
+        self.clock = clock
+        self.counters = Counters()
+        self.observers: list = []  # callables (kind, seconds) → None, e.g. Prometheus histograms
+
+    # ------------------------------------------------------------------ control
+
+    async def control(self, body: Any) -> dict:
+        action = parse_control(body)
+        name = action_name(action)
+        started = self.clock()
+        try:
+            plan = self.protocol.control(action, started)
+            try:
+                results = [await self.engine.apply(effect) for effect in plan.effects]
+            except BaseException as exc:
+                self.protocol.abandon(plan)
+                if isinstance(exc, MemTError) or not isinstance(exc, Exception):
+                    raise
+                log.exception("engine effect failed for %s", name)
+                raise WorkerUnavailable(f"the engine failed to carry out {name!r}: {exc}") from exc
+            response = self.protocol.complete(plan, results, self.clock())
+        except MemTError as exc:
+            self.counters.count(self.counters.control, (name, exc.status))
+            raise
+        self.counters.count(self.counters.control, (name, 200))
+        self._observe("control", self.clock() - started)
+        if name == "create":
+            response["epoch"] = self.protocol.epoch
+        return response
+
+    async def reap(self) -> None:
+        """Free candidates of transactions whose lease expired (run periodically)."""
+        for effect in self.protocol.reap(self.clock()):
+            await self.engine.apply(effect)
+
+    # ------------------------------------------------------------------ generation
+
+    async def generate(self, body: Any) -> dict | AsyncIterator[dict]:
+        request = parse_generate(body, vocab_size=self.vocab_size, max_prefill_tokens=self.max_prefill_tokens)
+        if isinstance(request, Commit):
+            return await self._commit(request)
+        if isinstance(request, Query):
+            ticket = self.protocol.start_query(request, self.clock())
+            try:
+                self._check_context(len(request.input_ids), request.sampling)
+                events = self.engine.query(
+                    request.rid.text, list(request.input_ids), _params(request.sampling),
+                    session=ticket.session, memory_read=ticket.memory_read, retain=ticket.retain_kv,
+                )
+            except BaseException:
+                self.protocol.finish_query(ticket, self.clock())
+                raise
+            return await self._respond(request.rid.text, list(request.input_ids), request.sampling, events, request.stream, ticket)
+        return await self._plain(request)
+
+    async def _plain(self, request: PlainGeneration) -> dict | AsyncIterator[dict]:
+        if request.input_ids is not None:
+            ids = list(request.input_ids)
+        else:
+            if self.tokenizer is None:
+                raise InvalidRequest("this server has no tokenizer; send input_ids")
+            ids = self.tokenizer.encode(request.text, add_special_tokens=False)
+            if not ids:
+                raise InvalidRequest("'text' encodes to no tokens")
+            if len(ids) > self.max_prefill_tokens:
+                raise InvalidRequest(f"{len(ids)} input tokens exceed max_prefill_tokens ({self.max_prefill_tokens})")
+        self._check_context(len(ids), request.sampling)
+        rid = request.rid or uuid.uuid4().hex
+        events = self.engine.query(rid, ids, _params(request.sampling))
+        return await self._respond(rid, ids, request.sampling, events, request.stream, None)
+
+    def _check_context(self, prompt: int, sampling: Sampling) -> None:
+        if prompt + sampling.max_new_tokens > self.context_length:
+            raise InvalidRequest(
+                f"{prompt} prompt tokens + max_new_tokens {sampling.max_new_tokens} exceed the context length {self.context_length}"
+            )
+
+    async def _respond(self, rid, prompt, sampling, events, stream: bool, ticket: Ticket | None):
+        run = _Generation(self, rid, prompt, sampling, events, ticket)
+        if stream:
+            return run.stream()
+        return await run.collect()
+
+    async def _commit(self, request: Commit) -> dict:
+        ticket = self.protocol.start_commit(request, self.clock())
+        # The commit runs to its end even if the client goes away, so its receipt is always exact.
+        task = asyncio.ensure_future(self._run_commit(ticket, request))
+        return await asyncio.shield(task)
+
+    async def _run_commit(self, ticket: Ticket, request: Commit) -> dict:
+        started = self.clock()
+        outcome = FAILED
+        try:
+            info = await self.engine.commit(ticket.session, ticket.transaction, ticket.nonce, list(request.input_ids))
+            outcome = APPLIED
+        except MemTError as exc:
+            self.counters.count(self.counters.requests, ("commit", exc.status))
+            raise
+        except Exception as exc:
+            log.exception("commit failed")
+            self.counters.count(self.counters.requests, ("commit", 503))
+            raise WorkerUnavailable(f"commit failed in the engine: {exc}") from exc
+        finally:
+            if outcome != APPLIED and self._landed(ticket):
+                outcome = APPLIED
+            self.protocol.finish_commit(ticket, outcome, self.clock())
+        self.counters.count(self.counters.requests, ("commit", 200))
+        self._observe("commit", self.clock() - started)
+        return {
+            "text": "",
+            "output_ids": [],
+            "meta_info": {
+                "id": request.rid.text,
+                "finish_reason": {"type": "length", "length": 0},
+                "prompt_tokens": info.tokens,
+                "completion_tokens": 0,
+                "memt": {
+                    "session": ticket.session,
+                    "transaction": ticket.transaction,
+                    "nonce": ticket.nonce,
+                    "committed_tokens": info.tokens,
+                    "write_events": info.write_events,
+                    "status": APPLIED,
+                },
+            },
+        }
+
+    def _landed(self, ticket: Ticket) -> bool:
+        """Ask the engine whether a commit that raised did in fact reach the candidate."""
+        state = self.engine.store.sessions.get(ticket.session)
+        candidate = state.candidates.get(ticket.transaction) if state else None
+        return bool(candidate and ticket.nonce in candidate.applied)
+
+    def _observe(self, kind: str, seconds: float) -> None:
+        for observer in self.observers:
+            observer(kind, seconds)
+
+
+def _params(sampling: Sampling) -> SamplingParams:
+    return SamplingParams(
+        max_new_tokens=sampling.max_new_tokens,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        top_k=sampling.top_k,
+        seed=sampling.seed,
+        stop_token_ids=sampling.stop_token_ids,
+        stop=sampling.stop,
+    )
+
+
+class _Generation:
+    """Turns engine token events into response bodies, applying stop strings."""
+
+    def __init__(self, service: MemTService, rid, prompt, sampling: Sampling, events, ticket: Ticket | None):
+        self.service, self.rid, self.prompt, self.sampling = service, rid, prompt, sampling
+        self.events, self.ticket = events, ticket
+        self.memt = {"session": ticket.session, "memory_read": ticket.memory_read} if ticket else None
+        self.output: list[int] = []
+        self.text = ""
+        self.finish: dict | None = None
+        self.started = service.clock()
+
+    def _decode(self) -> str:
+        tokenizer = self.service.tokenizer
+        if tokenizer is None:
+            return ""
+        return tokenizer.decode(self.output, skip_special_tokens=self.sampling.skip_special_tokens)
+
+    def _absorb(self, event: TokenEvent) -> bool:
+        """Take one engine event; returns True when the generation is over."""
+        if event.error is not None:
+            raise event.error
+        if event.token is not None:
+            self.output.append(event.token)
+            self.text = self._decode()
+            for stop in self.sampling.stop:
+                at = self.text.find(stop)
+                if at >= 0:
+                    self.text = self.text[:at]
+                    self.finish = {"type": "stop", "matched": stop}
+                    self.service.engine.cancel(self.rid)
+                    return True
+        if event.finish_reason is not None:
+            if event.finish_reason == "stop":
+                self.finish = {"type": "stop", "matched": event.matched_stop}
+            elif event.finish_reason == "length":
+                self.finish = {"type": "length", "length": len(self.output)}
+            else:
+                self.finish = {"type": "abort", "message": "cancelled"}
+            return True
+        return False
+
+    def body(self) -> dict:
+        meta = {
+            "id": self.rid,
+            "finish_reason": self.finish,
+            "prompt_tokens": len(self.prompt),
+            "completion_tokens": len(self.output),
+            "e2e_latency": round(self.service.clock() - self.started, 6),
+        }
+        if self.memt is not None:
+            meta["memt"] = self.memt
+        return {"text": self.text, "output_ids": list(self.output), "meta_info": meta}
+
+    def _close(self) -> None:
+        if self.ticket is not None:
+            self.service.protocol.finish_query(self.ticket, self.service.clock())
+            self.ticket = None
+        kind = "query" if self.rid.startswith("memt|") else "generate"
+        self.service.counters.count(self.service.counters.requests, (kind, 200))
+        self.service._observe(kind, self.service.clock() - self.started)
+
+    async def collect(self) -> dict:
+        try:
+            async for event in self.events:
+                if self._absorb(event):
+                    break
+        finally:
+            await self.events.aclose()
+            self._close()
+        return self.body()
+
+    async def stream(self) -> AsyncIterator[dict]:
+        try:
+            async for event in self.events:
+                done = self._absorb(event)
+                if event.token is not None or done:
+                    yield self.body()
+                if done:
+                    break
+        finally:
+            await self.events.aclose()
+            self._close()

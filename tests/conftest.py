@@ -1,0 +1,52 @@
+"""Shared fixtures: one tiny random checkpoint of each family, built once per test session.
+
+The checkpoint directories are shared by every test of the session: treat them as read-only and copy
+one (``shutil.copytree``) before editing it. The loaded models are in eval mode and shared too;
+tests must not change their parameters.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from memt_core.checkpoint import FLASH, NANO
+
+
+@pytest.fixture(scope="session")
+def nano_checkpoint(tmp_path_factory) -> Path:
+    """A tiny random MemT-1.0-Nano checkpoint (4 layers, memory on layers 1 and 3, chunk_tokens 32)."""
+    from memt_core.tiny import make_tiny_checkpoint
+
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("nano"), NANO)
+
+
+@pytest.fixture(scope="session")
+def flash_checkpoint(tmp_path_factory) -> Path:
+    """A tiny random MemT-1.0-Flash checkpoint (2 layers, both with memory, sliding window 64, chunk_tokens 32)."""
+    from memt_core.tiny import make_tiny_checkpoint
+
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("flash"), FLASH)
+
+
+@pytest.fixture(scope="session")
+def nano_model(nano_checkpoint):
+    """The Nano checkpoint loaded in FP32 on CPU (shared: do not modify)."""
+    from memt_core.models.weights import load_model
+
+    return load_model(nano_checkpoint)
+
+
+@pytest.fixture(scope="session")
+def flash_model(flash_checkpoint):
+    """The Flash checkpoint loaded in FP32 on CPU (shared: do not modify)."""
+    from memt_core.models.weights import load_model
+
+    return load_model(flash_checkpoint)
+
+
+@pytest.fixture(params=[NANO, FLASH])
+def tiny_model(request):
+    """Each family's loaded model in turn."""
+    return request.getfixturevalue("nano_model" if request.param == NANO else "flash_model")
