@@ -1,0 +1,205 @@
+"""Chat formats: how messages become token ids for queries and for committed turns.
+
+A prompt is ``[BOS] + system block + replayed turns + the new turn's opening``. A *turn* is kept as
+the exact token ids that the model saw and produced: the user message with the assistant prefix,
+then the generated ids (thinking, tool calls and the end token included), then for tool chains the
+tool results with a new assistant prefix and the next generated ids. Those same ids are what a
+commit writes to memory, so memory holds exactly what the conversation contained.
+
+* Nano renders pieces with the checkpoint's Hugging Face chat template.
+* Flash renders them with the checkpoint's ``encoding_dsv4.py``, which this module executes
+  explicitly, on the client only (the server never runs checkpoint code).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from typing import Any
+
+from memt_core.checkpoint import FLASH, NANO, read_checkpoint
+from memt_core.client.parsers import OutputParser, parser_for
+
+
+class ChatFormat:
+    """Encodes conversation pieces for one checkpoint's tokenizer and prompt format."""
+
+    family: str
+
+    def __init__(self, path: str | Path, tokenizer, chat_template_kwargs: dict | None = None):
+        self.path = Path(path)
+        self.tokenizer = tokenizer
+        self.template_kwargs = dict(chat_template_kwargs or {})
+        checkpoint = read_checkpoint(self.path, validate_backbone=False)
+        self.identity = checkpoint.identity()
+        self.native_encoding = checkpoint.native_encoding()["name"]
+        self.chunk_tokens = checkpoint.memory.chunk_tokens
+
+    def default_sampling(self) -> dict:
+        """Sampling defaults from the checkpoint's generation_config.json (greedy when there is none)."""
+        path = self.path / "generation_config.json"
+        if not path.is_file():
+            return {"temperature": 0.0}
+        config = json.loads(path.read_text())
+        if not config.get("do_sample", True):
+            return {"temperature": 0.0}
+        return {k: config[k] for k in ("temperature", "top_p", "top_k") if config.get(k) is not None}
+
+    def thinking(self, enable_thinking: bool | None) -> bool:
+        """Whether a turn runs with thinking on (per-call override, else the format's default)."""
+        if enable_thinking is not None:
+            return enable_thinking
+        return bool(self.template_kwargs.get("enable_thinking", self.default_thinking))
+
+    default_thinking = False
+
+    def _encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False) if text else []
+
+    # subclasses render these three pieces as text
+    def system_text(self, system_prompt: str | None, tools: list | None) -> str:
+        raise NotImplementedError
+
+    def user_text(self, content: str, *, thinking: bool) -> str:
+        raise NotImplementedError
+
+    def tool_results_text(self, results: list[dict], *, thinking: bool) -> str:
+        raise NotImplementedError
+
+    bos_ids: list[int] = []
+
+    def system_ids(self, system_prompt: str | None, tools: list | None) -> list[int]:
+        return self._encode(self.system_text(system_prompt, tools)) if (system_prompt or tools) else []
+
+    def user_ids(self, content: str, *, enable_thinking: bool | None = None) -> list[int]:
+        """A user message followed by the assistant's opening: the start of a turn."""
+        return self._encode(self.user_text(content, thinking=self.thinking(enable_thinking)))
+
+    def tool_results_ids(self, results: list[dict], *, enable_thinking: bool | None = None) -> list[int]:
+        """Tool results (``{"tool_call_id", "content", "name"?}``) followed by the assistant's opening."""
+        return self._encode(self.tool_results_text(results, thinking=self.thinking(enable_thinking)))
+
+    def document_ids(self, text: str) -> list[int]:
+        """A document as committed to memory: its plain text, no template."""
+        return self._encode(text)
+
+    def prompt_ids(self, *, system_prompt: str | None, tools: list | None, turns: list[list[int]], tail: list[int]) -> list[int]:
+        """The query prompt: BOS, system block, replayed turns, then the open turn ``tail``."""
+        ids = list(self.bos_ids) + self.system_ids(system_prompt, tools)
+        for turn in turns:
+            ids += turn
+        return ids + list(tail)
+
+    def decode(self, ids: list[int]) -> str:
+        """Output text with reasoning and tool-call markup kept, end-of-turn tokens dropped."""
+        keep = [i for i in ids if i not in self.end_ids]
+        return self.tokenizer.decode(keep, skip_special_tokens=False)
+
+    @property
+    def end_ids(self) -> set[int]:
+        raise NotImplementedError
+
+
+class NanoChatFormat(ChatFormat):
+    """Qwen-style ChatML through the checkpoint's own Hugging Face chat template."""
+
+    family = NANO
+    default_thinking = True  # the template's own default when enable_thinking is not given
+
+    def _render(self, messages: list[dict], *, tools: list | None = None, generation: bool, thinking: bool | None = None) -> str:
+        kwargs: dict[str, Any] = {k: v for k, v in self.template_kwargs.items() if k != "enable_thinking"}
+        if thinking is not None:
+            kwargs["enable_thinking"] = thinking
+        return self.tokenizer.apply_chat_template(
+            messages, tools=tools or None, add_generation_prompt=generation, tokenize=False, **kwargs
+        )
+
+    def system_text(self, system_prompt, tools):
+        messages = [{"role": "system", "content": system_prompt or ""}]
+        return self._render(messages, tools=tools, generation=False)
+
+    def user_text(self, content, *, thinking):
+        return self._render([{"role": "user", "content": content}], generation=True, thinking=thinking)
+
+    def tool_results_text(self, results, *, thinking):
+        messages = [{"role": "tool", "content": r["content"], "tool_call_id": r.get("tool_call_id")} for r in results]
+        return self._render(messages, generation=True, thinking=thinking)
+
+    @property
+    def end_ids(self) -> set[int]:
+        ids = set()
+        for token in ("<|im_end|>", "<|endoftext|>"):
+            value = self.tokenizer.convert_tokens_to_ids(token)
+            if isinstance(value, int) and value != self.tokenizer.unk_token_id:
+                ids.add(value)
+        return ids
+
+
+class FlashChatFormat(ChatFormat):
+    """DeepSeek-V4 style prompts through the checkpoint's ``encoding_dsv4.py``."""
+
+    family = FLASH
+
+    def __init__(self, path, tokenizer, chat_template_kwargs=None, *, encoder_path: str | Path | None = None):
+        super().__init__(path, tokenizer, chat_template_kwargs)
+        self.encoder = load_encoder(encoder_path or _find_encoder(self.path))
+
+    def _render(self, messages: list[dict], *, thinking: bool) -> str:
+        return self.encoder.encode_messages(messages, thinking_mode="thinking" if thinking else "chat", add_default_bos_token=False)
+
+    def system_text(self, system_prompt, tools):
+        message = {"role": "system", "content": system_prompt or ""}
+        if tools:
+            message["tools"] = tools
+        # a lone system message renders without an assistant prefix
+        return self._render([message], thinking=False)
+
+    def user_text(self, content, *, thinking):
+        return self._render([{"role": "user", "content": content}], thinking=thinking)
+
+    def tool_results_text(self, results, *, thinking):
+        return self._render([{"role": "tool", "content": r["content"]} for r in results], thinking=thinking)
+
+    @property
+    def bos_ids(self) -> list[int]:
+        return [self.tokenizer.bos_token_id] if self.tokenizer.bos_token_id is not None else []
+
+    @property
+    def end_ids(self) -> set[int]:
+        return {self.tokenizer.eos_token_id} if self.tokenizer.eos_token_id is not None else set()
+
+
+def _find_encoder(path: Path) -> Path:
+    for candidate in (path / "encoding_dsv4.py", path / "encoding" / "encoding_dsv4.py"):
+        if candidate.is_file():
+            return candidate
+    raise FileNotFoundError(f"{path} has no encoding_dsv4.py; pass its location as deepseek_encoder")
+
+
+def load_encoder(path: str | Path):
+    """Execute a Flash checkpoint's ``encoding_dsv4.py`` explicitly (client side only) and return it."""
+    path = Path(path)
+    spec = importlib.util.spec_from_file_location(f"memt_encoding_dsv4_{abs(hash(str(path.resolve())))}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for name in ("encode_messages",):
+        if not callable(getattr(module, name, None)):
+            raise ValueError(f"{path} does not define {name}()")
+    return module
+
+
+def load_chat_format(
+    path: str | Path,
+    *,
+    tokenizer,
+    chat_template_kwargs: dict | None = None,
+    deepseek_encoder: str | Path | None = None,
+) -> tuple[ChatFormat, OutputParser]:
+    """``(chat_format, parser)`` for a local checkpoint: Nano's HF template or Flash's DSV4 encoder."""
+    checkpoint = read_checkpoint(path, validate_backbone=False)
+    if checkpoint.model == NANO:
+        chat_format: ChatFormat = NanoChatFormat(path, tokenizer, chat_template_kwargs)
+    else:
+        chat_format = FlashChatFormat(path, tokenizer, chat_template_kwargs, encoder_path=deepseek_encoder)
+    return chat_format, parser_for(checkpoint.model)
