@@ -80,6 +80,18 @@ class ChatFormat:
         """Tool results (``{"tool_call_id", "content", "name"?}``) followed by the assistant's opening."""
         return self._encode(self.tool_results_text(results, thinking=self.thinking(enable_thinking)))
 
+    def history_ids(self, messages: list[dict]) -> list[int]:
+        """Finished conversation messages (user, assistant, tool) rendered as plain context."""
+        return self._encode(self.history_text(messages)) if messages else []
+
+    def open_turn_ids(self, messages: list[dict], *, enable_thinking: bool | None = None) -> list[int]:
+        """A turn rendered from its messages (user first, possibly tool rounds), ending with the assistant's opening."""
+        return self._encode(self.open_turn_text(messages, thinking=self.thinking(enable_thinking)))
+
+    def conversation_ids(self, messages: list[dict], *, tools: list | None = None, enable_thinking: bool | None = None) -> list[int]:
+        """A whole conversation (system messages included) with the assistant's opening: a stateless prompt."""
+        return list(self.bos_ids) + self._encode(self.conversation_text(messages, tools=tools, thinking=self.thinking(enable_thinking)))
+
     def document_ids(self, text: str) -> list[int]:
         """A document as committed to memory: its plain text, no template."""
         return self._encode(text)
@@ -126,6 +138,19 @@ class NanoChatFormat(ChatFormat):
         messages = [{"role": "tool", "content": r["content"], "tool_call_id": r.get("tool_call_id")} for r in results]
         return self._render(messages, generation=True, thinking=thinking)
 
+    def history_text(self, messages):
+        return self._render(messages, generation=False)
+
+    def open_turn_text(self, messages, *, thinking):
+        return self._render(messages, generation=True, thinking=thinking)
+
+    def conversation_text(self, messages, *, tools, thinking):
+        return self._render(messages, tools=tools, generation=True, thinking=thinking)
+
+    def tool_call_prefix(self, name: str | None = None) -> str:
+        """Text that makes the model's output start as a tool call (for tool_choice required/named)."""
+        return '<tool_call>\n{"name": "' + (f'{name}", "arguments": ' if name else "")
+
     @property
     def end_ids(self) -> set[int]:
         ids = set()
@@ -160,6 +185,26 @@ class FlashChatFormat(ChatFormat):
 
     def tool_results_text(self, results, *, thinking):
         return self._render([{"role": "tool", "content": r["content"]} for r in results], thinking=thinking)
+
+    def history_text(self, messages):
+        return self._render(messages, thinking=False)
+
+    def open_turn_text(self, messages, *, thinking):
+        return self._render(messages, thinking=thinking)
+
+    def conversation_text(self, messages, *, tools, thinking):
+        messages = [dict(m) for m in messages]
+        if tools:
+            if messages and messages[0].get("role") == "system":
+                messages[0]["tools"] = tools
+            else:
+                messages.insert(0, {"role": "system", "content": "", "tools": tools})
+        return self._render(messages, thinking=thinking)
+
+    def tool_call_prefix(self, name: str | None = None) -> str:
+        """Text that makes the model's output start as a tool call (for tool_choice required/named)."""
+        dsml = "｜DSML｜"
+        return f"<{dsml}tool_calls>\n<{dsml}invoke name=\"" + (f'{name}">\n' if name else "")
 
     @property
     def bos_ids(self) -> list[int]:

@@ -1,10 +1,10 @@
-"""``NativeClient``: memt-http-v1 over HTTP, one method per request kind.
+"""``NativeClient`` and ``AsyncNativeClient``: memt-http-v1 over HTTP, one method per request kind.
 
-It carries the server epoch automatically (learned from ``/memt/capabilities``), sends a fresh
-nonce with every generation request, adds ``Authorization: Bearer`` when given an API key, and maps
-every transport failure to ``MemTClientError`` once, here. A failure after the request may have
-reached the server is *uncertain* for state-changing requests: the caller must reconcile with
-``status``/``recover`` rather than retry.
+Both carry the server epoch automatically (learned from ``/memt/capabilities``), send a fresh nonce
+with every generation request, add ``Authorization: Bearer`` when given an API key, and map every
+transport failure to ``MemTClientError`` in one place (``_mapped``). A failure after the request may
+have reached the server is *uncertain* for state-changing requests: the caller must reconcile with
+``status``/``recover`` rather than retry. Request bodies are built by the same functions for both.
 """
 
 from __future__ import annotations
@@ -12,33 +12,128 @@ from __future__ import annotations
 import contextlib
 import json
 import uuid
-from typing import Any, Iterator
+from typing import Any, AsyncIterator, Iterator
 
 import httpx
 
 from memt_core.client.errors import MemTClientError
 from memt_core.errors import error_from_wire
 
-#: Control actions that change nothing on the server (safe to retry; never uncertain).
+#: Control actions that change nothing on the server (never uncertain).
 READ_ONLY_ACTIONS = {"inspect", "status"}
+DEFAULT_MAX_NEW_TOKENS = 512
 
 
 def new_nonce() -> str:
     return uuid.uuid4().hex
 
 
-class NativeClient:
-    """Low-level client of one memt_core server. ``timeout`` is in seconds."""
+def control_body(epoch: str, action: str, session: str | None, fields: dict) -> dict:
+    body = {"action": action, "epoch": epoch}
+    if session is not None:
+        body["session"] = session
+    body.update({k: v for k, v in fields.items() if v is not None})
+    return body
 
-    def __init__(self, base_url: str, *, api_key: str | None = None, timeout: float = 300, transport: httpx.BaseTransport | None = None):
+
+def query_body(epoch, session, lease, input_ids, sampling_params, stream, nonce) -> dict:
+    return {
+        "rid": f"memt|{session}|query|{nonce or new_nonce()}",
+        "input_ids": list(input_ids),
+        "sampling_params": {"max_new_tokens": DEFAULT_MAX_NEW_TOKENS, **(sampling_params or {})},
+        "memt_lease": lease,
+        "memt_epoch": epoch,
+        "stream": stream,
+    }
+
+
+def commit_body(epoch, session, lease, transaction, input_ids, nonce) -> dict:
+    return {
+        "rid": f"memt|{session}|commit:{len(input_ids)}|{nonce or new_nonce()}",
+        "input_ids": list(input_ids),
+        "sampling_params": {"max_new_tokens": 0},
+        "memt_lease": lease,
+        "memt_transaction": transaction,
+        "memt_epoch": epoch,
+    }
+
+
+def generate_body(input_ids, sampling_params, stream) -> dict:
+    """An ordinary generation (no MemT RID): never reads or writes session memory."""
+    return {
+        "input_ids": list(input_ids),
+        "sampling_params": {"max_new_tokens": DEFAULT_MAX_NEW_TOKENS, **(sampling_params or {})},
+        "stream": stream,
+    }
+
+
+def check_response(status: int, body: Any, stage: str) -> Any:
+    if status >= 400:
+        error = error_from_wire(status, body)
+        raise MemTClientError(f"{stage}: {error.message}", stage=stage, status=status, cause=error)
+    return body
+
+
+def stream_chunk(line: str, stage: str) -> dict | None:
+    """One SSE line → a body dict, ``None`` for lines to skip; raises at ``[DONE]`` with StopIteration semantics left to the caller."""
+    if not line.startswith("data:"):
+        return None
+    data = line[5:].strip()
+    if data == "[DONE]":
+        return {"__done__": True}
+    chunk = json.loads(data)
+    if "error" in chunk:
+        error = error_from_wire(400, chunk)
+        raise MemTClientError(f"{stage}: {error.message}", stage=stage, cause=error)
+    return chunk
+
+
+def _json(response: httpx.Response) -> Any:
+    try:
+        return response.json()
+    except ValueError:
+        return response.text
+
+
+class _Base:
+    def __init__(self, base_url: str, api_key: str | None, timeout: float):
         self.base_url = base_url.rstrip("/")
         self.api_key = api_key
         self.timeout = timeout
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout, transport=transport)
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._capabilities: dict | None = None
 
-    # ------------------------------------------------------------------ plumbing
+    @contextlib.contextmanager
+    def _mapped(self, stage: str, *, changes_state: bool):
+        """Map httpx failures to MemTClientError, deciding whether the outcome is uncertain."""
+        try:
+            yield
+        except httpx.ConnectError as exc:
+            raise MemTClientError(f"{stage}: cannot connect to {self.base_url}: {exc}", stage=stage, uncertain=False, status=503) from exc
+        except httpx.ConnectTimeout as exc:
+            raise MemTClientError(f"{stage}: timed out connecting to {self.base_url}", stage=stage, uncertain=False, status=503) from exc
+        except (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError) as exc:
+            raise MemTClientError(
+                f"{stage}: the connection failed after the request was sent ({type(exc).__name__}); "
+                + ("the outcome is uncertain: call status()/recover() before further writes" if changes_state else "retry"),
+                stage=stage,
+                uncertain=changes_state,
+                status=503,
+            ) from exc
+
+    @property
+    def epoch(self) -> str:
+        if self._capabilities is None:
+            raise MemTClientError("the server epoch is unknown until capabilities() is called", stage="epoch")
+        return self._capabilities["epoch"]
+
+
+class NativeClient(_Base):
+    """Blocking client of one memt_core server. ``timeout`` is in seconds."""
+
+    def __init__(self, base_url: str, *, api_key: str | None = None, timeout: float = 300, transport: httpx.BaseTransport | None = None):
+        super().__init__(base_url, api_key, timeout)
+        self._http = httpx.Client(base_url=self.base_url, headers=self.headers, timeout=timeout, transport=transport)
 
     def close(self) -> None:
         self._http.close()
@@ -49,121 +144,133 @@ class NativeClient:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    @contextlib.contextmanager
-    def _mapped(self, stage: str, *, changes_state: bool):
-        """Map httpx failures to MemTClientError, deciding whether the outcome is uncertain."""
-        try:
-            yield
-        except httpx.ConnectError as exc:
-            raise MemTClientError(f"{stage}: cannot connect to {self.base_url}: {exc}", stage=stage, uncertain=False) from exc
-        except (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError) as exc:
-            raise MemTClientError(
-                f"{stage}: the connection failed after the request was sent ({type(exc).__name__}); "
-                + ("the outcome is uncertain: call status()/recover() before further writes" if changes_state else "retry"),
-                stage=stage,
-                uncertain=changes_state,
-            ) from exc
-
-    def _check(self, response: httpx.Response, stage: str) -> Any:
-        if response.status_code >= 400:
-            try:
-                body = response.json()
-            except ValueError:
-                body = response.text
-            error = error_from_wire(response.status_code, body)
-            raise MemTClientError(f"{stage}: {error.message}", stage=stage, status=response.status_code, cause=error)
-        return response.json()
-
-    # ------------------------------------------------------------------ discovery
+    def _send(self, stage: str, method: str, path: str, *, body: dict | None = None, changes_state: bool) -> Any:
+        with self._mapped(stage, changes_state=changes_state):
+            response = self._http.request(method, path, json=body)
+        return check_response(response.status_code, _json(response), stage)
 
     def capabilities(self, *, refresh: bool = False) -> dict:
         """``GET /memt/capabilities`` (cached); also records the server epoch."""
         if self._capabilities is None or refresh:
-            with self._mapped("capabilities", changes_state=False):
-                response = self._http.get("/memt/capabilities")
-            self._capabilities = self._check(response, "capabilities")
+            self._capabilities = self._send("capabilities", "GET", "/memt/capabilities", changes_state=False)
         return self._capabilities
 
     def identity(self) -> dict:
-        with self._mapped("identity", changes_state=False):
-            response = self._http.get("/memt/identity")
-        return self._check(response, "identity")
+        return self._send("identity", "GET", "/memt/identity", changes_state=False)
 
     @property
     def epoch(self) -> str:
         return self.capabilities()["epoch"]
 
-    # ------------------------------------------------------------------ requests
-
     def control(self, action: str, session: str | None = None, **fields: Any) -> dict:
         """``POST /memt/control``; ``None`` fields are left out, the epoch is added."""
-        body = {"action": action, "epoch": self.epoch}
-        if session is not None:
-            body["session"] = session
-        body.update({k: v for k, v in fields.items() if v is not None})
-        with self._mapped(action, changes_state=action not in READ_ONLY_ACTIONS):
-            response = self._http.post("/memt/control", json=body)
-        return self._check(response, action)
+        body = control_body(self.epoch, action, session, fields)
+        return self._send(action, "POST", "/memt/control", body=body, changes_state=action not in READ_ONLY_ACTIONS)
 
-    def query(
-        self,
-        session: str,
-        lease: str,
-        input_ids: list[int],
-        *,
-        sampling_params: dict | None = None,
-        stream: bool = False,
-        nonce: str | None = None,
-    ) -> dict | Iterator[dict]:
+    def query(self, session: str, lease: str, input_ids: list[int], *, sampling_params: dict | None = None, stream: bool = False, nonce: str | None = None) -> dict | Iterator[dict]:
         """Generate from ``input_ids`` reading the session's memory; ``stream`` yields cumulative bodies."""
-        params = {"max_new_tokens": 512, **(sampling_params or {})}
-        body = {
-            "rid": f"memt|{session}|query|{nonce or new_nonce()}",
-            "input_ids": list(input_ids),
-            "sampling_params": params,
-            "memt_lease": lease,
-            "memt_epoch": self.epoch,
-            "stream": stream,
-        }
+        body = query_body(self.epoch, session, lease, input_ids, sampling_params, stream, nonce)
         if stream:
-            return self._stream(body)
-        with self._mapped("query", changes_state=False):
-            response = self._http.post("/generate", json=body)
-        return self._check(response, "query")
+            return self._stream(body, "query")
+        return self._send("query", "POST", "/generate", body=body, changes_state=False)
 
-    def _stream(self, body: dict) -> Iterator[dict]:
-        with self._mapped("query", changes_state=False):
+    def generate(self, input_ids: list[int], *, sampling_params: dict | None = None, stream: bool = False) -> dict | Iterator[dict]:
+        """Ordinary generation without memory (no session)."""
+        body = generate_body(input_ids, sampling_params, stream)
+        if stream:
+            return self._stream(body, "generate")
+        return self._send("generate", "POST", "/generate", body=body, changes_state=False)
+
+    def _stream(self, body: dict, stage: str) -> Iterator[dict]:
+        with self._mapped(stage, changes_state=False):
             with self._http.stream("POST", "/generate", json=body) as response:
                 if response.status_code >= 400:
                     response.read()
-                    self._check(response, "query")
+                    check_response(response.status_code, _json(response), stage)
                 for line in response.iter_lines():
-                    if not line.startswith("data:"):
+                    chunk = stream_chunk(line, stage)
+                    if chunk is None:
                         continue
-                    data = line[5:].strip()
-                    if data == "[DONE]":
+                    if "__done__" in chunk:
                         return
-                    chunk = json.loads(data)
-                    if "error" in chunk:
-                        error = error_from_wire(400, chunk)
-                        raise MemTClientError(f"query: {error.message}", stage="query", cause=error)
                     yield chunk
 
     def commit(self, session: str, lease: str, transaction: str, input_ids: list[int], *, nonce: str | None = None) -> dict:
         """Write ``input_ids`` into the open transaction (one commit request)."""
-        body = {
-            "rid": f"memt|{session}|commit:{len(input_ids)}|{nonce or new_nonce()}",
-            "input_ids": list(input_ids),
-            "sampling_params": {"max_new_tokens": 0},
-            "memt_lease": lease,
-            "memt_transaction": transaction,
-            "memt_epoch": self.epoch,
-        }
-        with self._mapped("commit", changes_state=True):
-            response = self._http.post("/generate", json=body)
-        result = self._check(response, "commit")
-        return result
+        body = commit_body(self.epoch, session, lease, transaction, input_ids, nonce)
+        return self._send("commit", "POST", "/generate", body=body, changes_state=True)
 
     def commit_turns(self, session: str, lease: str, transaction: str, turns: list[list[int]]) -> list[dict]:
         """One commit per turn, in order, in one transaction."""
         return [self.commit(session, lease, transaction, ids) for ids in turns]
+
+
+class AsyncNativeClient(_Base):
+    """The same client for asyncio programs (the OpenAI-compatible proxy uses it)."""
+
+    def __init__(self, base_url: str, *, api_key: str | None = None, timeout: float = 300, transport: httpx.AsyncBaseTransport | None = None):
+        super().__init__(base_url, api_key, timeout)
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url, headers=self.headers, transport=transport,
+            timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)),
+            limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
+        )
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def _send(self, stage: str, method: str, path: str, *, body: dict | None = None, changes_state: bool) -> Any:
+        with self._mapped(stage, changes_state=changes_state):
+            response = await self._http.request(method, path, json=body)
+        return check_response(response.status_code, _json(response), stage)
+
+    async def capabilities(self, *, refresh: bool = False) -> dict:
+        if self._capabilities is None or refresh:
+            self._capabilities = await self._send("capabilities", "GET", "/memt/capabilities", changes_state=False)
+        return self._capabilities
+
+    async def identity(self) -> dict:
+        return await self._send("identity", "GET", "/memt/identity", changes_state=False)
+
+    async def control(self, action: str, session: str | None = None, **fields: Any) -> dict:
+        await self.capabilities()
+        body = control_body(self.epoch, action, session, fields)
+        return await self._send(action, "POST", "/memt/control", body=body, changes_state=action not in READ_ONLY_ACTIONS)
+
+    async def query(self, session: str, lease: str, input_ids: list[int], *, sampling_params: dict | None = None, nonce: str | None = None) -> dict:
+        await self.capabilities()
+        body = query_body(self.epoch, session, lease, input_ids, sampling_params, False, nonce)
+        return await self._send("query", "POST", "/generate", body=body, changes_state=False)
+
+    async def query_stream(self, session: str, lease: str, input_ids: list[int], *, sampling_params: dict | None = None, nonce: str | None = None) -> AsyncIterator[dict]:
+        """Cumulative stream bodies; leaving the iteration early closes the upstream request (which cancels it)."""
+        await self.capabilities()
+        body = query_body(self.epoch, session, lease, input_ids, sampling_params, True, nonce)
+        async for chunk in self._stream(body, "query"):
+            yield chunk
+
+    async def generate(self, input_ids: list[int], *, sampling_params: dict | None = None) -> dict:
+        return await self._send("generate", "POST", "/generate", body=generate_body(input_ids, sampling_params, False), changes_state=False)
+
+    async def generate_stream(self, input_ids: list[int], *, sampling_params: dict | None = None) -> AsyncIterator[dict]:
+        async for chunk in self._stream(generate_body(input_ids, sampling_params, True), "generate"):
+            yield chunk
+
+    async def _stream(self, body: dict, stage: str) -> AsyncIterator[dict]:
+        with self._mapped(stage, changes_state=False):
+            async with self._http.stream("POST", "/generate", json=body) as response:
+                if response.status_code >= 400:
+                    await response.aread()
+                    check_response(response.status_code, _json(response), stage)
+                async for line in response.aiter_lines():
+                    chunk = stream_chunk(line, stage)
+                    if chunk is None:
+                        continue
+                    if "__done__" in chunk:
+                        return
+                    yield chunk
+
+    async def commit(self, session: str, lease: str, transaction: str, input_ids: list[int], *, nonce: str | None = None) -> dict:
+        await self.capabilities()
+        body = commit_body(self.epoch, session, lease, transaction, input_ids, nonce)
+        return await self._send("commit", "POST", "/generate", body=body, changes_state=True)

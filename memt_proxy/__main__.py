@@ -1,0 +1,104 @@
+"""``python -m memt_proxy``: an OpenAI-compatible server that gives chat apps latent memory."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+from memt_core.checkpoint import read_checkpoint
+from memt_core.errors import CheckpointError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m memt_proxy",
+        description=(
+            "Serve POST /v1/chat/completions and GET /v1/models in OpenAI's format over a memt_core server. "
+            "Requests with 'X-MemT-Session: <id>' get latent memory: completed turns are committed to the "
+            "session's memory and later requests only send the model what memory does not hold yet."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--upstream", default="http://127.0.0.1:30000", help="base URL of the memt_core server (python -m memt_core.launch)")
+    parser.add_argument("--upstream-api-key", default=os.environ.get("MEMT_API_KEY"), help="Bearer key of the upstream server (default: $MEMT_API_KEY)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind")
+    parser.add_argument("--port", type=int, default=8000, help="port to bind")
+    parser.add_argument("--api-key", action="append", default=[], help="accept this Bearer key (tenant 'default'); repeatable")
+    parser.add_argument("--api-keys-file", default=None, help="JSON object {key: tenant} or lines 'KEY TENANT'; each tenant's sessions are separate")
+    parser.add_argument("--default-memory", choices=["auto", "read", "off"], default="auto", help="memory policy when a request has no X-MemT-Memory header: auto = read memory and commit each completed turn, read = read only, off = neither")
+    parser.add_argument("--model-path", default=None, help="the checkpoint the upstream serves (its tokenizer and chat format are used here); default: the bundled demo model")
+    parser.add_argument("--served-model-name", action="append", default=[], help="model name(s) accepted in requests and listed by /v1/models (default: the checkpoint id or directory name)")
+    parser.add_argument("--thinking", choices=["on", "off"], default="off", help="thinking mode when a request sets neither reasoning_effort nor chat_template_kwargs.enable_thinking")
+    parser.add_argument("--on-divergence", choices=["reject", "reset"], default="reject", help="when a transcript's earlier messages differ from what the session committed: reject with 409, or reset the session's memory and start over")
+    parser.add_argument("--lease-wait", type=float, default=30.0, help="seconds a request waits for another request on the same session before 409")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the upstream server")
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"], help="log verbosity")
+    return parser
+
+
+def load_api_keys(keys: list[str], path: str | None) -> dict[str, str]:
+    """key → tenant, from --api-key (tenant 'default') and --api-keys-file."""
+    mapping = {key: "default" for key in keys}
+    if path:
+        text = Path(path).read_text()
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError:
+            data = {}
+            for number, line in enumerate(text.splitlines(), start=1):
+                line = line.strip()
+                if not line or line.startswith("#"):
+                    continue
+                parts = line.split()
+                if len(parts) != 2:
+                    raise CheckpointError(f"{path}:{number}: expected 'KEY TENANT'")
+                data[parts[0]] = parts[1]
+        if not isinstance(data, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in data.items()):
+            raise CheckpointError(f"{path}: expected a JSON object of key → tenant")
+        mapping.update(data)
+    return mapping
+
+
+def build_app(args: argparse.Namespace):
+    from transformers import AutoTokenizer
+
+    from memt_core.client.chat_format import load_chat_format
+    from memt_core.client.native import AsyncNativeClient
+    from memt_core.launch import BUNDLED_MODEL
+    from memt_proxy.app import create_app
+    from memt_proxy.serving import ChatService
+
+    path = Path(args.model_path) if args.model_path else BUNDLED_MODEL
+    checkpoint = read_checkpoint(path, validate_backbone=False)
+    tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
+    chat_format, parser = load_chat_format(path, tokenizer=tokenizer)
+    names = args.served_model_name or [checkpoint.checkpoint_id or path.name]
+    client = AsyncNativeClient(args.upstream, api_key=args.upstream_api_key, timeout=args.timeout)
+    service = ChatService(
+        client, chat_format, parser, model_names=names, default_memory=args.default_memory,
+        default_thinking=args.thinking == "on", lease_wait=args.lease_wait, on_divergence=args.on_divergence,
+    )
+    return create_app(service, api_keys=load_api_keys(args.api_key, args.api_keys_file)), names
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        app, names = build_app(args)
+    except (CheckpointError, OSError) as exc:
+        print(f"memt_proxy: refused: {exc}", file=sys.stderr)
+        return 2
+    import uvicorn
+
+    print(f"memt_proxy: serving {', '.join(names)} on http://{args.host}:{args.port}/v1 (upstream {args.upstream})", flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

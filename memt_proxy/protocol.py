@@ -1,0 +1,175 @@
+"""OpenAI wire shapes for chat completions: requests, responses, stream chunks, errors.
+
+Pydantic models only; ``ChatCompletionRequest.validate_semantics`` refuses fields that would change
+the meaning of a request this proxy cannot honour (naming the field), and reports harmless unknown
+fields so the caller can log them.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from memt_proxy.errors import ProxyError
+
+
+class FunctionCall(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str
+    arguments: str = "{}"
+
+
+class ToolCallIn(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    tool_call_id: str | None = None
+    reasoning_content: str | None = None
+
+
+class FunctionSpec(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class Tool(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: Literal["function"] = "function"
+    function: FunctionSpec
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    include_usage: bool = False
+
+
+#: Fields that are accepted but change nothing here (logged when present).
+HARMLESS = {"user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier", "verbosity", "web_search_options"}
+
+
+class ChatCompletionRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: str
+    messages: list[Message] = Field(min_length=1)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    tools: list[Tool] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    user: str | None = None
+    reasoning_effort: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    n: int | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    response_format: dict[str, Any] | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, Any] | None = None
+    modalities: list[str] | None = None
+    audio: dict[str, Any] | None = None
+    functions: list[Any] | None = None
+    function_call: Any = None
+    prediction: dict[str, Any] | None = None
+
+    def validate_semantics(self) -> list[str]:
+        """Refuse what cannot be honoured; return the names of ignored unknown fields."""
+        if self.n not in (None, 1):
+            raise ProxyError(400, "n > 1 is not supported: one choice per request", param="n", code="unsupported_parameter")
+        if self.logprobs or self.top_logprobs:
+            raise ProxyError(400, "logprobs are not supported by MemT serve", param="logprobs" if self.logprobs else "top_logprobs", code="unsupported_parameter")
+        if self.response_format and self.response_format.get("type") not in (None, "text"):
+            raise ProxyError(400, f"response_format {self.response_format.get('type')!r} is not supported; only 'text'", param="response_format", code="unsupported_parameter")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, name):
+                raise ProxyError(400, f"{name} is not supported", param=name, code="unsupported_parameter")
+        if self.logit_bias:
+            raise ProxyError(400, "logit_bias is not supported", param="logit_bias", code="unsupported_parameter")
+        if self.modalities and any(m != "text" for m in self.modalities) or self.audio:
+            raise ProxyError(400, "audio output is not supported; text only", param="modalities" if self.modalities else "audio", code="unsupported_parameter")
+        if self.functions or self.function_call:
+            raise ProxyError(400, "legacy 'functions' are not supported; use 'tools'", param="functions", code="unsupported_parameter")
+        if self.prediction:
+            raise ProxyError(400, "predicted outputs are not supported", param="prediction", code="unsupported_parameter")
+        if self.max_tokens is not None and self.max_completion_tokens is not None and self.max_tokens != self.max_completion_tokens:
+            raise ProxyError(400, "max_tokens and max_completion_tokens disagree", param="max_completion_tokens")
+        for index, message in enumerate(self.messages):
+            if isinstance(message.content, list):
+                for part in message.content:
+                    if part.get("type") != "text":
+                        raise ProxyError(
+                            400, f"content part type {part.get('type')!r} is not supported; text only",
+                            param=f"messages[{index}].content", code="unsupported_content",
+                        )
+        if isinstance(self.tool_choice, str) and self.tool_choice not in ("auto", "none", "required"):
+            raise ProxyError(400, f"tool_choice {self.tool_choice!r} must be auto, none, required or a named function", param="tool_choice")
+        if self.tool_choice not in (None, "auto", "none") and not self.tools:
+            raise ProxyError(400, "tool_choice needs tools", param="tool_choice")
+        if isinstance(self.tool_choice, dict):
+            name = (self.tool_choice.get("function") or {}).get("name")
+            if name not in {t.function.name for t in self.tools or []}:
+                raise ProxyError(400, f"tool_choice names an unknown function {name!r}", param="tool_choice")
+        return sorted(set(self.model_extra or {}) | {n for n in HARMLESS if getattr(self, n, None) is not None})
+
+    @property
+    def max_new_tokens(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+
+def text_of(content: str | list[dict] | None) -> str:
+    """The text of a message's content (a string or text parts)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "".join(part.get("text", "") for part in content if part.get("type") == "text")
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+def completion_id() -> str:
+    return f"chatcmpl-{uuid.uuid4().hex}"
+
+
+def response_body(*, id: str, model: str, message: dict, finish_reason: str, usage: Usage) -> dict:
+    return {
+        "id": id,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": None}],
+        "usage": usage.model_dump(),
+    }
+
+
+def chunk_body(*, id: str, model: str, created: int, delta: dict | None, finish_reason: str | None = None, usage: Usage | None = None) -> dict:
+    body: dict[str, Any] = {"id": id, "object": "chat.completion.chunk", "created": created, "model": model}
+    body["choices"] = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}]
+    if usage is not None:
+        body["usage"] = usage.model_dump()
+    return body

@@ -1,0 +1,482 @@
+"""Chat completions over a memt_core server: sessions, trimming, tool rounds, memory writes.
+
+A request with ``X-MemT-Session`` maps onto one native session (its ID derived from tenant and
+session name, so tenants can never meet). Per request: take the session's local lock (bounded wait),
+acquire the native lease → query → [begin → commit context → commit turn → publish] → release.
+Memory policy: ``auto`` reads memory and commits each completed turn, ``read`` only reads, ``off``
+neither (a plain generation over the whole transcript, as does a request without a session).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+from memt_core.client.chat_format import ChatFormat
+from memt_core.client.errors import MemTClientError
+from memt_core.client.native import AsyncNativeClient
+from memt_core.client.parsers import OutputParser, _hold_partial
+from memt_core.errors import MemTError, SessionExists
+from memt_proxy.errors import ProxyError, from_native
+from memt_proxy.protocol import ChatCompletionRequest, Usage, chunk_body, completion_id, response_body, text_of
+from memt_proxy.transcript import Split, as_dict, message_hash, split_transcript
+
+log = logging.getLogger("memt.proxy")
+
+POLICIES = ("auto", "read", "off")
+LEASE_TTL = 600
+STREAM_START_TIMEOUT = 60.0
+
+
+@dataclass
+class PendingTurn:
+    """A turn waiting for tool results: the hashes of its messages so far and its exact token ids."""
+
+    hashes: list[str]
+    ids: list[int]
+    thinking: bool
+
+
+@dataclass
+class SessionState:
+    native: str
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    committed: list[str] = field(default_factory=list)  # hashes of committed messages, in order
+    history_known: bool = True  # False when we adopted a native session whose history we never saw
+    pending: PendingTurn | None = None
+    exists: bool = False
+
+
+def native_session_id(tenant: str, session: str) -> str:
+    """Tenant-scoped, collision-resistant native session ID within the native grammar."""
+    return "p-" + hashlib.sha256(f"{tenant}\x00{session}".encode()).hexdigest()[:40]
+
+
+@dataclass
+class Prepared:
+    """Everything decided before the model runs."""
+
+    state: SessionState | None
+    policy: str
+    prompt: list[int]
+    turn_ids: list[int]  # the open turn's ids (for a later commit / pending state)
+    context_ids: list[int]
+    split: Split | None
+    thinking: bool
+    sampling: dict
+    prefix: str  # forced start of the output (tool_choice required / named)
+    stops: list[str]
+    parallel_tools: bool
+    started: bool = False  # for streams: the response began
+
+
+class ChatService:
+    """Serves /v1/chat/completions and the session admin routes for one upstream model."""
+
+    def __init__(
+        self,
+        client: AsyncNativeClient,
+        chat_format: ChatFormat,
+        parser: OutputParser,
+        *,
+        model_names: list[str],
+        default_memory: str = "auto",
+        default_thinking: bool = False,
+        lease_wait: float = 30.0,
+        on_divergence: str = "reject",
+    ):
+        self.client = client
+        self.chat_format = chat_format
+        self.parser = parser
+        self.model_names = model_names
+        self.default_memory = default_memory
+        self.default_thinking = default_thinking
+        self.lease_wait = lease_wait
+        self.on_divergence = on_divergence
+        self.sessions: dict[tuple[str, str], SessionState] = {}
+        self._upstream_checked = False
+        self.max_prefill_tokens: int | None = None
+
+    # ------------------------------------------------------------------ upstream
+
+    async def check_upstream(self) -> None:
+        """The upstream must serve the checkpoint whose chat format we use."""
+        if self._upstream_checked:
+            return
+        try:
+            capabilities = await self.client.capabilities(refresh=True)
+        except MemTClientError as exc:
+            raise from_native(exc) from None
+        if capabilities.get("identity") != self.chat_format.identity:
+            raise ProxyError(503, "the upstream MemT server serves a different model/tokenizer than this proxy's --model-path", code="upstream_identity_mismatch")
+        self.max_prefill_tokens = capabilities.get("max_prefill_tokens")
+        self._upstream_checked = True
+
+    async def _native(self, call, *args, **kwargs):
+        try:
+            return await call(*args, **kwargs)
+        except MemTClientError as exc:
+            if exc.cause is not None and exc.cause.status == 409 and "epoch" in exc.message:
+                self._upstream_checked = False  # the upstream restarted: sessions are gone
+                for state in self.sessions.values():
+                    state.exists = False
+                    state.committed, state.pending = [], None
+            raise from_native(exc) from None
+
+    # ------------------------------------------------------------------ sessions
+
+    def state(self, tenant: str, session: str) -> SessionState:
+        key = (tenant, session)
+        if key not in self.sessions:
+            self.sessions[key] = SessionState(native=native_session_id(tenant, session))
+        return self.sessions[key]
+
+    async def _locked(self, state: SessionState):
+        try:
+            await asyncio.wait_for(state.lock.acquire(), timeout=self.lease_wait)
+        except asyncio.TimeoutError:
+            raise ProxyError(409, f"session busy: another request on this session is still running after {self.lease_wait:.0f}s; retry later", code="session_busy") from None
+
+    async def _ensure(self, state: SessionState) -> None:
+        if state.exists:
+            return
+        try:
+            await self.client.control("create", state.native, memory_read=True)
+        except MemTClientError as exc:
+            if not isinstance(exc.cause, SessionExists):
+                raise from_native(exc) from None
+            if not state.committed:
+                state.history_known = False  # memory exists, but we never saw what it holds
+        state.exists = True
+
+    async def _acquire(self, state: SessionState) -> str:
+        deadline = time.monotonic() + self.lease_wait
+        while True:
+            try:
+                return (await self.client.control("acquire", state.native, ttl=LEASE_TTL))["lease"]
+            except MemTClientError as exc:
+                if exc.status != 409 or time.monotonic() > deadline or "leased" not in exc.message:
+                    raise from_native(exc) from None
+            await asyncio.sleep(0.2)
+
+    async def _release(self, state: SessionState, lease: str) -> None:
+        try:
+            await self.client.control("release", state.native, lease=lease)
+        except MemTClientError:
+            log.warning("release of %s failed", state.native, exc_info=True)
+
+    # ------------------------------------------------------------------ chat completions
+
+    async def complete(self, request: ChatCompletionRequest, *, tenant: str, session: str | None, memory: str | None, on_divergence: str | None = None) -> dict | AsyncIterator[dict]:
+        ignored = request.validate_semantics()
+        if ignored:
+            log.info("ignoring request field(s): %s", ", ".join(ignored))
+        if request.model not in self.model_names:
+            raise ProxyError(404, f"model {request.model!r} does not exist; this proxy serves {', '.join(self.model_names)}", param="model", code="model_not_found")
+        policy = (memory or self.default_memory).lower()
+        if policy not in POLICIES:
+            raise ProxyError(400, f"X-MemT-Memory must be one of {', '.join(POLICIES)}", param="X-MemT-Memory")
+        await self.check_upstream()
+        if session is None or policy == "off":
+            prepared = self._prepare_stateless(request)
+            if request.stream:
+                return self._stream(request, prepared, lease=None)
+            return await self._run(request, prepared, lease=None)
+        state = self.state(tenant, session)
+        await self._locked(state)
+        handed_off = False
+        try:
+            await self._ensure(state)
+            prepared = await self._prepare_session(request, state, policy, on_divergence or self.on_divergence)
+            lease = await self._acquire(state)
+            if request.stream:
+                handed_off = True  # the stream releases the lease and the lock when it ends
+                stream = self._stream(request, prepared, lease=lease)
+                asyncio.get_running_loop().call_later(STREAM_START_TIMEOUT, self._unstarted, prepared, state, lease)
+                return stream
+            try:
+                return await self._run(request, prepared, lease=lease)
+            finally:
+                await self._release(state, lease)
+        finally:
+            if not handed_off:
+                state.lock.release()
+
+    def _options(self, request: ChatCompletionRequest) -> tuple[bool, list | None, str, bool]:
+        thinking = self.default_thinking
+        if request.reasoning_effort is not None:
+            thinking = request.reasoning_effort not in ("none", "minimal")
+        if request.chat_template_kwargs and "enable_thinking" in request.chat_template_kwargs:
+            thinking = bool(request.chat_template_kwargs["enable_thinking"])
+        tools = [t.model_dump(exclude_none=True) for t in request.tools] if request.tools and request.tool_choice != "none" else None
+        prefix = ""
+        if tools and request.tool_choice == "required":
+            prefix = self.chat_format.tool_call_prefix()
+        elif tools and isinstance(request.tool_choice, dict):
+            prefix = self.chat_format.tool_call_prefix(request.tool_choice["function"]["name"])
+        return thinking, tools, prefix, request.parallel_tool_calls is not False
+
+    def _sampling(self, request: ChatCompletionRequest) -> dict:
+        sampling = dict(self.chat_format.default_sampling())
+        sampling["max_new_tokens"] = request.max_new_tokens or 1024
+        for name in ("temperature", "top_p", "seed"):
+            if getattr(request, name) is not None:
+                sampling[name] = getattr(request, name)
+        stops = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
+        if stops:
+            sampling["stop"] = stops
+        return sampling
+
+    def _prepare_stateless(self, request: ChatCompletionRequest) -> Prepared:
+        thinking, tools, prefix, parallel = self._options(request)
+        messages = [as_dict(m) for m in request.messages]
+        prompt = self.chat_format.conversation_ids(messages, tools=tools, enable_thinking=thinking) + self._encode(prefix)
+        self._check_length(prompt)
+        sampling = self._sampling(request)
+        return Prepared(None, "off", prompt, [], [], None, thinking, sampling, prefix, sampling.get("stop", []), parallel)
+
+    async def _prepare_session(self, request: ChatCompletionRequest, state: SessionState, policy: str, on_divergence: str) -> Prepared:
+        thinking, tools, prefix, parallel = self._options(request)
+        try:
+            split = split_transcript(request.messages, state.committed, history_known=state.history_known)
+        except ProxyError as exc:
+            if exc.code != "transcript_diverged" or on_divergence != "reset":
+                raise
+            await self._reset_native(state)
+            split = split_transcript(request.messages, state.committed, history_known=state.history_known)
+        turn = [as_dict(m) for m in split.turn]
+        turn_hashes = [message_hash(m) for m in turn]
+        last_assistant = max((i for i, m in enumerate(turn) if m["role"] == "assistant"), default=None)
+        pending = state.pending
+        if last_assistant is not None and pending is not None and pending.hashes == turn_hashes[: last_assistant + 1]:
+            results = [{"tool_call_id": m.get("tool_call_id"), "content": m["content"]} for m in turn[last_assistant + 1:]]
+            turn_ids = pending.ids + self.chat_format.tool_results_ids(results, enable_thinking=pending.thinking)
+            thinking = pending.thinking
+        else:
+            turn_ids = self.chat_format.open_turn_ids(turn, enable_thinking=thinking)
+        state.pending = None  # a new request either continues it (above) or abandons it
+        context_ids = self.chat_format.history_ids([as_dict(m) for m in split.context])
+        prompt = (
+            list(self.chat_format.bos_ids)
+            + self.chat_format.system_ids(split.instructions, tools)
+            + context_ids
+            + turn_ids
+            + self._encode(prefix)
+        )
+        self._check_length(prompt)
+        sampling = self._sampling(request)
+        return Prepared(state, policy, prompt, turn_ids + self._encode(prefix), context_ids, split, thinking, sampling, prefix, sampling.get("stop", []), parallel)
+
+    def _encode(self, text: str) -> list[int]:
+        return self.chat_format.tokenizer.encode(text, add_special_tokens=False) if text else []
+
+    def _check_length(self, prompt: list[int]) -> None:
+        if self.max_prefill_tokens and len(prompt) > self.max_prefill_tokens:
+            raise ProxyError(
+                400, f"the prompt has {len(prompt)} tokens; the upstream accepts at most {self.max_prefill_tokens}",
+                param="messages", code="context_length_exceeded",
+            )
+
+    # ---- generation
+
+    def _text(self, prepared: Prepared, output_ids: list[int], *, final: bool) -> tuple[str, bool]:
+        """Decoded output with the forced prefix and stop strings applied; True if a stop string ended it."""
+        text = prepared.prefix + self.chat_format.decode(output_ids)
+        for stop in prepared.stops:
+            at = text.find(stop)
+            if at >= 0:
+                return text[:at], True
+        if not final and prepared.stops:
+            text = _hold_partial(text, tuple(prepared.stops))
+        return text, False
+
+    def _message(self, prepared: Prepared, text: str, finish: str) -> tuple[dict, str]:
+        parsed = self.parser.parse(text, thinking=prepared.thinking)
+        calls = [c.to_openai() for c in parsed.tool_calls]
+        if calls and not prepared.parallel_tools:
+            calls = calls[:1]
+        message: dict[str, Any] = {"role": "assistant", "content": parsed.content or (None if calls else "")}
+        if parsed.reasoning is not None:
+            message["reasoning_content"] = parsed.reasoning
+        if calls and finish != "length":
+            message["tool_calls"] = calls
+            return message, "tool_calls"
+        return message, finish
+
+    async def _generate(self, prepared: Prepared, lease: str | None) -> dict:
+        if lease is None:
+            return await self._native(self.client.generate, prepared.prompt, sampling_params=prepared.sampling)
+        return await self._native(self.client.query, prepared.state.native, lease, prepared.prompt, sampling_params=prepared.sampling)
+
+    async def _run(self, request: ChatCompletionRequest, prepared: Prepared, lease: str | None) -> dict:
+        body = await self._generate(prepared, lease)
+        output_ids = body["output_ids"]
+        text, stopped = self._text(prepared, output_ids, final=True)
+        finish = "stop" if stopped or (body["meta_info"].get("finish_reason") or {}).get("type") == "stop" else "length"
+        message, finish = self._message(prepared, text, finish)
+        await self._after(prepared, lease, output_ids, message, finish)
+        usage = Usage(prompt_tokens=len(prepared.prompt), completion_tokens=len(output_ids), total_tokens=len(prepared.prompt) + len(output_ids))
+        return response_body(id=completion_id(), model=request.model, message=message, finish_reason=finish, usage=usage)
+
+    async def _after(self, prepared: Prepared, lease: str | None, output_ids: list[int], message: dict, finish: str) -> None:
+        """Record a pending tool round, or commit the completed turn (policy auto)."""
+        state = prepared.state
+        if state is None:
+            return
+        turn = [as_dict(m) for m in prepared.split.turn]
+        if finish == "tool_calls":
+            state.pending = PendingTurn([message_hash(m) for m in turn] + [message_hash(message)], prepared.turn_ids + output_ids, prepared.thinking)
+            return
+        if prepared.policy != "auto" or finish != "stop":
+            return  # read-only, or a truncated reply: it stays in the app's transcript as context
+        transaction = f"t-{uuid.uuid4().hex[:16]}"
+        await self._native(self.client.control, "begin", state.native, lease=lease, transaction=transaction)
+        if prepared.context_ids:
+            await self._native(self.client.commit, state.native, lease, transaction, prepared.context_ids)
+        await self._native(self.client.commit, state.native, lease, transaction, prepared.turn_ids + output_ids)
+        await self._native(self.client.control, "publish", state.native, lease=lease, transaction=transaction)
+        state.committed = (
+            state.committed
+            + [message_hash(as_dict(m)) for m in prepared.split.context]
+            + [message_hash(m) for m in turn]
+            + [message_hash(message)]
+        )
+        state.history_known = True
+
+    # ---- streaming
+
+    async def _stream(self, request: ChatCompletionRequest, prepared: Prepared, lease: str | None) -> AsyncIterator[dict]:
+        cid, created = completion_id(), int(time.time())
+        state = prepared.state
+        if prepared.started:  # too late: the session was already freed for others
+            raise ProxyError(503, "the stream was not consumed in time", code="stream_expired")
+        prepared.started = True
+        try:
+            yield chunk_body(id=cid, model=request.model, created=created, delta={"role": "assistant", "content": ""})
+            stream = self.parser.stream(thinking=prepared.thinking)
+            output_ids: list[int] = []
+            finish = "length"
+            upstream = (
+                self.client.generate_stream(prepared.prompt, sampling_params=prepared.sampling)
+                if lease is None
+                else self.client.query_stream(state.native, lease, prepared.prompt, sampling_params=prepared.sampling)
+            )
+            try:
+                async for body in upstream:
+                    output_ids = body["output_ids"]
+                    text, stopped = self._text(prepared, output_ids, final=False)
+                    reason = (body["meta_info"].get("finish_reason") or {}).get("type")
+                    for delta in _deltas(stream.feed(text), prepared.parallel_tools):
+                        yield chunk_body(id=cid, model=request.model, created=created, delta=delta)
+                    if stopped or reason is not None:
+                        finish = "stop" if stopped or reason == "stop" else "length"
+                        break
+            except MemTClientError as exc:
+                raise from_native(exc) from None
+            finally:
+                await upstream.aclose()
+            text, stopped = self._text(prepared, output_ids, final=True)
+            finish = "stop" if stopped else finish
+            for delta in _deltas(stream.finish(text), prepared.parallel_tools):
+                yield chunk_body(id=cid, model=request.model, created=created, delta=delta)
+            message, finish = self._message(prepared, text, finish)
+            await self._after(prepared, lease, output_ids, message, finish)
+            yield chunk_body(id=cid, model=request.model, created=created, delta={}, finish_reason=finish)
+            if request.stream_options and request.stream_options.include_usage:
+                usage = Usage(prompt_tokens=len(prepared.prompt), completion_tokens=len(output_ids), total_tokens=len(prepared.prompt) + len(output_ids))
+                yield chunk_body(id=cid, model=request.model, created=created, delta=None, usage=usage)
+        finally:
+            if state is not None:
+                # the client may have gone away: finish the bookkeeping in its own task
+                asyncio.get_running_loop().create_task(self._close_stream(state, lease))
+
+    def _unstarted(self, prepared: Prepared, state: SessionState, lease: str) -> None:
+        """A stream the server never started (client gone before the response): free its session."""
+        if not prepared.started:
+            prepared.started = True
+            asyncio.get_running_loop().create_task(self._close_stream(state, lease))
+
+    async def _close_stream(self, state: SessionState, lease: str | None) -> None:
+        try:
+            if lease is not None:
+                await self._release(state, lease)
+        finally:
+            state.lock.release()
+
+    # ------------------------------------------------------------------ session admin
+
+    async def admin(self, tenant: str, session: str, action: str, **fields) -> dict:
+        """inspect | save | restore | reset | close, under the session's lock and lease."""
+        await self.check_upstream()
+        state = self.state(tenant, session)
+        await self._locked(state)
+        try:
+            if action == "inspect":
+                if not state.exists:
+                    try:
+                        native = await self.client.control("inspect", state.native)
+                    except MemTClientError as exc:
+                        raise ProxyError(404, f"session {session!r} does not exist", code="session_not_found") from None
+                    state.exists = True
+                else:
+                    native = await self._native(self.client.control, "inspect", state.native)
+                return {"session": session, "native": native, "committed_messages": len(state.committed), "history_known": state.history_known, "pending_tool_calls": state.pending is not None}
+            await self._ensure(state)
+            lease = await self._acquire(state)
+            try:
+                return await self._admin_leased(state, lease, action, **fields)
+            finally:
+                if action != "close":
+                    await self._release(state, lease)
+        finally:
+            state.lock.release()
+
+    async def _admin_leased(self, state: SessionState, lease: str, action: str, name: str | None = None, overwrite: bool = False) -> dict:
+        encoding = self.chat_format.native_encoding
+        if action == "save":
+            result = await self._native(self.client.control, "export", state.native, lease=lease, encoding=encoding, file=name, overwrite=overwrite)
+            return {"snapshot": result["file"]}
+        if action == "restore":
+            transaction = f"t-{uuid.uuid4().hex[:16]}"
+            await self._native(self.client.control, "begin", state.native, lease=lease, transaction=transaction)
+            try:
+                await self._native(self.client.control, "import", state.native, lease=lease, transaction=transaction, file=name, encoding=encoding)
+            except ProxyError:
+                await self._native(self.client.control, "abort", state.native, lease=lease, transaction=transaction)
+                raise
+            await self._native(self.client.control, "publish", state.native, lease=lease, transaction=transaction, memory_read=True)
+            state.committed, state.pending, state.history_known = [], None, True
+            return {"restored": name}
+        if action == "reset":
+            await self._native(self.client.control, "reset", state.native, lease=lease)
+            state.committed, state.pending, state.history_known = [], None, True
+            return {"reset": True}
+        if action == "close":
+            await self._native(self.client.control, "close", state.native, lease=lease)
+            state.exists, state.committed, state.pending, state.history_known = False, [], None, True
+            return {"closed": True}
+        raise ValueError(action)
+
+    async def _reset_native(self, state: SessionState) -> None:
+        lease = await self._acquire(state)
+        try:
+            await self._native(self.client.control, "reset", state.native, lease=lease)
+        finally:
+            await self._release(state, lease)
+        state.committed, state.pending, state.history_known = [], None, True
+
+
+def _deltas(deltas, parallel_tools: bool):
+    """Parser deltas as OpenAI ``delta`` objects (tool calls carry their ``index``)."""
+    for delta in deltas:
+        if delta.kind == "content":
+            yield {"content": delta.text}
+        elif delta.kind == "reasoning":
+            yield {"reasoning_content": delta.text}
+        elif parallel_tools or delta.index == 0:
+            yield {"tool_calls": [{"index": delta.index, **delta.call.to_openai()}]}

@@ -1,0 +1,124 @@
+"""Transcript trimming: which of the messages an app resends are already in memory.
+
+OpenAI apps resend the whole conversation each turn. For every session the proxy remembers a content
+hash of each message it committed, in order. An incoming transcript is split into
+
+* *instructions*: system/developer messages (sent with every query, never committed);
+* *committed*: a leading run of messages whose hashes equal the most recent committed hashes
+  (matched by content, never by position alone; an app that dropped old messages still matches);
+* *context*: earlier messages that are not in memory (sent as plain text, committed with the turn);
+* *turn*: the last user message and any tool rounds after it — what the model answers now.
+
+If earlier messages exist but do not line up with what was committed (an edited or foreign history),
+the transcript has *diverged*: by default the request is refused with 409 ``transcript_diverged``
+rather than silently mixing that history with memory (see the README for the ``reset`` policy).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+
+from memt_proxy.errors import ProxyError
+from memt_proxy.protocol import Message, text_of
+
+
+def as_dict(message: Message) -> dict:
+    """A message as the chat formats take it (text content, OpenAI-shaped tool calls)."""
+    out: dict = {"role": message.role, "content": text_of(message.content)}
+    if message.tool_calls:
+        out["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": c.function.arguments}}
+            for c in message.tool_calls
+        ]
+    if message.tool_call_id is not None:
+        out["tool_call_id"] = message.tool_call_id
+    if message.name is not None and message.role == "tool":
+        out["name"] = message.name
+    return out
+
+
+def _arguments(text: str) -> object:
+    try:
+        return json.loads(text)
+    except (json.JSONDecodeError, TypeError):
+        return text
+
+
+def message_hash(message: Message | dict) -> str:
+    """SHA-256 of a message's meaning: role, text, tool calls (name + parsed arguments), tool_call_id."""
+    data = as_dict(message) if isinstance(message, Message) else message
+    canonical = {
+        "role": data["role"],
+        "content": (data.get("content") or "").strip(),
+        "tool_calls": [[c["function"]["name"], _arguments(c["function"]["arguments"])] for c in data.get("tool_calls") or []],
+        "tool_call_id": data.get("tool_call_id") if data["role"] == "tool" else None,
+    }
+    return hashlib.sha256(json.dumps(canonical, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+
+
+@dataclass
+class Split:
+    instructions: str | None
+    committed: int  # leading conversation messages already in memory
+    context: list[Message]
+    turn: list[Message]
+
+
+def split_transcript(messages: list[Message], committed: list[str], *, history_known: bool = True) -> Split:
+    """Split a request's messages (see the module docstring); raises ProxyError on bad structure or divergence."""
+    instructions = "\n\n".join(text_of(m.content) for m in messages if m.role in ("system", "developer")) or None
+    conversation = [m for m in messages if m.role not in ("system", "developer")]
+    if not conversation:
+        raise ProxyError(400, "messages must contain a user message", param="messages")
+    last_user = max((i for i, m in enumerate(conversation) if m.role == "user"), default=None)
+    if last_user is None:
+        raise ProxyError(400, "messages must contain a user message", param="messages")
+    if conversation[-1].role == "assistant":
+        raise ProxyError(400, "the last message must come from the user or a tool", param="messages")
+    _check_tool_rounds(conversation)
+    earlier, turn = conversation[:last_user], conversation[last_user:]
+    hashes = [message_hash(m) for m in earlier]
+    overlap = _overlap(hashes, committed)
+    if earlier and overlap == 0 and (committed or not history_known):
+        raise ProxyError(
+            409,
+            "the transcript does not continue this session's memory: its earlier messages differ from what was "
+            "committed (edited history, or another conversation on the same session). Reset the session "
+            "(POST /v1/memt/sessions/{id}/reset), use a new X-MemT-Session, or send only the new messages.",
+            param="messages",
+            code="transcript_diverged",
+        )
+    return Split(instructions=instructions, committed=overlap, context=earlier[overlap:], turn=turn)
+
+
+def _overlap(hashes: list[str], committed: list[str]) -> int:
+    """Largest j such that the first j incoming messages equal the last j committed ones."""
+    for j in range(min(len(hashes), len(committed)), 0, -1):
+        if hashes[:j] == committed[len(committed) - j:]:
+            return j
+    return 0
+
+
+def _check_tool_rounds(conversation: list[Message]) -> None:
+    """Every assistant tool call must be answered by a tool message before the conversation moves on."""
+    for index, message in enumerate(conversation):
+        if message.role != "assistant" or not message.tool_calls:
+            continue
+        expected = {c.id for c in message.tool_calls}
+        answered = set()
+        for following in conversation[index + 1:]:
+            if following.role != "tool":
+                break
+            answered.add(following.tool_call_id)
+        missing = expected - answered
+        if missing:
+            raise ProxyError(
+                400,
+                "an assistant message with 'tool_calls' must be followed by tool messages answering each call; "
+                f"no result for tool_call_id(s) {sorted(missing)}. A pending tool call cannot be skipped by a new "
+                "user message: send the tool results (or drop the tool-call message) first.",
+                param="messages",
+                code="tool_results_missing",
+            )
