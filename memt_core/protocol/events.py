@@ -382,6 +382,8 @@ def parse_sampling(params: Any, *, where: str) -> Sampling:
         raise InvalidRequest(f"{where}: sampling_params.repetition_penalty is not supported by this engine")
     seed = f.get("seed", "an integer")
     seed = f.get("sampling_seed", "an integer", default=seed)
+    if seed is not None and not 0 <= seed < 2**63:
+        raise InvalidRequest(f"{where}: sampling_params.seed must be between 0 and 2**63 - 1")
     stop = f.get("stop", "a string") if isinstance(params.get("stop"), str) else f.get("stop", "a list", default=[])
     stop = [stop] if isinstance(stop, str) else stop
     if not all(isinstance(s, str) and s for s in stop):

@@ -6,6 +6,8 @@ Every refusal is an ``InvalidRequest`` (400) whose message names what was wrong.
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from memt_core.errors import InvalidRequest
 from memt_core.protocol import (
@@ -22,6 +24,9 @@ from memt_core.protocol import (
     parse_rid,
 )
 from memt_core.protocol.events import (
+    CONTROL_ACTIONS,
+    GENERATE_FIELDS,
+    SAMPLING_FIELDS,
     Abort,
     Acquire,
     Begin,
@@ -530,3 +535,54 @@ def test_generate_body_shape():
     refused(generate, [commit_body()], match="must be a JSON object")
     refused(generate, commit_body(unknown_field=1), match="unknown field(s) 'unknown_field'")
     refused(generate, query_body(custom_logit_processor="x"), match="'custom_logit_processor' is not supported")
+
+
+# --------------------------------------------------------------------------- any JSON: a 400 or an event, never a crash
+
+json_scalars = st.none() | st.booleans() | st.integers() | st.integers(-(10**400), 10**400) | st.floats() | st.text(max_size=12)
+json_values = st.recursive(json_scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+                           max_leaves=6)
+control_keys = sorted({"action", "session", "lease", "epoch", "ttl", "memory_read", "source", "source_lease", "retain_kv",
+                       "transaction", "enabled", "encoding", "file", "overwrite", "request_id", "bogus"})
+names = st.sampled_from(["s1", "t1", "L", "", "a|b", "x" * 161, "m.safetensors", "memt|s1|query|n1", "create", "begin"])
+FUZZ = settings(max_examples=300, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@FUZZ
+@given(action=st.sampled_from(sorted(CONTROL_ACTIONS)),
+       changes=st.dictionaries(st.sampled_from(control_keys), json_values | names | st.just(...), max_size=3))
+def test_any_control_body_is_an_event_or_a_400(action, changes):
+    body = {k: v for k, v in {"action": action, **CONTROL_CASES[action][0], **changes}.items() if v is not ...}
+    try:
+        event = parse_control(body)
+    except InvalidRequest as error:
+        assert error.status == 400 and error.message
+    else:
+        assert action_name(event) == body["action"]
+
+
+PLAIN = {"rid": "req-1", "input_ids": [1, 2], "sampling_params": {"max_new_tokens": 5}}
+generate_fields = st.sampled_from(sorted(GENERATE_FIELDS | {"bogus"}))
+sampling_fields = st.sampled_from(sorted(SAMPLING_FIELDS | {"best_of"}))
+field_values = json_values | names | st.just([1, 2]) | st.just(...)  # ... removes the field
+
+
+def mutated(base: dict, changes: dict) -> dict:
+    body = {**base, **changes}
+    return {k: v for k, v in body.items() if v is not ...}
+
+
+@FUZZ
+@given(base=st.sampled_from([commit_body(rid="memt|s1|commit:2|n1", input_ids=[1, 2]), query_body(), PLAIN]),
+       changes=st.dictionaries(generate_fields, field_values, max_size=3),
+       sampling=st.dictionaries(sampling_fields, field_values, max_size=3))
+def test_any_generate_body_is_an_event_or_a_400(base, changes, sampling):
+    body = mutated(base, changes)
+    if isinstance(body.get("sampling_params"), dict):
+        body["sampling_params"] = mutated(body["sampling_params"], sampling)
+    try:
+        event = generate(body)
+    except InvalidRequest as error:
+        assert error.status == 400 and error.message
+    else:
+        assert isinstance(event, (Query, Commit, PlainGeneration))

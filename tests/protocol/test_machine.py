@@ -7,6 +7,8 @@ the engine: it answers each effect of a plan with a fake result and calls ``comp
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from memt_core.errors import (
     CapacityExceeded,
@@ -23,6 +25,7 @@ from memt_core.errors import (
 )
 from memt_core.protocol import APPLIED, FAILED, UNKNOWN, Limits, MemTProtocol, Plan, parse_control, parse_generate
 from memt_core.protocol import effects as fx
+from memt_core.protocol.events import CONTROL_ACTIONS
 
 EPOCH = "E1"
 T0 = 1000.0
@@ -687,7 +690,8 @@ def test_nonce_reuse_is_refused_and_never_applied_twice(d):
     d.do("publish", session="s1", lease=lease, transaction="t1")
     d.do("begin", session="s1", lease=lease, transaction="t2")
     d.refuse(NonceReused, 409, d.commit, "s1", lease, "t2", "n2")  # nonces outlive transactions
-    lease = d.do("release", session="s1", lease=lease) and d.do("acquire", session="s1")["lease"]
+    d.do("release", session="s1", lease=lease)
+    lease = d.do("acquire", session="s1")["lease"]
     d.refuse(NonceReused, 409, d.query, "s1", lease, "n1")  # ... and leases
     receipts = d.receipts("s1", lease)
     assert [c["nonce"] for c in receipts["t1"]["commits"]] == ["n2", "n3"]
@@ -740,8 +744,8 @@ def test_finish_commit_unknown_makes_the_session_uncertain(d):
 def test_reap_abandons_expired_transactions(d):
     lease = d.txn()
     d.committed("s1", lease, "t1", "n1")
-    lease2 = d.txn("s2")
-    lease3 = d.session("s3")  # no transaction: nothing to reap
+    d.txn("s2")
+    d.session("s3")  # no transaction: nothing to reap
     assert d.proto.reap(d.now + 299) == []
     d.advance(300)
     assert d.proto.reap(d.now) == [fx.DropCandidate("s1", transaction="t1"), fx.DropCandidate("s2", transaction="t1")]
@@ -751,7 +755,6 @@ def test_reap_abandons_expired_transactions(d):
     lease = d.do("acquire", session="s1")["lease"]
     assert d.receipts("s1", lease)["t1"]["state"] == "abandoned"
     assert d.inspect("s3")["lease_expires_in"] == 0.0
-    del lease2, lease3
 
 
 def test_reap_spares_busy_and_uncertain_sessions(d):
@@ -783,3 +786,29 @@ def test_a_finished_cancel_does_not_free_a_pending_create():
     d.run(cancel)  # the engine answers the cancel late
     d.refuse_control(SessionExists, 409, "create", session="s1")
     d.run(create)
+
+
+# --------------------------------------------------------------------------- odd client strings never crash the machine
+
+STRING_FIELDS = ["lease", "epoch", "encoding", "file", "request_id", "source", "source_lease", "transaction", "session"]
+odd_strings = st.text(max_size=8) | st.sampled_from(["tok1", "tok2", "t1", "s1", "s2", EPOCH, ENCODING, "m.safetensors", "memt|s1|query|q1"])
+
+
+@settings(max_examples=200, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+@given(action=st.sampled_from(sorted(CONTROL_ACTIONS)), values=st.dictionaries(st.sampled_from(STRING_FIELDS), odd_strings, max_size=4),
+       in_flight=st.sampled_from(["query", "commit", None]))
+def test_any_string_reaches_a_typed_answer(action, values, in_flight):
+    d = Driver(max_sessions=3, max_inflight_commits=1)
+    lease = d.txn()  # s1, lease tok1, open transaction t1
+    d.session("s2")
+    if in_flight == "query":
+        d.query("s1", lease, "q1")
+    elif in_flight == "commit":
+        d.commit("s1", lease, "t1", "c1")
+    body = {"action": action, "session": "s1", "lease": lease, **values}
+    try:
+        plan = d.proto.control(parse_control(body), d.now)
+    except MemTError as error:
+        assert error.status in (400, 409, 429)
+    else:
+        d.run(plan)
