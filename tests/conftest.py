@@ -7,11 +7,17 @@ tests must not change their parameters.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from memt_core.checkpoint import FLASH, NANO
+
+# The tiny models gain nothing from intra-op threads, and on a small shared machine OpenMP threads
+# spinning against other work make the suite several times slower. Set before torch is imported;
+# an explicit OMP_NUM_THREADS in the environment wins.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(scope="session")

@@ -68,58 +68,56 @@ def chunk_gated_delta_rule(
     Within a chunk with cumulative log decay γ, the corrected values ``U`` solve the unit lower
     triangular system ``(I + A) U = β ⊙ (V − e^{γ} ⊙ K S₀)``, ``A[t,i] = β_t e^{γ_t−γ_i} k_t·k_i`` (i < t);
     then ``S = e^{γ_C} S₀ + Kᵀ (e^{γ_C−γ} ⊙ U)`` and ``O = (e^{γ} ⊙ Q) S₀ + (M ⊙ e^{γ_t−γ_i} Q Kᵀ) U``.
-    Everything but the state hand-off between chunks is computed for all chunks at once.
+    One chunk at a time, so every temporary is a chunk's worth and stays in cache (on CPU, fresh
+    large buffers cost more in page faults than the arithmetic); without autograd the state is
+    updated in place.
     """
     batch, length, heads, key_dim = k.shape
     value_dim = v.shape[-1]
-    size = chunk_size
     state = _initial(initial_state, batch, heads, key_dim, value_dim, k.device)
     if length == 0:
         return (v.new_zeros(batch, 0, heads, value_dim).float() if q is not None else None), state
 
-    pad = (-length) % size
+    def chunk(x: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+        # tokens start:stop of [B, T, H, D] → [B·H, C, D] in FP32 (the last chunk may be shorter)
+        return x[:, start:stop].float().transpose(1, 2).reshape(batch * heads, stop - start, x.shape[-1])
 
-    def chunks(x: torch.Tensor) -> torch.Tensor:
-        # [B, T, H, D] → [N, B·H, C, D]; padded tokens have k = v = β = 0 and g = 0: they change nothing
-        x = x.float()
-        if pad:
-            x = torch.nn.functional.pad(x, (0, 0) * (x.dim() - 2) + (0, pad))
-        x = x.reshape(batch, -1, size, heads, x.shape[-1]).permute(1, 0, 3, 2, 4)
-        return x.reshape(x.shape[0], batch * heads, size, x.shape[-1]).contiguous()
-
-    k_c, v_c = chunks(k), chunks(v)
-    g_c, beta_c = chunks(g[..., None])[..., 0], chunks(beta[..., None])[..., 0]  # [N, B·H, C]
-    gamma = g_c.cumsum(-1)  # γ_t within each chunk
-
-    lower = torch.ones(size, size, dtype=torch.bool, device=k.device).tril()
-    # e^{γ_t − γ_i} for i ≤ t, zero above the diagonal (masked before exp so it never overflows)
-    decay = (gamma[..., :, None] - gamma[..., None, :]).masked_fill(~lower, float("-inf")).exp()
-
-    # T = (I + A)^{-1}: a unit lower triangular solve (out of place, so autograd can differentiate it)
-    eye = torch.eye(size, device=k.device)
-    a = (beta_c[..., :, None] * decay * (k_c @ k_c.transpose(-1, -2))).tril(-1)
-    t = torch.linalg.solve_triangular(a + eye, eye.expand_as(a), upper=False, unitriangular=True)
-    wu = t @ torch.cat([(beta_c * gamma.exp())[..., None] * k_c, beta_c[..., None] * v_c], dim=-1)
-    w, u = wu[..., :key_dim].contiguous(), wu[..., key_dim:].contiguous()  # U = u − w S₀ once S₀ is known
-    k_tail = (k_c * (gamma[..., -1:] - gamma).exp()[..., None]).transpose(-1, -2).contiguous()  # Kᵀ e^{γ_C−γ}
-    chunk_decay = gamma[..., -1].exp()[..., None, None]  # e^{γ_C}
-
-    if q is not None:
-        q_c = chunks(q)
-        attn = (q_c @ k_c.transpose(-1, -2)) * decay
-        q_decayed = q_c * gamma.exp()[..., None]
+    inputs = (q, k, v, g, beta, initial_state)
+    in_place = not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs))
     s = state.reshape(batch * heads, key_dim, value_dim)
+    if in_place:
+        s = s.clone()  # never write into the caller's initial state
+    eye = torch.eye(chunk_size, device=k.device)
+    above = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=k.device).triu(1)
     outputs = []
-    for n in range(k_c.shape[0]):
-        u_n = torch.baddbmm(u[n], w[n], s, alpha=-1.0)
+    for start in range(0, length, chunk_size):
+        stop = min(start + chunk_size, length)
+        size = stop - start
+        k_n, v_n = chunk(k, start, stop), chunk(v, start, stop)  # [B·H, C, K], [B·H, C, V]
+        beta_n = chunk(beta[..., None], start, stop)[..., 0]  # [B·H, C]
+        gamma = chunk(g[..., None], start, stop)[..., 0].cumsum(-1)  # γ_t within the chunk
+        # e^{γ_t − γ_i} for i ≤ t, zero above the diagonal (masked before exp so it never overflows)
+        decay = (gamma[:, :, None] - gamma[:, None, :]).masked_fill(above[:size, :size], float("-inf")).exp()
+        # T = (I + A)^{-1}: a unit lower triangular solve (out of place, so autograd can differentiate it)
+        a = (beta_n[:, :, None] * decay * (k_n @ k_n.transpose(-1, -2))).tril(-1)
+        t = torch.linalg.solve_triangular(a, eye[:size, :size].expand_as(a), upper=False, unitriangular=True)
+        w = t @ ((beta_n * gamma.exp())[..., None] * k_n)
+        u = torch.baddbmm(t @ (beta_n[..., None] * v_n), w, s, alpha=-1.0)  # U = T β V − W S₀
         if q is not None:
-            outputs.append(torch.baddbmm(attn[n] @ u_n, q_decayed[n], s))
-        s = torch.baddbmm(chunk_decay[n] * s, k_tail[n], u_n)
+            q_n = chunk(q, start, stop)
+            attn = (q_n @ k_n.transpose(-1, -2)) * decay
+            outputs.append(torch.baddbmm(attn @ u, q_n * gamma.exp()[..., None], s))
+        last = gamma[:, -1:]  # γ_C
+        k_tail = (k_n * (last - gamma).exp()[..., None]).transpose(-1, -2)  # Kᵀ e^{γ_C−γ}
+        if in_place:
+            s.mul_(last.exp()[..., None]).baddbmm_(k_tail, u)
+        else:
+            s = torch.baddbmm(last.exp()[..., None] * s, k_tail, u)
     state = s.reshape(batch, heads, key_dim, value_dim)
     if q is None:
         return None, state
-    out = torch.stack(outputs).reshape(-1, batch, heads, size, value_dim).permute(1, 0, 3, 2, 4)
-    return out.reshape(batch, -1, heads, value_dim)[:, :length].contiguous(), state
+    out = torch.cat(outputs, dim=1).reshape(batch, heads, length, value_dim).transpose(1, 2)
+    return out.contiguous(), state
 
 
 def _initial(state: torch.Tensor | None, batch: int, heads: int, key_dim: int, value_dim: int, device) -> torch.Tensor:
