@@ -55,7 +55,8 @@ class Sampler:
         logits = logits.float()
         if self.params.greedy:
             return int(torch.argmax(logits))
-        logits = logits / self.params.temperature
+        # in FP64 with the largest logit shifted to 0, so no valid temperature overflows to inf/nan
+        logits = (logits.double() - logits.max()) / self.params.temperature
         if self.params.top_k > 0:
             kth = torch.topk(logits, min(self.params.top_k, logits.shape[-1])).values[-1]
             logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -64,6 +65,7 @@ class Sampler:
             sorted_probs, order = torch.sort(probs, descending=True)
             # keep the smallest prefix whose mass reaches top_p (always at least one token)
             drop = sorted_probs.cumsum(-1) - sorted_probs >= self.params.top_p
+            drop[..., 0] = False  # (a top_p below float32's smallest value would otherwise drop them all)
             sorted_probs = sorted_probs.masked_fill(drop, 0.0)
             probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
         return int(torch.multinomial(probs.cpu(), 1, generator=self.generator))

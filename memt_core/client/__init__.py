@@ -3,7 +3,7 @@
 (``python -m memt_core.client``). Needs no PyTorch.
 """
 
-from memt_core.client.chat_format import ChatFormat, FlashChatFormat, NanoChatFormat, load_chat_format
+from memt_core.client.chat_format import ChatFormat, FlashChatFormat, NanoChatFormat, load_chat_format, load_tokenizer
 from memt_core.client.errors import MemTClientError
 from memt_core.client.native import NativeClient
 from memt_core.client.parsers import OutputParser, Parsed, ToolCall, parser_for
@@ -11,5 +11,5 @@ from memt_core.client.session import MemTSession
 
 __all__ = [
     "ChatFormat", "FlashChatFormat", "MemTClientError", "MemTSession", "NanoChatFormat", "NativeClient",
-    "OutputParser", "Parsed", "ToolCall", "load_chat_format", "parser_for",
+    "OutputParser", "Parsed", "ToolCall", "load_chat_format", "load_tokenizer", "parser_for",
 ]

@@ -234,6 +234,35 @@ def load_encoder(path: str | Path):
     return module
 
 
+def load_tokenizer(path: str | Path, **kwargs):
+    """``AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)`` for a MemT checkpoint.
+
+    Transformers does not know the ``memt_*`` model types, so ``AutoTokenizer`` cannot build their
+    model configuration (for Flash its generic fallback even rejects the layer types). When the
+    checkpoint's ``tokenizer_config.json`` names its tokenizer class, the configuration is not needed:
+    an empty one is passed and the class comes from ``tokenizer_config.json``. No checkpoint code runs.
+    """
+    from transformers import AutoTokenizer
+
+    kwargs = {"local_files_only": True, "trust_remote_code": False, **kwargs}
+    if kwargs["trust_remote_code"]:
+        raise ValueError("trust_remote_code is refused: MemT never executes checkpoint Python code")
+    config_path = Path(path) / "tokenizer_config.json"
+    named = False
+    if config_path.is_file():
+        try:
+            named = bool(json.loads(config_path.read_text(encoding="utf-8")).get("tokenizer_class"))
+        except ValueError:
+            named = False
+    if named and "config" not in kwargs:
+        try:
+            from transformers import PreTrainedConfig
+        except ImportError:  # older transformers
+            from transformers import PretrainedConfig as PreTrainedConfig
+        kwargs["config"] = PreTrainedConfig()
+    return AutoTokenizer.from_pretrained(str(path), **kwargs)
+
+
 def load_chat_format(
     path: str | Path,
     *,

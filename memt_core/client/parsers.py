@@ -66,13 +66,13 @@ class OutputParser:
         """
         reasoning = None
         rest = text
+        if not final and _is_prefix(text, self.think_open):
+            return None, []  # could still become the opening tag (in thinking mode too)
         if thinking or text.startswith(self.think_open):
             body = text[len(self.think_open):] if text.startswith(self.think_open) else text
             if self.think_close not in body:
                 return (body if final else _hold_partial(body, (self.think_close,))), []
             reasoning, rest = body.split(self.think_close, 1)
-        elif not final and _is_prefix(text, self.think_open):
-            return None, []
         segments: list[tuple[str, str]] = []
         while rest:
             at = rest.find(self.call_open)

@@ -103,7 +103,15 @@ class MemTSession:
         created = client.control("create", session, memory_read=True)
         self.session_id: str = created["session"]
         if state is not None:
-            self.load_state(state)
+            try:
+                self.load_state(state)
+            except MemTClientError as exc:
+                if not exc.uncertain:  # the caller never gets this object: do not leak the server session
+                    try:
+                        self.close()
+                    except MemTClientError:
+                        pass
+                raise
 
     # ------------------------------------------------------------------ context manager
 
