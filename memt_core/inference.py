@@ -18,6 +18,7 @@ from memt_core.checkpoint import Checkpoint, read_checkpoint
 from memt_core.memory.gated_delta import gated_delta_write
 from memt_core.memory.snapshot import load_snapshot, save_snapshot
 from memt_core.memory.state import MemoryState
+from memt_core.models.memory import WriteInputs
 from memt_core.models.memt import MemTForCausalLM
 from memt_core.sampling import Sampler, SamplingParams
 
@@ -107,23 +108,28 @@ def commit_batch(
     mask = (torch.arange(longest)[None, :] < torch.tensor(lengths)[:, None]).to(device)  # [B, T]
     read = memory_batch(model, list(memories))  # the one read snapshot of each commit
     out = model(ids, memory=read, collect_writes=True, logits_to_keep=0 if keep_logits else 1)
+    # a row's logits over its own tokens: one gather and a split, so backward stays linear in the batch
+    row_logits = out.logits[mask].split(lengths) if keep_logits else [None] * len(rows)
     candidates = [m.fork() for m in memories]
-    for layer, inputs in out.writes.items():
-        inputs = inputs.masked(mask)
-        state = _stacked(model, [c.get(layer) for c in candidates], device)
-        for start in range(0, longest, chunk):
-            state = _write(inputs.slice(start, start + chunk), state)
+    # all memory layers share one geometry: fold them into the batch so each write event is one kernel call
+    layers = list(out.writes)
+    inputs = WriteInputs.cat([out.writes[layer].masked(mask) for layer in layers])
+    state = torch.cat([_stacked(model, [c.get(layer) for c in candidates], device) for layer in layers], dim=0)
+    for start in range(0, longest, chunk):
+        state = _write(inputs.slice(start, start + chunk), state)
+    for j, layer in enumerate(layers):
         for i, candidate in enumerate(candidates):
-            candidate.set(layer, state[i : i + 1])
+            row = j * len(candidates) + i
+            candidate.set(layer, state[row : row + 1])
     return [
         CommitResult(
             memory=candidate,
             tokens=length,
             write_events=-(-length // chunk),
             read_snapshots=1,
-            logits=out.logits[i, :length] if keep_logits else None,
+            logits=logits,
         )
-        for i, (candidate, length) in enumerate(zip(candidates, lengths))
+        for candidate, length, logits in zip(candidates, lengths, row_logits)
     ]
 
 

@@ -7,6 +7,7 @@ reading exactly that memory whatever happens afterwards.
 
 from __future__ import annotations
 
+import re
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -102,14 +103,16 @@ class SessionStore:
     def _ExportSnapshot(self, e: fx.ExportSnapshot) -> str:
         memory = self.get(e.session)
         state = memory.published if e.transaction is None else self.candidate(e.session, e.transaction).memory
-        name = e.file or self._new_name(e.session)
-        path = snapshot_path(self.state_directory, name)
+        name = e.file or (self._new_name(e.session) if self.state_directory is not None else None)
+        path = snapshot_path(self.state_directory, name)  # no state directory: InvalidRequest
         save_snapshot(path, state, identity=self.identity, overwrite=e.overwrite)
         return name
 
     def _new_name(self, session: str) -> str:
+        # session IDs may start with '.' or '-' or hold '..'; a snapshot name may not (check_snapshot_name)
+        stem = re.sub(r"\.{2,}", ".", session[:80]).lstrip(".-") or "session"
         while True:
-            name = f"{session[:80]}-{secrets.token_hex(6)}.safetensors"
+            name = f"{stem}-{secrets.token_hex(6)}.safetensors"
             if not (self.state_directory / name).exists():
                 return name
 

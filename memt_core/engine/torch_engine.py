@@ -192,7 +192,7 @@ class TorchEngine:
             memory = state.published if memory_read else None
             version = state.version
             if retain:
-                retained = self._take_retained(state, prompt, version, memory_read)
+                retained = self._take_retained(session, state, prompt, version, memory_read)
         job = _Query(
             rid=rid, prompt=list(prompt), memory=memory, params=params, events=asyncio.Queue(), loop=loop,
             session=session, retain=retain, retained=retained, memory_version=version, memory_read=memory_read,
@@ -201,18 +201,24 @@ class TorchEngine:
         self._inbox.put(job)
         return self._events(job)
 
-    @staticmethod
-    def _take_retained(state, prompt: list[int], version: int, memory_read: bool) -> RetainedKV | None:
-        retained, state.retained = state.retained, None
+    def check_prompt(self, session: str, prompt: list[int]) -> None:
+        """Refuse a query that does not extend the session's retained context (before anything is admitted)."""
+        state = self.store.sessions.get(session)
+        retained = state.retained if state is not None else None
         if retained is None:
-            return None
+            return
         n = len(retained.acknowledged)
         if len(prompt) <= len(retained.tokens) or tuple(prompt[:n]) != retained.acknowledged:
-            state.retained = retained  # refused: the session keeps its context
             raise InvalidRequest(
                 f"this session retains native context: the query must extend the acknowledged prefix of {n} tokens "
                 "exactly (or call kv_reset first)"
             )
+
+    def _take_retained(self, session: str, state, prompt: list[int], version: int, memory_read: bool) -> RetainedKV | None:
+        self.check_prompt(session, prompt)
+        retained, state.retained = state.retained, None
+        if retained is None:
+            return None
         if retained.memory_version != version or retained.memory_read != memory_read:
             return None  # memory changed since: rebuild the context from the prompt
         return retained

@@ -32,6 +32,11 @@ class WriteInputs:
         """Tokens ``start:stop`` (a write event's share of a commit)."""
         return WriteInputs(self.k[:, start:stop], self.v[:, start:stop], self.g[:, start:stop], self.beta[:, start:stop])
 
+    @staticmethod
+    def cat(parts: list["WriteInputs"]) -> "WriteInputs":
+        """Stack along the batch dimension."""
+        return WriteInputs(*(torch.cat([getattr(p, name) for p in parts], dim=0) for name in ("k", "v", "g", "beta")))
+
     def masked(self, mask: torch.Tensor) -> "WriteInputs":
         """Zero the writes of tokens where ``mask [B, T]`` is False (k = v = β = 0, log α = 0)."""
         keep = mask.to(self.k.dtype)

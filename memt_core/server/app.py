@@ -13,8 +13,9 @@ from typing import Any
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from sse_starlette.sse import EventSourceResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from memt_core.errors import AuthenticationError, InvalidRequest, MemTError, RouteDisabled, WorkerUnavailable
+from memt_core.errors import WIRE_TYPE, AuthenticationError, InvalidRequest, MemTError, RouteDisabled, WorkerUnavailable
 from memt_core.server.metrics import CONTENT_TYPE, Metrics
 from memt_core.server.service import MemTService
 
@@ -28,10 +29,13 @@ DISABLED_ROUTES = (
 
 def create_app(service: MemTService, *, identity: dict, capabilities: dict, api_key: str | None = None) -> FastAPI:
     """The HTTP application for one service."""
+    # with an API key every route but /health needs it, so FastAPI's unauthenticated docs routes go
+    no_docs = {} if api_key is None else {"docs_url": None, "redoc_url": None, "openapi_url": None}
     app = FastAPI(
         title="MemT serve — memt-http-v1",
         version=identity.get("engine_version", ""),
         description="Native MemT protocol: sessions, leases, transactions and snapshots over latent memory.",
+        **no_docs,
     )
     metrics = Metrics(service)
 
@@ -50,11 +54,17 @@ def create_app(service: MemTService, *, identity: dict, capabilities: dict, api_
         headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
         return JSONResponse(exc.to_wire(), status_code=exc.status, headers=headers)
 
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # unknown routes (404) and methods (405) answer the same error body as every other refusal
+        body = {"error": {"type": WIRE_TYPE, "message": f"{request.method} {request.url.path}: {exc.detail}"}}
+        return JSONResponse(body, status_code=exc.status_code, headers=getattr(exc, "headers", None))
+
     async def json_body(request: Request) -> Any:
         try:
             return json.loads(await request.body())
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
+        except (ValueError, RecursionError) as exc:  # bad JSON or UTF-8, over-long integers, absurd nesting
+            raise InvalidRequest(f"request body is not valid JSON: {str(exc)[:200]}") from None
 
     @app.get("/health")
     async def health() -> JSONResponse:

@@ -106,9 +106,11 @@ class MemTService:
         if isinstance(request, Commit):
             return await self._commit(request)
         if isinstance(request, Query):
+            # checked before admission, so a refusal consumes nothing (not even the nonce)
+            self._check_context(len(request.input_ids), request.sampling)
+            self.engine.check_prompt(request.rid.session, list(request.input_ids))
             ticket = self.protocol.start_query(request, self.clock())
             try:
-                self._check_context(len(request.input_ids), request.sampling)
                 events = self.engine.query(
                     request.rid.text, list(request.input_ids), _params(request.sampling),
                     session=ticket.session, memory_read=ticket.memory_read, retain=ticket.retain_kv,

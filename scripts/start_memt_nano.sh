@@ -1,0 +1,31 @@
+#!/bin/sh
+# Serve MemT-1.0-Nano over memt-http-v1 with the example settings of the spec's table.
+#
+#   sh scripts/start_memt_nano.sh /models/MemT-1.0-Nano [extra launcher arguments ...]
+#
+# Environment: MEMT_PYTHON (default python), MEMT_PORT (default 30000), MEMT_STATE_DIRECTORY (default
+# ./memt-state), CUDA_VISIBLE_DEVICES (default 0,1). Extra arguments come last, so they override the
+# values below (the launcher's startup checks still apply). Try --dry-run first.
+set -eu
+
+if [ "$#" -lt 1 ]; then
+    echo "usage: sh $0 CHECKPOINT_DIRECTORY [launcher arguments ...]" >&2
+    exit 2
+fi
+MODEL_PATH=$1
+shift
+
+CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0,1}
+export CUDA_VISIBLE_DEVICES
+
+exec "${MEMT_PYTHON:-python}" -m memt_core.launch \
+    --model-path "$MODEL_PATH" \
+    --host 127.0.0.1 \
+    --port "${MEMT_PORT:-30000}" \
+    --state-directory "${MEMT_STATE_DIRECTORY:-./memt-state}" \
+    --max-sessions-per-rank 6 \
+    --max-inflight-commits-per-rank 2 \
+    --min-kv-tokens 2048 \
+    --max-prefill-tokens 16384 \
+    --max-running-requests 8 \
+    "$@"

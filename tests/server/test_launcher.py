@@ -1,0 +1,281 @@
+"""``python -m memt_core.launch``: ``--dry-run`` output, the ``memt_runtime`` merge order, startup
+refusals, and the ``scripts/start_memt_{nano,flash}.sh`` wrappers.
+
+The launches that matter as processes (dry-runs, the environment refusal, the scripts) run as real
+subprocesses, concurrently in one fixture (each is mostly interpreter start-up on a slow machine);
+the matrix of merge and refusal cases calls the same ``main(argv)`` in-process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPTS = REPO / "scripts"
+
+
+@dataclass
+class Case:
+    argv: list[str]  # after "python -m memt_core.launch", or a script invocation when script is set
+    env: dict[str, str] = field(default_factory=dict)
+    script: str | None = None
+    unset: tuple[str, ...] = ()
+
+
+@dataclass
+class Outcome:
+    returncode: int
+    stdout: str
+    stderr: str
+
+    def json(self) -> dict:
+        assert self.returncode == 0, self.stderr
+        return json.loads(self.stdout)
+
+
+@pytest.fixture(scope="module")
+def checkpoints(nano_checkpoint, flash_checkpoint, tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("launcher")
+    no_runtime = root / "nano-no-runtime"
+    shutil.copytree(nano_checkpoint, no_runtime)
+    config = json.loads((no_runtime / "config.json").read_text())
+    del config["memt_runtime"]
+    (no_runtime / "config.json").write_text(json.dumps(config))
+    no_weights = root / "nano-no-weights"
+    shutil.copytree(nano_checkpoint, no_weights)
+    for weights in no_weights.glob("*.safetensors"):
+        weights.write_bytes(b"not safetensors: --dry-run must never read the weights")
+    wrapper = root / "python-wrapper.sh"  # MEMT_PYTHON for the script tests: reports its environment
+    wrapper.write_text(f'#!/bin/sh\necho "CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES" >&2\nexec "{sys.executable}" "$@"\n')
+    wrapper.chmod(0o755)
+    return {"nano": nano_checkpoint, "flash": flash_checkpoint, "no_runtime": no_runtime, "no_weights": no_weights,
+            "wrapper": wrapper, "cwd": root}
+
+
+def _cases(c: dict[str, Path]) -> dict[str, Case]:
+    nano, flash = str(c["nano"]), str(c["flash"])
+    dry = ["--dry-run"]
+    override = json.dumps({"memt_runtime": {"max_sessions_per_rank": 10, "min_kv_tokens": 512}})
+    script_env = {"MEMT_PYTHON": str(c["wrapper"])}
+    return {
+        "nano": Case(["--model-path", nano, *dry]),
+        "flash": Case(["--model-path", flash, *dry]),
+        "no weights": Case(["--model-path", str(c["no_weights"]), *dry]),
+        "merge all": Case(["--model-path", nano, *dry, "--json-model-override-args", override, "--max-sessions-per-rank", "3"]),
+        "merge json": Case(["--model-path", nano, *dry, "--json-model-override-args", override]),
+        "defaults": Case(["--model-path", str(c["no_runtime"]), *dry]),
+        "defaults + flags": Case(["--model-path", str(c["no_runtime"]), *dry, "--max-inflight-commits-per-rank", "5", "--min-kv-tokens", "7"]),
+        "header overrides off": Case(["--model-path", nano, *dry], env={"SGLANG_ENABLE_REQUEST_HEADER_OVERRIDES": "0"}),
+        # refusals
+        "trust remote code": Case(["--model-path", nano, *dry, "--trust-remote-code"]),
+        "config merging": Case(["--model-path", nano, *dry, "--config", "server.yaml"]),
+        "header overrides 1": Case(["--model-path", nano, *dry], env={"SGLANG_ENABLE_REQUEST_HEADER_OVERRIDES": "1"}),
+        "header overrides true": Case(["--model-path", nano, *dry], env={"SGLANG_ENABLE_REQUEST_HEADER_OVERRIDES": "true"}),
+        "override other keys": Case(["--model-path", nano, *dry, "--json-model-override-args",
+                                     json.dumps({"memt_runtime": {"max_sessions_per_rank": 2}, "num_hidden_layers": 2})]),
+        "override memt": Case(["--model-path", nano, *dry, "--json-model-override-args", json.dumps({"memt": {"chunk_tokens": 64}})]),
+        "override not JSON": Case(["--model-path", nano, *dry, "--json-model-override-args", "{memt_runtime: 1"]),
+        "override unknown runtime field": Case(["--model-path", nano, *dry, "--json-model-override-args",
+                                                json.dumps({"memt_runtime": {"max_batch": 4}})]),
+        "override non-positive": Case(["--model-path", nano, *dry, "--json-model-override-args",
+                                       json.dumps({"memt_runtime": {"min_kv_tokens": 0}})]),
+        "flag non-positive": Case(["--model-path", nano, *dry, "--max-sessions-per-rank", "0"]),
+        "prefill below chunk": Case(["--model-path", nano, *dry, "--max-prefill-tokens", "31"]),
+        "context beyond model": Case(["--model-path", nano, *dry, "--context-length", "9000"]),
+        "missing checkpoint": Case(["--model-path", str(c["cwd"] / "nowhere"), *dry]),
+        # the start scripts
+        "script nano": Case([nano, "--dry-run"], env=script_env, script="start_memt_nano.sh", unset=("CUDA_VISIBLE_DEVICES",)),
+        "script flash": Case([flash, "--dry-run", "--context-length", "8192"], env=script_env, script="start_memt_flash.sh",
+                             unset=("CUDA_VISIBLE_DEVICES",)),
+        "script flash as is": Case([flash, "--dry-run"], env=script_env, script="start_memt_flash.sh"),
+        "script nano env": Case([nano, "--dry-run", "--max-running-requests", "3", "--port", "31001"],
+                                env={**script_env, "MEMT_PORT": "31999", "MEMT_STATE_DIRECTORY": "/srv/memt", "CUDA_VISIBLE_DEVICES": "3"},
+                                script="start_memt_nano.sh"),
+        "script without checkpoint": Case([], env=script_env, script="start_memt_nano.sh"),
+    }
+
+
+IN_PROCESS = {
+    "merge all", "merge json", "defaults", "defaults + flags", "header overrides off", "header overrides true",
+    "config merging", "override other keys", "override memt", "override not JSON", "override unknown runtime field",
+    "override non-positive", "flag non-positive", "prefill below chunk", "context beyond model", "missing checkpoint",
+}
+
+
+def _run_in_process(case: Case) -> Outcome:
+    from memt_core.launch import main
+
+    saved = dict(os.environ)
+    os.environ.pop("SGLANG_ENABLE_REQUEST_HEADER_OVERRIDES", None)
+    os.environ.update(case.env)
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(case.argv)
+            except SystemExit as exc:  # argparse errors
+                code = exc.code if isinstance(exc.code, int) else 2
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    return Outcome(code, out.getvalue(), err.getvalue())
+
+
+def _run(case: Case, cwd: Path) -> Outcome:
+    env = dict(os.environ)
+    env.pop("SGLANG_ENABLE_REQUEST_HEADER_OVERRIDES", None)
+    for name in case.unset:
+        env.pop(name, None)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env.update(case.env)
+    if case.script:
+        command = ["sh", str(SCRIPTS / case.script), *case.argv]
+    else:
+        command = [sys.executable, "-m", "memt_core.launch", *case.argv]
+    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    return Outcome(done.returncode, done.stdout, done.stderr)
+
+
+@pytest.fixture(scope="module")
+def runs(checkpoints) -> dict[str, Outcome]:
+    cases = _cases(checkpoints)
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        futures = {name: pool.submit(_run, case, checkpoints["cwd"]) for name, case in cases.items() if name not in IN_PROCESS}
+        outcomes = {name: _run_in_process(cases[name]) for name in IN_PROCESS}
+        return {**outcomes, **{name: future.result() for name, future in futures.items()}}
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256((path / "config.json").read_bytes()).hexdigest()
+
+
+# ---------------------------------------------------------------------- --dry-run
+
+
+def test_dry_run_prints_identity_and_engine_args(runs, checkpoints):
+    out = runs["nano"].json()
+    identity = out["launch_identity"]
+    assert identity["model"] == "memt-nano" and identity["model_type"] == "memt_qwen3_5_moe"
+    assert identity["config_sha256"] == _sha256(checkpoints["nano"])
+    assert identity["checkpoint_id"] == "tiny-random-nano"
+    assert len(identity["identity"]) == 64
+    assert identity["memt_runtime"] == {"max_sessions_per_rank": 64, "max_inflight_commits_per_rank": 4, "min_kv_tokens": 256}
+    engine = out["engine_args"]
+    assert engine["max_prefill_tokens"] == 16384 and engine["max_sessions_per_rank"] == 64
+    assert engine["host"] == "127.0.0.1" and engine["port"] == 30000 and engine["enable_streaming_session"] is False
+    sglang = out["sglang_args"]
+    assert sglang["trust_remote_code"] is False and sglang["chunked_prefill_size"] == -1
+    assert sglang["disable_radix_cache"] and sglang["disable_overlap_schedule"] and sglang["disable_cuda_graph"]
+    assert sglang["enable_dp_attention"] is False
+
+    flash = runs["flash"].json()
+    assert flash["launch_identity"]["model"] == "memt-flash"
+    assert flash["launch_identity"]["config_sha256"] == _sha256(checkpoints["flash"])
+    assert flash["sglang_args"]["enable_dp_attention"] is True
+
+
+def test_dry_run_never_reads_weights(runs, checkpoints):
+    out = runs["no weights"].json()
+    assert out["launch_identity"]["config_sha256"] == _sha256(checkpoints["no_weights"])
+
+
+def test_runtime_merge_order(runs):
+    def runtime(name):
+        return runs[name].json()["launch_identity"]["memt_runtime"]
+
+    # defaults (1) → checkpoint (64/4/256) → --json-model-override-args → explicit flags
+    assert runtime("defaults") == {"max_sessions_per_rank": 1, "max_inflight_commits_per_rank": 1, "min_kv_tokens": 1}
+    assert runtime("defaults + flags") == {"max_sessions_per_rank": 1, "max_inflight_commits_per_rank": 5, "min_kv_tokens": 7}
+    assert runtime("merge json") == {"max_sessions_per_rank": 10, "max_inflight_commits_per_rank": 4, "min_kv_tokens": 512}
+    assert runtime("merge all") == {"max_sessions_per_rank": 3, "max_inflight_commits_per_rank": 4, "min_kv_tokens": 512}
+    engine = runs["merge all"].json()["engine_args"]
+    assert (engine["max_sessions_per_rank"], engine["max_inflight_commits_per_rank"], engine["min_kv_tokens"]) == (3, 4, 512)
+    assert runs["header overrides off"].returncode == 0
+
+
+# ---------------------------------------------------------------------- refusals
+
+
+@pytest.mark.parametrize(
+    "name, names",
+    [
+        ("trust remote code", "trust.remote.code"),
+        ("config merging", "--config"),
+        ("header overrides 1", "SGLANG_ENABLE_REQUEST_HEADER_OVERRIDES"),
+        ("header overrides true", "SGLANG_ENABLE_REQUEST_HEADER_OVERRIDES"),
+        ("override other keys", "num_hidden_layers"),
+        ("override memt", "memt_runtime"),
+        ("override not JSON", "not valid JSON"),
+        ("override unknown runtime field", "max_batch"),
+        ("override non-positive", "min_kv_tokens"),
+        ("flag non-positive", "max_sessions_per_rank"),
+        ("prefill below chunk", "chunk_tokens"),
+        ("context beyond model", "context-length"),
+        ("missing checkpoint", "does not exist"),
+    ],
+)
+def test_refusals_exit_non_zero_naming_the_problem(runs, name, names):
+    outcome = runs[name]
+    assert outcome.returncode != 0, outcome.stdout
+    assert outcome.stdout == ""  # no launch plan printed
+    assert re.search(names, outcome.stderr), outcome.stderr
+    assert "Traceback" not in outcome.stderr
+
+
+# ---------------------------------------------------------------------- start scripts
+
+
+def test_start_scripts_are_posix_sh():
+    for script in ("start_memt_nano.sh", "start_memt_flash.sh"):
+        assert subprocess.run(["sh", "-n", str(SCRIPTS / script)], capture_output=True).returncode == 0
+        if shutil.which("dash"):
+            assert subprocess.run(["dash", "-n", str(SCRIPTS / script)], capture_output=True).returncode == 0
+
+
+def test_start_nano_script_settings(runs, checkpoints):
+    outcome = runs["script nano"]
+    engine = outcome.json()["engine_args"]
+    assert "CUDA_VISIBLE_DEVICES=0,1\n" in outcome.stderr
+    assert engine["host"] == "127.0.0.1" and engine["port"] == 30000 and engine["state_directory"] == "./memt-state"
+    assert (engine["max_sessions_per_rank"], engine["max_inflight_commits_per_rank"], engine["min_kv_tokens"]) == (6, 2, 2048)
+    assert engine["max_prefill_tokens"] == 16384 and engine["max_running_requests"] == 8
+    assert engine["enable_streaming_session"] is False
+    assert outcome.json()["launch_identity"]["config_sha256"] == _sha256(checkpoints["nano"])
+
+
+def test_start_flash_script_settings(runs):
+    outcome = runs["script flash"]
+    engine = outcome.json()["engine_args"]
+    assert "CUDA_VISIBLE_DEVICES=0,1,2,3,4,5,6,7\n" in outcome.stderr
+    assert engine["host"] == "127.0.0.1" and engine["port"] == 30000 and engine["state_directory"] == "./memt-state"
+    assert (engine["max_sessions_per_rank"], engine["max_inflight_commits_per_rank"], engine["min_kv_tokens"]) == (6, 1, 2048)
+    assert engine["max_prefill_tokens"] == 16384 and engine["max_running_requests"] == 48
+    assert engine["enable_streaming_session"] is True
+    assert engine["context_length"] == 8192  # the extra argument overrode the script's 16384
+    # the script's own 16384-token context is refused for the tiny checkpoint (max_position_embeddings 8192)
+    refused = runs["script flash as is"]
+    assert refused.returncode != 0 and "context-length" in refused.stderr
+
+
+def test_start_script_environment_and_extra_arguments(runs):
+    outcome = runs["script nano env"]
+    engine = outcome.json()["engine_args"]
+    assert "CUDA_VISIBLE_DEVICES=3\n" in outcome.stderr  # a preset value is honoured
+    assert engine["state_directory"] == "/srv/memt"
+    assert engine["port"] == 31001  # extra arguments come last and win over MEMT_PORT
+    assert engine["max_running_requests"] == 3
+    usage = runs["script without checkpoint"]
+    assert usage.returncode == 2 and "usage" in usage.stderr
