@@ -64,9 +64,7 @@ def load_api_keys(keys: list[str], path: str | None) -> dict[str, str]:
 
 
 def build_app(args: argparse.Namespace):
-    from transformers import AutoTokenizer
-
-    from memt_core.client.chat_format import load_chat_format
+    from memt_core.client.chat_format import load_chat_format, load_tokenizer
     from memt_core.client.native import AsyncNativeClient
     from memt_core.launch import BUNDLED_MODEL
     from memt_proxy.app import create_app
@@ -74,7 +72,7 @@ def build_app(args: argparse.Namespace):
 
     path = Path(args.model_path) if args.model_path else BUNDLED_MODEL
     checkpoint = read_checkpoint(path, validate_backbone=False)
-    tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
+    tokenizer = load_tokenizer(path)  # AutoTokenizer alone cannot configure the memt_* model types (Flash)
     chat_format, parser = load_chat_format(path, tokenizer=tokenizer)
     names = args.served_model_name or [checkpoint.checkpoint_id or path.name]
     client = AsyncNativeClient(args.upstream, api_key=args.upstream_api_key, timeout=args.timeout)

@@ -24,13 +24,15 @@ from memt_core.client.parsers import OutputParser, _hold_partial
 from memt_core.errors import MemTError, SessionExists
 from memt_proxy.errors import ProxyError, from_native
 from memt_proxy.protocol import ChatCompletionRequest, Usage, chunk_body, completion_id, response_body, text_of
-from memt_proxy.transcript import Split, as_dict, message_hash, split_transcript
+from memt_proxy.transcript import Split, as_dict, check_tool_rounds, message_hash, split_transcript
 
 log = logging.getLogger("memt.proxy")
 
 POLICIES = ("auto", "read", "off")
 LEASE_TTL = 600
 STREAM_START_TIMEOUT = 60.0
+COMMIT_CAPACITY_WAIT = 30.0  # seconds a commit retries while the upstream's in-flight commit capacity is full (429)
+RELEASE_WAIT = 10.0  # seconds a release retries while a cancelled query is still winding down upstream
 
 
 @dataclass
@@ -121,12 +123,16 @@ class ChatService:
         try:
             return await call(*args, **kwargs)
         except MemTClientError as exc:
-            if exc.cause is not None and exc.cause.status == 409 and "epoch" in exc.message:
-                self._upstream_checked = False  # the upstream restarted: sessions are gone
-                for state in self.sessions.values():
-                    state.exists = False
-                    state.committed, state.pending = [], None
-            raise from_native(exc) from None
+            raise self._upstream_error(exc) from None
+
+    def _upstream_error(self, exc: MemTClientError) -> ProxyError:
+        """The OpenAI error for a native failure; an epoch mismatch means the upstream restarted."""
+        if exc.cause is not None and exc.cause.status == 409 and "epoch" in exc.message:
+            self._upstream_checked = False  # the upstream restarted: sessions are gone; relearn its epoch
+            for state in self.sessions.values():
+                state.exists = False
+                state.committed, state.pending = [], None
+        return from_native(exc)
 
     # ------------------------------------------------------------------ sessions
 
@@ -148,8 +154,9 @@ class ChatService:
         try:
             await self.client.control("create", state.native, memory_read=True)
         except MemTClientError as exc:
-            if not isinstance(exc.cause, SessionExists):
-                raise from_native(exc) from None
+            # errors rebuilt from the wire carry the generic class of their status (Conflict), not SessionExists
+            if not (isinstance(exc.cause, SessionExists) or (exc.status == 409 and "already exists" in exc.message)):
+                raise self._upstream_error(exc) from None
             if not state.committed:
                 state.history_known = False  # memory exists, but we never saw what it holds
         state.exists = True
@@ -161,14 +168,35 @@ class ChatService:
                 return (await self.client.control("acquire", state.native, ttl=LEASE_TTL))["lease"]
             except MemTClientError as exc:
                 if exc.status != 409 or time.monotonic() > deadline or "leased" not in exc.message:
-                    raise from_native(exc) from None
+                    raise self._upstream_error(exc) from None
             await asyncio.sleep(0.2)
 
     async def _release(self, state: SessionState, lease: str) -> None:
-        try:
-            await self.client.control("release", state.native, lease=lease)
-        except MemTClientError:
-            log.warning("release of %s failed", state.native, exc_info=True)
+        deadline = time.monotonic() + RELEASE_WAIT
+        while True:
+            try:
+                await self.client.control("release", state.native, lease=lease)
+                return
+            except MemTClientError as exc:
+                # after a client disconnect the cancelled upstream query may still be in flight for a moment
+                if exc.status == 409 and "in flight" in exc.message and time.monotonic() < deadline:
+                    await asyncio.sleep(0.05)
+                    continue
+                log.warning("release of %s failed", state.native, exc_info=True)
+                return
+
+    async def _commit(self, state: SessionState, lease: str, transaction: str, ids: list[int]) -> None:
+        """One commit; while the upstream's in-flight commit capacity is full (429, nothing applied), wait and retry."""
+        deadline, delay = time.monotonic() + COMMIT_CAPACITY_WAIT, 0.02
+        while True:
+            try:
+                await self._native(self.client.commit, state.native, lease, transaction, ids)
+                return
+            except ProxyError as exc:
+                if exc.status != 429 or time.monotonic() > deadline:
+                    raise
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, 0.5)
 
     # ------------------------------------------------------------------ chat completions
 
@@ -234,6 +262,7 @@ class ChatService:
 
     def _prepare_stateless(self, request: ChatCompletionRequest) -> Prepared:
         thinking, tools, prefix, parallel = self._options(request)
+        check_tool_rounds([m for m in request.messages if m.role not in ("system", "developer")])  # as with a session
         messages = [as_dict(m) for m in request.messages]
         prompt = self.chat_format.conversation_ids(messages, tools=tools, enable_thinking=thinking) + self._encode(prefix)
         self._check_length(prompt)
@@ -287,10 +316,9 @@ class ChatService:
     def _text(self, prepared: Prepared, output_ids: list[int], *, final: bool) -> tuple[str, bool]:
         """Decoded output with the forced prefix and stop strings applied; True if a stop string ended it."""
         text = prepared.prefix + self.chat_format.decode(output_ids)
-        for stop in prepared.stops:
-            at = text.find(stop)
-            if at >= 0:
-                return text[:at], True
+        found = [at for at in (text.find(stop) for stop in prepared.stops) if at >= 0]
+        if found:  # the earliest stop string wins, whichever its place in the list
+            return text[: min(found)], True
         if not final and prepared.stops:
             text = _hold_partial(text, tuple(prepared.stops))
         return text, False
@@ -337,8 +365,8 @@ class ChatService:
         transaction = f"t-{uuid.uuid4().hex[:16]}"
         await self._native(self.client.control, "begin", state.native, lease=lease, transaction=transaction)
         if prepared.context_ids:
-            await self._native(self.client.commit, state.native, lease, transaction, prepared.context_ids)
-        await self._native(self.client.commit, state.native, lease, transaction, prepared.turn_ids + output_ids)
+            await self._commit(state, lease, transaction, prepared.context_ids)
+        await self._commit(state, lease, transaction, prepared.turn_ids + self._reply_ids(prepared, output_ids))
         await self._native(self.client.control, "publish", state.native, lease=lease, transaction=transaction)
         state.committed = (
             state.committed
@@ -347,6 +375,17 @@ class ChatService:
             + [message_hash(message)]
         )
         state.history_known = True
+
+    def _reply_ids(self, prepared: Prepared, output_ids: list[int]) -> list[int]:
+        """The reply as committed: the generated ids, or for a reply cut by a stop string the ids of the
+        text the client received (the stop string and whatever followed it left out) and an end token."""
+        if not prepared.stops or (output_ids and output_ids[-1] in self.chat_format.end_ids):
+            return output_ids
+        text, stopped = self._text(prepared, output_ids, final=True)
+        if not stopped:
+            return output_ids
+        end = self.chat_format.tokenizer.eos_token_id
+        return self._encode(text[len(prepared.prefix):]) + ([end] if end is not None else [])
 
     # ---- streaming
 
@@ -377,7 +416,7 @@ class ChatService:
                         finish = "stop" if stopped or reason == "stop" else "length"
                         break
             except MemTClientError as exc:
-                raise from_native(exc) from None
+                raise self._upstream_error(exc) from None
             finally:
                 await upstream.aclose()
             text, stopped = self._text(prepared, output_ids, final=True)
@@ -421,6 +460,8 @@ class ChatService:
                     try:
                         native = await self.client.control("inspect", state.native)
                     except MemTClientError as exc:
+                        if exc.status != 409 or "does not exist" not in exc.message:
+                            raise self._upstream_error(exc) from None  # e.g. the upstream is unreachable: not a 404
                         raise ProxyError(404, f"session {session!r} does not exist", code="session_not_found") from None
                     state.exists = True
                 else:

@@ -77,7 +77,7 @@ def split_transcript(messages: list[Message], committed: list[str], *, history_k
         raise ProxyError(400, "messages must contain a user message", param="messages")
     if conversation[-1].role == "assistant":
         raise ProxyError(400, "the last message must come from the user or a tool", param="messages")
-    _check_tool_rounds(conversation)
+    check_tool_rounds(conversation)
     earlier, turn = conversation[:last_user], conversation[last_user:]
     hashes = [message_hash(m) for m in earlier]
     overlap = _overlap(hashes, committed)
@@ -101,7 +101,7 @@ def _overlap(hashes: list[str], committed: list[str]) -> int:
     return 0
 
 
-def _check_tool_rounds(conversation: list[Message]) -> None:
+def check_tool_rounds(conversation: list[Message]) -> None:
     """Every assistant tool call must be answered by a tool message before the conversation moves on."""
     for index, message in enumerate(conversation):
         if message.role != "assistant" or not message.tool_calls:

@@ -148,8 +148,13 @@ class NanoChatFormat(ChatFormat):
         return self._render(messages, tools=tools, generation=True, thinking=thinking)
 
     def tool_call_prefix(self, name: str | None = None) -> str:
-        """Text that makes the model's output start as a tool call (for tool_choice required/named)."""
-        return '<tool_call>\n{"name": "' + (f'{name}", "arguments": ' if name else "")
+        """Text that makes the model's output start as a tool call (for tool_choice required/named).
+
+        It ends where a token boundary of the rendered call falls: after ``"arguments":`` and not after
+        its space, which BPE tokenizers merge with what follows (`` {"``); a prompt ending in a lone space
+        token is one the model never saw.
+        """
+        return '<tool_call>\n{"name": "' + (f'{name}", "arguments":' if name else "")
 
     @property
     def end_ids(self) -> set[int]:

@@ -1,0 +1,90 @@
+"""``ChatMemT``: LangChain's OpenAI chat model pointed at a MemT proxy session.
+
+It is ``langchain_openai.ChatOpenAI`` (so invoke, stream, ainvoke, astream, bind_tools and tool-calling
+agents behave as usual) with two more fields, sent as the proxy's headers on every request:
+``session_id`` → ``X-MemT-Session`` and ``memory`` → ``X-MemT-Memory``. Session admin helpers call
+the proxy's ``/v1/memt/sessions/{id}`` routes.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Literal
+
+import httpx
+from langchain_openai import ChatOpenAI
+from pydantic import Field, model_validator
+
+DEFAULT_BASE_URL = "http://127.0.0.1:8000/v1"
+
+
+class ChatMemT(ChatOpenAI):
+    """A MemT proxy session as a LangChain chat model.
+
+    Example:
+        .. code-block:: python
+
+            from langchain_memt import ChatMemT
+
+            llm = ChatMemT(model="memt-tiny-demo", session_id="alice", memory="auto")
+            llm.invoke("Hi, my name is Alice.")
+    """
+
+    session_id: str | None = Field(default=None, description="MemT session (X-MemT-Session); None: stateless chat")
+    memory: Literal["auto", "read", "off"] | None = Field(default=None, description="memory policy (X-MemT-Memory); None: the proxy's default")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _memt_headers(cls, values: Any) -> Any:
+        if isinstance(values, dict):
+            values = dict(values)
+            if not (values.get("base_url") or values.get("openai_api_base")):
+                values["base_url"] = DEFAULT_BASE_URL
+            if not (values.get("api_key") or values.get("openai_api_key") or os.environ.get("OPENAI_API_KEY")):
+                values["api_key"] = "memt"  # the proxy may run without keys; the SDK still wants one
+            headers = dict(values.get("default_headers") or {})
+            if values.get("session_id") is not None:
+                headers["X-MemT-Session"] = values["session_id"]
+            if values.get("memory") is not None:
+                headers["X-MemT-Memory"] = values["memory"]
+            values = {**values, "default_headers": headers}
+        return values
+
+    @property
+    def _llm_type(self) -> str:
+        return "memt-chat"
+
+    # ------------------------------------------------------------------ session admin
+
+    def _admin(self, method: str, suffix: str = "", json: dict | None = None) -> dict:
+        if self.session_id is None:
+            raise ValueError("session admin needs a session_id")
+        base = (self.openai_api_base or DEFAULT_BASE_URL).rstrip("/")
+        key = self.openai_api_key.get_secret_value() if hasattr(self.openai_api_key, "get_secret_value") else self.openai_api_key
+        response = httpx.request(
+            method, f"{base}/memt/sessions/{self.session_id}{suffix}", json=json,
+            headers={"Authorization": f"Bearer {key}"}, timeout=self.request_timeout or 300,
+        )
+        if response.status_code >= 400:
+            raise RuntimeError(f"MemT proxy answered {response.status_code}: {response.text}")
+        return response.json()
+
+    def inspect_session(self) -> dict:
+        """The session's state on the proxy and the MemT server."""
+        return self._admin("GET")
+
+    def save_snapshot(self, name: str | None = None, *, overwrite: bool = False) -> str:
+        """Save the session's memory as a snapshot on the server; returns its name."""
+        return self._admin("POST", "/snapshots", {"name": name, "overwrite": overwrite})["snapshot"]
+
+    def restore_snapshot(self, name: str) -> dict:
+        """Replace the session's memory with a saved snapshot."""
+        return self._admin("POST", "/restore", {"name": name})
+
+    def reset_memory(self) -> dict:
+        """Clear the session's memory."""
+        return self._admin("POST", "/reset")
+
+    def close_session(self) -> dict:
+        """Delete the session and its memory."""
+        return self._admin("DELETE")

@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# The main job: install into .venv (CPU PyTorch), then run the latent-memory demo on the bundled tiny model.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh dev
+exec .venv/bin/python scripts/demo.py "$@"

@@ -1,0 +1,248 @@
+"""Live OpenAI-compatible proxies for end-to-end tests: ``python -m memt_proxy`` in a subprocess.
+
+``ProxyServer`` starts the real proxy on 127.0.0.1 (ephemeral port) in front of a live memt_core
+server (``e2e.servers.MemTServer``), waits for ``GET /health`` and tears it down again. Tests talk to
+it with the official ``openai`` SDK (``proxy.openai(key)`` / ``proxy.async_openai(key)``) or raw
+``httpx`` (``proxy.http(key)``) when they check exact wire shapes.
+
+Fixtures (session scope, shared by every ``tests/e2e/test_proxy_*.py`` module; registered in
+``tests/e2e/conftest.py`` so that all modules share one instance of each):
+
+* ``proxy_upstream`` — a Nano memt_core server on the tiny random checkpoint for the proxy tests
+  (room for many sessions, a state directory for snapshots).
+* ``proxy`` — the proxy in front of it with two tenants (``KEYS``: ``key-alpha`` → ``alpha``,
+  ``key-beta`` → ``beta``) and ``--lease-wait LEASE_WAIT``.
+* ``proxy_chat_format`` — the checkpoint's ``ChatFormat``, to compute the prompt the proxy must send.
+* ``long_seed`` — a sampling seed with which ``LONG_MESSAGES`` generates ``LONG_TOKENS`` tokens
+  without an end token: a stream that lasts a few seconds on a small CPU machine, well over
+  ``LEASE_WAIT`` (the one-request-per-session test relies on that).
+
+``expected_prompt`` recomputes, independently of the proxy's own bookkeeping, the prompt a session
+request must produce: BOS + system block + uncommitted earlier messages as context + the open turn.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+from e2e.servers import HOST, REPO_ROOT, MemTServer, ServerStartError, free_port
+
+MODEL = "tiny-random-nano"
+KEYS = {"key-alpha": "alpha", "key-beta": "beta"}
+KEY_A, KEY_B = "key-alpha", "key-beta"
+LEASE_WAIT = 1.5
+LONG_TOKENS = 400
+LONG_MESSAGES = [{"role": "user", "content": "Please keep talking for a long time."}]
+
+
+def unique(prefix: str = "s") -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+class ProxyServer:
+    """One ``python -m memt_proxy`` process."""
+
+    def __init__(self, upstream: str, model_path: str | Path, *, args: list[str] = (), startup_timeout: float = 120.0):
+        self.upstream = upstream
+        self.model_path = Path(model_path)
+        self.args = list(args)
+        self.port = free_port()
+        self.startup_timeout = startup_timeout
+        self.log_path = Path(tempfile.mkstemp(prefix="memt-proxy-", suffix=".log")[1])
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        return self.url + "/v1"
+
+    def command(self) -> list[str]:
+        return [
+            sys.executable, "-m", "memt_proxy", "--upstream", self.upstream, "--model-path", str(self.model_path),
+            "--host", HOST, "--port", str(self.port), "--log-level", "warning", *self.args,
+        ]
+
+    def start(self) -> "ProxyServer":
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+        env.setdefault("OMP_NUM_THREADS", "1")
+        env["PYTHONUNBUFFERED"] = "1"
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                self.command(), cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True,
+            )
+        deadline = time.monotonic() + self.startup_timeout
+        while True:
+            if self.process.poll() is not None:
+                raise ServerStartError(f"proxy exited with code {self.process.returncode}:\n{self.log_tail()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2.0).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise ServerStartError(f"proxy did not answer /health within {self.startup_timeout:.0f} s:\n{self.log_tail()}")
+            time.sleep(0.1)
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self) -> None:
+        if not self.running:
+            return
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(15)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(30)
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    # ------------------------------------------------------------------ clients
+
+    def openai(self, key: str = KEY_A, **kwargs):
+        from openai import OpenAI
+
+        return OpenAI(base_url=self.base_url, api_key=key, max_retries=0, timeout=kwargs.pop("timeout", 120.0), **kwargs)
+
+    def async_openai(self, key: str = KEY_A, **kwargs):
+        from openai import AsyncOpenAI
+
+        return AsyncOpenAI(base_url=self.base_url, api_key=key, max_retries=0, timeout=kwargs.pop("timeout", 120.0), **kwargs)
+
+    def http(self, key: str | None = KEY_A, *, timeout: float = 120.0) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
+
+    def inspect(self, session: str, key: str = KEY_A) -> dict:
+        with self.http(key) as http:
+            response = http.get(f"/v1/memt/sessions/{session}")
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    def __enter__(self) -> "ProxyServer":
+        return self.start() if not self.running else self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def assert_openai_error(response: httpx.Response, status: int, *, type: str | None = None, code: str | None = None, param: str | None = "<any>") -> dict:
+    """``status`` with exactly ``{"error": {"message", "type", "param", "code"}}``; returns the error object."""
+    assert response.status_code == status, f"expected {status}, got {response.status_code}: {response.text}"
+    body = response.json()
+    assert set(body) == {"error"}, body
+    error = body["error"]
+    assert set(error) == {"message", "type", "param", "code"}, error
+    assert isinstance(error["message"], str) and error["message"], error
+    if type is not None:
+        assert error["type"] == type, error
+    if code is not None:
+        assert error["code"] == code, error
+    if param != "<any>":
+        assert error["param"] == param, error
+    return error
+
+
+def expected_prompt(chat_format, messages: list[dict], committed: int | None, *, tools: list | None = None, thinking: bool = False) -> list[int]:
+    """The prompt ids for ``messages``: stateless when ``committed`` is None, else with the first
+    ``committed`` conversation messages in memory (the rest of the earlier ones sent as context)."""
+    if committed is None:
+        return chat_format.conversation_ids(messages, tools=tools, enable_thinking=thinking)
+    system = "\n\n".join(m["content"] for m in messages if m["role"] in ("system", "developer")) or None
+    conversation = [m for m in messages if m["role"] not in ("system", "developer")]
+    last_user = max(i for i, m in enumerate(conversation) if m["role"] == "user")
+    context = conversation[committed:last_user]
+    return (
+        list(chat_format.bos_ids)
+        + chat_format.system_ids(system, tools)
+        + chat_format.history_ids(context)
+        + chat_format.open_turn_ids(conversation[last_user:], enable_thinking=thinking)
+    )
+
+
+def assistant(message) -> dict:
+    """An SDK response message as an app would append it to its history."""
+    out = {"role": "assistant", "content": message.content}
+    if message.tool_calls:
+        out["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": c.function.arguments}}
+            for c in message.tool_calls
+        ]
+    return out
+
+
+def upstream_metric(server: MemTServer, name: str) -> float:
+    with server.client() as http:
+        text = http.get("/metrics").text
+    for line in text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    raise KeyError(name)
+
+
+# ---------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="session")
+def proxy_upstream(nano_checkpoint, tmp_path_factory):
+    server = MemTServer(
+        nano_checkpoint, state_directory=tmp_path_factory.mktemp("proxy-upstream-state"),
+        args=["--max-sessions-per-rank", "256"],
+    ).start()
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="session")
+def proxy(proxy_upstream, nano_checkpoint, tmp_path_factory):
+    keys = tmp_path_factory.mktemp("proxy-keys") / "keys.json"
+    keys.write_text(json.dumps(KEYS))
+    server = ProxyServer(proxy_upstream.url, nano_checkpoint, args=["--api-keys-file", str(keys), "--lease-wait", str(LEASE_WAIT)]).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def proxy_chat_format(nano_checkpoint):
+    from memt_core.client.chat_format import load_chat_format, load_tokenizer
+
+    return load_chat_format(nano_checkpoint, tokenizer=load_tokenizer(nano_checkpoint))[0]
+
+
+@pytest.fixture(scope="session")
+def long_seed(proxy) -> int:
+    """A seed whose stateless generation for LONG_MESSAGES runs to LONG_TOKENS without an end token.
+
+    A memory query on a session with empty memory generates the same tokens as stateless chat (the
+    proxy tests check that), so the seed also gives long streams on fresh sessions.
+    """
+    client = proxy.openai()
+    for seed in range(40):
+        response = client.chat.completions.create(
+            model=MODEL, messages=LONG_MESSAGES, max_tokens=LONG_TOKENS, temperature=1.0, seed=seed,
+        )
+        if response.choices[0].finish_reason == "length":
+            return seed
+    pytest.fail(f"no seed in 0..39 generates {LONG_TOKENS} tokens without an end token")

@@ -1,0 +1,321 @@
+"""Sessions through the OpenAI-compatible proxy (live memt_core + proxy, official ``openai`` SDK):
+tenants, 16 concurrent sessions, the one-request-per-session rule, client disconnects, edited history
+and the session admin routes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+from e2e.proxies import (
+    KEY_A, KEY_B, LEASE_WAIT, LONG_MESSAGES, LONG_TOKENS, MODEL, assert_openai_error, assistant, expected_prompt,
+    unique, upstream_metric,
+)
+
+from memt_proxy.serving import native_session_id
+
+pytestmark = pytest.mark.timeout(600)
+
+STOPS = [" ", "e"]
+
+
+@pytest.fixture(scope="module")
+def client(proxy):
+    return proxy.openai()
+
+
+def ask(client, messages, session=None, *, memory="auto", seed=0, max_tokens=24, stop=STOPS, **extra):
+    headers = {}
+    if session is not None:
+        headers = {"X-MemT-Session": session, "X-MemT-Memory": memory, **extra.pop("headers", {})}
+    return client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=max_tokens, temperature=1.0, seed=seed, stop=stop,
+        extra_headers=headers, **extra,
+    )
+
+
+def completed_turn(client, session, messages, *, seed=0):
+    """Ask until a seed gives a completed (finish_reason "stop") turn; returns the response."""
+    for s in range(seed, seed + 20):
+        response = ask(client, messages, session, seed=s)
+        if response.choices[0].finish_reason == "stop":
+            return response
+    pytest.fail("no completed turn in 20 seeds")
+
+
+# ---------------------------------------------------------------------- tenants
+
+
+def test_tenants_have_separate_memories(proxy, proxy_chat_format):
+    alpha, beta = proxy.openai(KEY_A), proxy.openai(KEY_B)
+    session = unique("shared")
+    first = [{"role": "user", "content": "My name is Ada and I live in Oslo."}]
+    reply = completed_turn(alpha, session, first)
+    history = first + [assistant(reply.choices[0].message)]
+    info_a = proxy.inspect(session, KEY_A)
+    assert info_a["committed_messages"] == 2 and info_a["native"]["published_version"] >= 1
+
+    # tenant beta has no such session until it uses the name
+    with proxy.http(KEY_B) as http:
+        assert_openai_error(http.get(f"/v1/memt/sessions/{session}"), 404, code="session_not_found")
+    question = {"role": "user", "content": "Where do I live?"}
+    b_read = ask(beta, [question], session, memory="read", seed=5, stop=None, max_tokens=30)
+    info_b = proxy.inspect(session, KEY_B)
+    assert info_b["committed_messages"] == 0 and info_b["native"]["published_version"] == 0
+    assert info_b["native"]["session"] != info_a["native"]["session"]
+    assert info_a["native"]["session"] == native_session_id("alpha", session)
+    assert info_b["native"]["session"] == native_session_id("beta", session)
+
+    # the same question with the same seed: same prompt, but alpha's memory holds the first turn
+    a_read = ask(alpha, [question], session, memory="read", seed=5, stop=None, max_tokens=30)
+    assert a_read.usage.prompt_tokens == b_read.usage.prompt_tokens
+    assert a_read.choices[0].message.content != b_read.choices[0].message.content
+    stateless = ask(alpha, [question], seed=5, stop=None, max_tokens=30)
+    assert b_read.choices[0].message.content == stateless.choices[0].message.content  # beta's memory is empty
+
+    # alpha resends the full history: trimmed to the new turn; beta sending the same history gets it as context
+    full = history + [question]
+    a_full = ask(alpha, full, session, memory="read", seed=5)
+    b_full = ask(beta, full, session, memory="read", seed=5)
+    assert a_full.usage.prompt_tokens == len(expected_prompt(proxy_chat_format, full, 2))
+    assert b_full.usage.prompt_tokens == len(expected_prompt(proxy_chat_format, full, 0))
+    assert b_full.usage.prompt_tokens > a_full.usage.prompt_tokens
+    assert proxy.inspect(session, KEY_A)["committed_messages"] == 2
+    assert proxy.inspect(session, KEY_B)["committed_messages"] == 0
+
+
+def test_wrong_or_missing_key_is_401(proxy):
+    bad = proxy.openai("key-wrong")
+    with pytest.raises(openai.AuthenticationError) as info:
+        bad.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    assert info.value.status_code == 401 and info.value.body["type"] == "authentication_error"
+    with pytest.raises(openai.AuthenticationError):
+        bad.models.list()
+    for key in ("key-wrong", None, "key-alpha-but-longer"):
+        with proxy.http(key) as http:
+            assert_openai_error(http.post("/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": "x"}]}), 401,
+                                type="authentication_error", code="invalid_api_key")
+            assert_openai_error(http.get("/v1/memt/sessions/anything"), 401, type="authentication_error")
+    with proxy.http(None) as http:
+        assert http.get("/health").status_code == 200
+
+
+# ---------------------------------------------------------------------- concurrency
+
+
+def test_sixteen_concurrent_sessions(proxy, proxy_chat_format):
+    sessions = [unique(f"c{i}") for i in range(16)]
+    client = proxy.async_openai()
+    results: dict[str, list[tuple[str, int, int]]] = {}
+
+    async def conversation(index: int, session: str) -> None:
+        history, committed, log = [], 0, []
+        for turn in range(5):
+            history.append({"role": "user", "content": f"Session {index} says {'abc'[turn % 3] * (index + 1)} at turn {turn}."})
+            expected = len(expected_prompt(proxy_chat_format, history, committed))
+            response = await client.chat.completions.create(
+                model=MODEL, messages=history, temperature=1.0, seed=index * 10 + turn,
+                max_tokens=1 if (index + turn) % 4 == 3 else 24, stop=None if (index + turn) % 4 == 3 else STOPS,
+                extra_headers={"X-MemT-Session": session},
+            )
+            finish = response.choices[0].finish_reason
+            log.append((finish, response.usage.prompt_tokens, expected))
+            history.append(assistant(response.choices[0].message))
+            if finish == "stop":
+                committed = len(history)
+        results[session] = log + [("committed", committed, 0)]
+
+    async def main():
+        await asyncio.gather(*(conversation(i, s) for i, s in enumerate(sessions)))
+        await client.close()
+
+    started = time.monotonic()
+    asyncio.run(main())
+    elapsed = time.monotonic() - started
+    assert len(results) == 16
+    for session, log in results.items():
+        *turns, (_, committed, _) = log
+        for finish, got, expected in turns:
+            assert got == expected, (session, turns)
+        info = proxy.inspect(session)
+        assert info["committed_messages"] == committed, (session, turns, info)
+        assert info["native"]["leased"] is False and info["native"]["in_flight"] == []
+    print(f"16 sessions x 5 turns in {elapsed:.1f} s")
+
+
+def _long_stream(proxy, session, seed, events: dict, *, key=KEY_A, read_all=True):
+    """A long stream on ``session``; records when its first and last bytes arrived."""
+    body = {"model": MODEL, "messages": LONG_MESSAGES, "max_tokens": LONG_TOKENS, "temperature": 1.0, "seed": seed, "stream": True}
+    with proxy.http(key) as http:
+        with http.stream("POST", "/v1/chat/completions", json=body, headers={"X-MemT-Session": session, "X-MemT-Memory": "read"}) as response:
+            events["status"] = response.status_code
+            for line in response.iter_lines():
+                if line.startswith("data:"):
+                    events.setdefault("first", time.monotonic())
+                    events["last"] = time.monotonic()
+                    if "[DONE]" in line:
+                        events["done"] = True
+
+
+def test_one_request_per_session(proxy, long_seed):
+    """A second request on a busy session waits up to --lease-wait, then 409 session_busy; other sessions run."""
+    client = proxy.openai()
+    session, other = unique("busy"), unique("free")
+    first: dict = {}
+    thread = threading.Thread(target=_long_stream, args=(proxy, session, long_seed, first))
+    thread.start()
+    while "first" not in first:
+        time.sleep(0.01)
+    started = time.monotonic()
+    with pytest.raises(openai.ConflictError) as info:
+        ask(client, [{"role": "user", "content": "me too"}], session, max_tokens=2)
+    waited = time.monotonic() - started
+    assert info.value.body["code"] == "session_busy" and info.value.body["type"] == "conflict"
+    assert LEASE_WAIT - 0.1 <= waited <= LEASE_WAIT + 5, waited
+    # another session is served while the long stream still runs
+    parallel = ask(client, [{"role": "user", "content": "elsewhere"}], other, max_tokens=2)
+    parallel_done = time.monotonic()
+    thread.join(120)
+    assert first["status"] == 200 and first.get("done")
+    assert parallel.choices[0].finish_reason in ("stop", "length")
+    assert parallel_done < first["last"], "a request on another session waited for the busy one"
+    assert first["last"] > started + LEASE_WAIT  # the first really held the session longer than the wait
+
+    # a second request that arrives while a short first one runs waits for it, then succeeds
+    short_done: dict = {}
+
+    def short():
+        response = ask(proxy.openai(), [{"role": "user", "content": "first"}], session, seed=3, max_tokens=60, stop=None)
+        short_done["at"], short_done["response"] = time.monotonic(), response
+
+    thread = threading.Thread(target=short)
+    thread.start()
+    time.sleep(0.05)
+    second = ask(client, [{"role": "user", "content": "second"}], session, seed=4, max_tokens=2, stop=None)
+    second_done = time.monotonic()
+    thread.join(60)
+    assert short_done["response"].choices[0].finish_reason in ("stop", "length")
+    assert second.choices[0].finish_reason in ("stop", "length")
+    assert second_done >= short_done["at"] - 0.05
+    info = proxy.inspect(session)
+    assert info["native"]["leased"] is False and info["native"]["in_flight"] == []
+
+
+def test_client_disconnect_cancels_upstream_and_releases(proxy, proxy_upstream, long_seed):
+    session = unique("gone")
+    tokens_before = upstream_metric(proxy_upstream, "memt_generation_tokens_total")
+    body = {"model": MODEL, "messages": LONG_MESSAGES, "max_tokens": LONG_TOKENS, "temperature": 1.0, "seed": long_seed, "stream": True}
+    with proxy.http() as http:
+        with http.stream("POST", "/v1/chat/completions", json=body, headers={"X-MemT-Session": session}) as response:
+            assert response.status_code == 200
+            frames = 0
+            for line in response.iter_lines():
+                frames += line.startswith("data:")
+                if frames >= 5:
+                    break  # leaving the block closes the connection mid-stream
+    disconnected = time.monotonic()
+    while upstream_metric(proxy_upstream, "memt_running_requests") > 0:
+        assert time.monotonic() - disconnected < 10, "the upstream query kept running after the client left"
+        time.sleep(0.05)
+    generated = upstream_metric(proxy_upstream, "memt_generation_tokens_total") - tokens_before
+    assert generated < LONG_TOKENS, f"the upstream generated all {generated} tokens: the query was not cancelled"
+    # the session is free again: no lease, nothing in flight, and the next request runs at once
+    deadline = time.monotonic() + 5
+    while True:
+        native = proxy.inspect(session)["native"]
+        if not native["leased"] or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert native["leased"] is False and native["in_flight"] == [] and native["transaction"] is None
+    assert upstream_metric(proxy_upstream, "memt_leases") == 0
+    started = time.monotonic()
+    response = ask(proxy.openai(), [{"role": "user", "content": "still there?"}], session, max_tokens=4)
+    assert time.monotonic() - started < LEASE_WAIT + 5
+    assert response.choices[0].finish_reason in ("stop", "length")
+    assert proxy.inspect(session)["committed_messages"] in (0, 2)
+
+
+# ---------------------------------------------------------------------- edited history
+
+
+def test_edited_history_diverges(proxy, client, proxy_chat_format):
+    session = unique("div")
+    first = [{"role": "user", "content": "The code word is tangerine."}]
+    reply = completed_turn(client, session, first)
+    history = first + [assistant(reply.choices[0].message)]
+    edited = [{"role": "user", "content": "The code word is banana."}, history[1], {"role": "user", "content": "What is the code word?"}]
+    with proxy.http() as http:
+        body = {"model": MODEL, "messages": edited, "max_tokens": 4, "temperature": 1.0, "seed": 1}
+        error = assert_openai_error(http.post("/v1/chat/completions", json=body, headers={"X-MemT-Session": session}), 409,
+                                    type="conflict", code="transcript_diverged", param="messages")
+        assert "reset" in error["message"]
+        assert_openai_error(http.post("/v1/chat/completions", json=body, headers={"X-MemT-Session": session, "X-MemT-On-Divergence": "maybe"}), 400,
+                            param="X-MemT-On-Divergence")
+    with pytest.raises(openai.ConflictError):
+        ask(client, edited, session)
+    assert proxy.inspect(session)["committed_messages"] == 2  # nothing changed
+    # X-MemT-On-Divergence: reset clears the session and takes the edited transcript as context
+    response = ask(client, edited, session, seed=2, headers={"X-MemT-On-Divergence": "reset"})
+    assert response.usage.prompt_tokens == len(expected_prompt(proxy_chat_format, edited, 0))
+    info = proxy.inspect(session)
+    assert info["committed_messages"] == (4 if response.choices[0].finish_reason == "stop" else 0)
+    # an unchanged continuation is trimmed as usual
+    continued = edited + [assistant(response.choices[0].message), {"role": "user", "content": "Thanks."}]
+    again = ask(client, continued, session, seed=3)
+    assert again.usage.prompt_tokens == len(expected_prompt(proxy_chat_format, continued, info["committed_messages"]))
+
+
+# ---------------------------------------------------------------------- admin routes
+
+
+def test_session_admin_routes(proxy, client):
+    source, target = unique("adm-src"), unique("adm-dst")
+    snapshot = f"{source}.safetensors"
+    first = [{"role": "user", "content": "Remember: the meeting is on Tuesday."}]
+    completed_turn(client, source, first)
+    question = [{"role": "user", "content": "When is the meeting?"}]
+
+    def answer(session):
+        return ask(client, question, session, memory="read", seed=9, stop=None, max_tokens=24).choices[0].message.content
+
+    remembered, empty = answer(source), ask(client, question, seed=9, stop=None, max_tokens=24).choices[0].message.content
+    assert remembered != empty
+    with proxy.http() as http:
+        info = http.get(f"/v1/memt/sessions/{source}").json()
+        assert info["session"] == source and info["committed_messages"] == 2 and info["pending_tool_calls"] is False
+        saved = http.post(f"/v1/memt/sessions/{source}/snapshots", json={"name": snapshot})
+        assert saved.status_code == 200, saved.text
+        assert saved.json()["snapshot"] == snapshot
+        assert_openai_error(http.post(f"/v1/memt/sessions/{source}/snapshots", json={"name": snapshot}), 409, type="conflict")  # exists
+        assert http.post(f"/v1/memt/sessions/{source}/snapshots", json={"name": snapshot, "overwrite": True}).status_code == 200
+        assert_openai_error(http.post(f"/v1/memt/sessions/{source}/snapshots", json={"name": "../x.safetensors"}), 400, param="name")
+        restored = http.post(f"/v1/memt/sessions/{target}/restore", json={"name": snapshot})
+        assert restored.status_code == 200, restored.text
+        assert restored.json() == {"restored": snapshot}
+        assert_openai_error(http.post(f"/v1/memt/sessions/{target}/restore", json={}), 400, param="name")
+        assert_openai_error(http.post(f"/v1/memt/sessions/{target}/restore", json={"name": "missing.safetensors"}), 400)
+        assert http.get(f"/v1/memt/sessions/{target}").json()["committed_messages"] == 0
+    assert answer(target) == remembered  # the restored memory answers like the original
+    with proxy.http() as http:
+        assert http.post(f"/v1/memt/sessions/{source}/reset").json() == {"reset": True}
+        info = http.get(f"/v1/memt/sessions/{source}").json()
+        assert info["committed_messages"] == 0
+    assert answer(source) == empty  # reset: memory is empty again
+    with proxy.http() as http:
+        assert http.delete(f"/v1/memt/sessions/{source}").json() == {"closed": True}
+        assert_openai_error(http.get(f"/v1/memt/sessions/{source}"), 404, code="session_not_found")
+        assert_openai_error(http.get("/v1/memt/sessions/bad%20name"), 400, param="X-MemT-Session")
+        assert http.delete(f"/v1/memt/sessions/{target}").status_code == 200
+        paths = http.get("/openapi.json").json()["paths"]
+    assert {"get", "delete"} <= set(paths["/v1/memt/sessions/{session}"])
+    for route in ("snapshots", "restore", "reset"):
+        assert "post" in paths[f"/v1/memt/sessions/{{session}}/{route}"]
+    assert "/v1/chat/completions" in paths and "/v1/models" in paths
+    # a closed session can be used again from scratch
+    again = ask(client, first, source, seed=1)
+    assert again.usage.prompt_tokens > 0

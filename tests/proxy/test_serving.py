@@ -1,0 +1,105 @@
+"""ChatService's decisions that need no upstream: options, sampling, stop strings, what a completed
+turn commits, tool-call messages and stream deltas (tiny Nano checkpoint's real chat format/parser)."""
+
+from __future__ import annotations
+
+import pytest
+
+from memt_core.client.chat_format import load_chat_format, load_tokenizer
+from memt_core.client.native import AsyncNativeClient
+from memt_proxy.protocol import ChatCompletionRequest
+from memt_proxy.serving import ChatService, Prepared, _deltas
+
+TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
+
+
+@pytest.fixture(scope="module")
+def service(nano_checkpoint):
+    chat_format, parser = load_chat_format(nano_checkpoint, tokenizer=load_tokenizer(nano_checkpoint))
+    return ChatService(AsyncNativeClient("http://127.0.0.1:9"), chat_format, parser, model_names=["m"])
+
+
+def request(**fields) -> ChatCompletionRequest:
+    return ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "hi"}], **fields})
+
+
+def prepared(service, *, stops=(), prefix="", parallel=True, thinking=False) -> Prepared:
+    return Prepared(None, "auto", [], [], [], None, thinking, {}, prefix, list(stops), parallel)
+
+
+def test_options(service):
+    assert service._options(request()) == (False, None, "", True)
+    assert service._options(request(reasoning_effort="high"))[0] is True
+    assert service._options(request(reasoning_effort="minimal"))[0] is False
+    assert service._options(request(reasoning_effort="high", chat_template_kwargs={"enable_thinking": False}))[0] is False
+    thinking, tools, prefix, parallel = service._options(request(tools=[TOOL], parallel_tool_calls=False))
+    assert tools == [TOOL] and prefix == "" and parallel is False
+    assert service._options(request(tools=[TOOL], tool_choice="none"))[1] is None  # none: no tools in the template
+    assert service._options(request(tools=[TOOL], tool_choice="required"))[2] == service.chat_format.tool_call_prefix()
+    named = service._options(request(tools=[TOOL], tool_choice={"type": "function", "function": {"name": "get_weather"}}))[2]
+    assert named == service.chat_format.tool_call_prefix("get_weather") and "get_weather" in named
+    assert not named.endswith(" ")  # a prompt ending in a lone space token is one the model never saw
+
+
+def test_sampling(service):
+    assert service._sampling(request()) == {"temperature": 0.0, "max_new_tokens": 1024}
+    assert service._sampling(request(max_completion_tokens=7, temperature=0.5, top_p=0.9, seed=3, stop="x")) == {
+        "temperature": 0.5, "top_p": 0.9, "seed": 3, "max_new_tokens": 7, "stop": ["x"],
+    }
+    assert service._sampling(request(stop=["a", "b"]))["stop"] == ["a", "b"]
+
+
+def test_earliest_stop_string_wins(service):
+    ids = service.chat_format._encode("hello world, everyone")
+    text, stopped = service._text(prepared(service, stops=[" ", "e"]), ids, final=True)
+    assert (text, stopped) == ("h", True)  # "e" comes first in the text, though second in the list
+    text, stopped = service._text(prepared(service, stops=["zzz"]), ids, final=True)
+    assert (text, stopped) == ("hello world, everyone", False)
+    # while streaming, a tail that could still become a stop string is held back
+    assert service._text(prepared(service, stops=["one!"]), ids, final=False) == ("hello world, every", False)
+    # a forced prefix is part of the text
+    assert service._text(prepared(service, prefix="<x>"), ids, final=True)[0] == "<x>hello world, everyone"
+
+
+def test_committed_reply_ids(service):
+    chat_format = service.chat_format
+    eos = chat_format.tokenizer.eos_token_id
+    assert eos in chat_format.end_ids
+    ids = chat_format._encode("alpha beta gamma")
+    # ended by the model's end token, or no stop strings at all: the generated ids as they are
+    assert service._reply_ids(prepared(service, stops=["beta"]), ids + [eos]) == ids + [eos]
+    assert service._reply_ids(prepared(service), ids) == ids
+    # cut by a stop string: what the client received, then the end token (never the stop string)
+    assert service._reply_ids(prepared(service, stops=["beta"]), ids) == chat_format._encode("alpha ") + [eos]
+    assert service._reply_ids(prepared(service, stops=["nowhere"]), ids) == ids
+    # with a forced prefix (already in the turn's ids) only the generated part follows
+    cut = service._reply_ids(prepared(service, stops=["gamma"], prefix="pre: "), ids)
+    assert cut == chat_format._encode("alpha beta ") + [eos]
+
+
+def test_tool_call_messages(service):
+    text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+    message, finish = service._message(prepared(service), text, "stop")
+    assert finish == "tool_calls" and message["content"] is None
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in message["tool_calls"]] == [("get_weather", '{"city": "Oslo"}')]
+    two = text + "\n" + text.replace("Oslo", "Rome")
+    assert len(service._message(prepared(service), two, "stop")[0]["tool_calls"]) == 2
+    assert len(service._message(prepared(service, parallel=False), two, "stop")[0]["tool_calls"]) == 1
+    message, finish = service._message(prepared(service), text, "length")  # a truncated reply is not a tool call
+    assert finish == "length" and "tool_calls" not in message
+    message, finish = service._message(prepared(service, thinking=True), "plan</think>Answer", "stop")
+    assert message == {"role": "assistant", "content": "Answer", "reasoning_content": "plan"} and finish == "stop"
+
+
+def test_stream_deltas_carry_indexes(service):
+    text = '<tool_call>\n{"name": "a", "arguments": {}}\n</tool_call><tool_call>\n{"name": "b", "arguments": {"x": 1}}\n</tool_call>'
+    stream = service.parser.stream(thinking=False)
+    deltas = []
+    for end in range(1, len(text) + 1):
+        deltas += list(_deltas(stream.feed(text[:end]), True))
+    deltas += list(_deltas(stream.finish(text), True))
+    calls = [d["tool_calls"][0] for d in deltas if "tool_calls" in d]
+    assert [(c["index"], c["function"]["name"], c["function"]["arguments"]) for c in calls] == [(0, "a", "{}"), (1, "b", '{"x": 1}')]
+    stream = service.parser.stream(thinking=False)
+    single = list(_deltas(stream.finish(text), False))  # parallel_tool_calls false: only the first call
+    assert [d["tool_calls"][0]["index"] for d in single if "tool_calls" in d] == [0]
