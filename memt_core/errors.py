@@ -25,6 +25,8 @@ The HTTP status of a failure is chosen here and nowhere else::
 
 from __future__ import annotations
 
+import re
+
 WIRE_TYPE = "invalid_memory_request"
 
 
@@ -38,9 +40,14 @@ class MemTError(Exception):
         super().__init__(message)
         self.message = message
 
+    @classmethod
+    def code(cls) -> str:
+        """The failure kind on the wire: the class name in snake case (``session_exists``, ``lease_conflict``)."""
+        return re.sub(r"(?<!^)(?=[A-Z])", "_", cls.__name__).lower()
+
     def to_wire(self) -> dict:
-        """The error body the server sends: ``{"error": {"type", "message"}}``."""
-        return {"error": {"type": self.wire_type, "message": self.message}}
+        """The error body the server sends: ``{"error": {"type", "message", "code"}}``."""
+        return {"error": {"type": self.wire_type, "message": self.message, "code": self.code()}}
 
 
 class InvalidRequest(MemTError):
@@ -134,14 +141,25 @@ _BY_STATUS = {
 }
 
 
+def _kinds(cls: type[MemTError]) -> dict[str, type[MemTError]]:
+    found = {cls.code(): cls}
+    for sub in cls.__subclasses__():
+        found.update(_kinds(sub))
+    return found
+
+
 def error_from_wire(status: int, body: object) -> MemTError:
-    """Rebuild the typed error for an HTTP error answer (used by the client)."""
+    """Rebuild the typed error for an HTTP error answer (used by the client): the class its ``code`` names."""
     message = f"HTTP {status}"
+    code = None
     if isinstance(body, dict) and isinstance(body.get("error"), dict):
         message = str(body["error"].get("message") or message)
+        code = body["error"].get("code")
     elif isinstance(body, dict) and "detail" in body:
         message = str(body["detail"])
-    cls = _BY_STATUS.get(status, MemTError)
+    cls = _kinds(MemTError).get(code) if isinstance(code, str) else None
+    if cls is None or cls.status != status:
+        cls = _BY_STATUS.get(status, MemTError)
     error = cls(message)
     if cls is MemTError:
         error.status = status

@@ -21,7 +21,7 @@ from memt_core.client.chat_format import ChatFormat
 from memt_core.client.errors import MemTClientError
 from memt_core.client.native import AsyncNativeClient
 from memt_core.client.parsers import OutputParser, _hold_partial
-from memt_core.errors import MemTError, SessionExists
+from memt_core.errors import EpochMismatch, LeaseConflict, MemTError, SessionBusy, SessionExists, UnknownSession
 from memt_proxy.errors import ProxyError, from_native
 from memt_proxy.protocol import ChatCompletionRequest, Usage, chunk_body, completion_id, response_body, text_of
 from memt_proxy.transcript import Split, as_dict, check_tool_rounds, message_hash, split_transcript
@@ -127,7 +127,7 @@ class ChatService:
 
     def _upstream_error(self, exc: MemTClientError) -> ProxyError:
         """The OpenAI error for a native failure; an epoch mismatch means the upstream restarted."""
-        if exc.cause is not None and exc.cause.status == 409 and "epoch" in exc.message:
+        if isinstance(exc.cause, EpochMismatch):
             self._upstream_checked = False  # the upstream restarted: sessions are gone; relearn its epoch
             for state in self.sessions.values():
                 state.exists = False
@@ -155,7 +155,7 @@ class ChatService:
             await self.client.control("create", state.native, memory_read=True)
         except MemTClientError as exc:
             # errors rebuilt from the wire carry the generic class of their status (Conflict), not SessionExists
-            if not (isinstance(exc.cause, SessionExists) or (exc.status == 409 and "already exists" in exc.message)):
+            if not isinstance(exc.cause, SessionExists):
                 raise self._upstream_error(exc) from None
             if not state.committed:
                 state.history_known = False  # memory exists, but we never saw what it holds
@@ -167,7 +167,7 @@ class ChatService:
             try:
                 return (await self.client.control("acquire", state.native, ttl=LEASE_TTL))["lease"]
             except MemTClientError as exc:
-                if exc.status != 409 or time.monotonic() > deadline or "leased" not in exc.message:
+                if not isinstance(exc.cause, LeaseConflict) or time.monotonic() > deadline:
                     raise self._upstream_error(exc) from None
             await asyncio.sleep(0.2)
 
@@ -179,7 +179,7 @@ class ChatService:
                 return
             except MemTClientError as exc:
                 # after a client disconnect the cancelled upstream query may still be in flight for a moment
-                if exc.status == 409 and "in flight" in exc.message and time.monotonic() < deadline:
+                if isinstance(exc.cause, SessionBusy) and time.monotonic() < deadline:
                     await asyncio.sleep(0.05)
                     continue
                 log.warning("release of %s failed", state.native, exc_info=True)
@@ -460,7 +460,7 @@ class ChatService:
                     try:
                         native = await self.client.control("inspect", state.native)
                     except MemTClientError as exc:
-                        if exc.status != 409 or "does not exist" not in exc.message:
+                        if not isinstance(exc.cause, UnknownSession):
                             raise self._upstream_error(exc) from None  # e.g. the upstream is unreachable: not a 404
                         raise ProxyError(404, f"session {session!r} does not exist", code="session_not_found") from None
                     state.exists = True

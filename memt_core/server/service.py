@@ -241,13 +241,13 @@ class _Generation:
         if event.token is not None:
             self.output.append(event.token)
             self.text = self._decode()
-            for stop in self.sampling.stop:
-                at = self.text.find(stop)
-                if at >= 0:
-                    self.text = self.text[:at]
-                    self.finish = {"type": "stop", "matched": stop}
-                    self.service.engine.cancel(self.rid)
-                    return True
+            hits = [(at, stop) for stop in self.sampling.stop if (at := self.text.find(stop)) >= 0]
+            if hits:
+                at, stop = min(hits)  # the stop string that occurs first in the text
+                self.text = self.text[:at]
+                self.finish = {"type": "stop", "matched": stop}
+                self.service.engine.cancel(self.rid)
+                return True
         if event.finish_reason is not None:
             if event.finish_reason == "stop":
                 self.finish = {"type": "stop", "matched": event.matched_stop}
