@@ -46,3 +46,15 @@ def demo_proxy(tmp_path_factory):
     finally:
         proxy.stop()
         upstream.close()
+
+
+def run_example(name: str, proxy) -> str:
+    """Run ``examples/<name>`` against the live proxy; returns its output (fails on a non-zero exit)."""
+    import subprocess
+
+    result = subprocess.run(
+        [sys.executable, str(REPO / "examples" / name), "--base-url", proxy.base_url],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout

@@ -111,3 +111,10 @@ def test_session_admin_helpers(demo_proxy):
     chat.restore_snapshot(name)
     assert "Grace" in chat.invoke([HumanMessage("What is my name?")]).content
     assert chat.close_session() == {"closed": True}
+
+
+def test_example_runs(demo_proxy):
+    from conftest import run_example
+
+    output = run_example("langchain_chat.py", demo_proxy[0])
+    assert "model:" in output and "session state:" in output

@@ -89,3 +89,10 @@ def test_function_calling_round_trip(demo_proxy):
     final = model.chat_with_tools([tool], chat_history=history)
     assert not model.get_tool_calls_from_response(final, error_on_no_tool_call=False)
     assert "21" in final.message.content
+
+
+def test_example_runs(demo_proxy):
+    from conftest import run_example
+
+    output = run_example("llamaindex_chat.py", demo_proxy[0])
+    assert "model:" in output and "session state:" in output
