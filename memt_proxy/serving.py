@@ -20,7 +20,7 @@ from typing import Any, AsyncIterator
 from memt_core.client.chat_format import ChatFormat
 from memt_core.client.errors import MemTClientError
 from memt_core.client.native import AsyncNativeClient
-from memt_core.client.parsers import OutputParser, _hold_partial
+from memt_core.client.parsers import OutputParser, hold_partial
 from memt_core.errors import EpochMismatch, LeaseConflict, MemTError, SessionBusy, SessionExists, UnknownSession
 from memt_proxy.errors import ProxyError, from_native
 from memt_proxy.protocol import ChatCompletionRequest, Usage, chunk_body, completion_id, response_body, text_of
@@ -320,7 +320,7 @@ class ChatService:
         if found:  # the earliest stop string wins, whichever its place in the list
             return text[: min(found)], True
         if not final and prepared.stops:
-            text = _hold_partial(text, tuple(prepared.stops))
+            text = hold_partial(text, tuple(prepared.stops))
         return text, False
 
     def _message(self, prepared: Prepared, text: str, finish: str) -> tuple[dict, str]:

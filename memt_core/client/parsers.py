@@ -71,13 +71,13 @@ class OutputParser:
         if thinking or text.startswith(self.think_open):
             body = text[len(self.think_open):] if text.startswith(self.think_open) else text
             if self.think_close not in body:
-                return (body if final else _hold_partial(body, (self.think_close,))), []
+                return (body if final else hold_partial(body, (self.think_close,))), []
             reasoning, rest = body.split(self.think_close, 1)
         segments: list[tuple[str, str]] = []
         while rest:
             at = rest.find(self.call_open)
             if at < 0:
-                piece = rest if final else _hold_partial(rest, (self.call_open,))
+                piece = rest if final else hold_partial(rest, (self.call_open,))
                 if piece:
                     segments.append(("content", piece))
                 break
@@ -157,7 +157,7 @@ def _is_prefix(text: str, tag: str) -> bool:
     return len(text) < len(tag) and tag.startswith(text)
 
 
-def _hold_partial(text: str, tags: tuple[str, ...]) -> str:
+def hold_partial(text: str, tags: tuple[str, ...]) -> str:
     """Drop a trailing part of ``text`` that could be the start of one of ``tags``."""
     cut = len(text)
     for tag in tags:
