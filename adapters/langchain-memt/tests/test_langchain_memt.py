@@ -7,7 +7,7 @@ import json
 import uuid
 
 import pytest
-from conftest import MODEL, WEATHER
+from adapter_live import MODEL, WEATHER, run_example
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 
 from langchain_memt import ChatMemT
@@ -114,7 +114,5 @@ def test_session_admin_helpers(demo_proxy):
 
 
 def test_example_runs(demo_proxy):
-    from conftest import run_example
-
     output = run_example("langchain_chat.py", demo_proxy[0])
     assert "model:" in output and "session state:" in output

@@ -7,7 +7,7 @@ import json
 import uuid
 
 import pytest
-from conftest import MODEL, WEATHER
+from adapter_live import MODEL, WEATHER, run_example
 from llama_index.core.llms import ChatMessage
 from llama_index.core.tools import FunctionTool
 
@@ -92,7 +92,5 @@ def test_function_calling_round_trip(demo_proxy):
 
 
 def test_example_runs(demo_proxy):
-    from conftest import run_example
-
     output = run_example("llamaindex_chat.py", demo_proxy[0])
     assert "model:" in output and "session state:" in output
