@@ -77,9 +77,11 @@ def test_function_calling_round_trip(demo_proxy):
         seen.append(city)
         return json.dumps({"city": city, "temperature": 21, "condition": "sunny"})
 
-    tool = FunctionTool.from_defaults(fn=get_weather)
+    # the tiny demo model was trained on this tool's schema: describe it the same way
+    tool = FunctionTool.from_defaults(fn=get_weather, name="get_weather", description=WEATHER["function"]["description"])
     model = llm(proxy, session_name(), "auto")
-    response = model.chat_with_tools([tool], user_msg="What is the weather in Paris?")
+    # tool_required → tool_choice "required": the proxy opens the call for the model
+    response = model.chat_with_tools([tool], user_msg="What is the weather in Paris?", tool_required=True)
     calls = model.get_tool_calls_from_response(response, error_on_no_tool_call=True)
     assert len(calls) == 1 and calls[0].tool_name == "get_weather"
     output = tool(**calls[0].tool_kwargs)
