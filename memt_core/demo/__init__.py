@@ -5,3 +5,8 @@
 tiny checkpoint through the engine's commit and read paths, and ``eval`` measures recall from latent
 memory alone. Importing this package imports neither torch nor transformers.
 """
+
+from pathlib import Path
+
+#: The trained demo checkpoint shipped inside the package (what the launcher serves by default).
+BUNDLED_MODEL = Path(__file__).resolve().parent.parent / "bundled" / "memt-tiny-demo"

@@ -10,8 +10,9 @@ the memory (or, for in-context episodes, the prompt).
 Skills: (1) personal facts said in one turn and asked about later, several facts per turn and several
 turns; (2) a document ingested through memory and questions about it; (3) tool calls for
 ``get_weather``, ``add`` and ``multiply`` and answers from the tool's result; (4) repeating a text
-exactly. :class:`EpisodeSampler` mixes them, with a curriculum from one fact to many facts and
-distractor commits. Turning an episode into token ids is :mod:`memt_core.demo.format`'s job.
+exactly. :class:`EpisodeSampler` mixes them; :class:`Mix` says in what proportions, with a
+curriculum from a warm-up on single facts to the full mix with many facts and distractor commits.
+Turning an episode into token ids is :mod:`memt_core.demo.format`'s job.
 """
 
 from __future__ import annotations
@@ -538,15 +539,29 @@ class Mix:
     extra_tools: float = 0.1  # tools offered in a prompt that needs none
 
     @classmethod
-    def curriculum(cls, progress: float) -> "Mix":
-        """Start with one fact and few distractors; reach the full mix at a third of training."""
-        p = min(1.0, max(0.0, progress / 0.33))
+    def warm_up(cls) -> "Mix":
+        """The start of training: one fact told in one turn and asked right after, a little in-context copying.
+
+        Recall through memory is learned first on this easy case; without it, multi-fact episodes and
+        distractor commits from the start train far more slowly.
+        """
         return cls(
-            max_facts=1 + round(4 * p),
-            max_turns=1 + round(2 * p),
-            max_distractors=1 + round(2 * p),
-            distractor_p=0.3 + 0.4 * p,
+            facts=0.85, unknown=0.0, document=0.0, tool_call=0.0, tool_answer=0.0, repeat=0.0, statement=0.05,
+            context=0.1, small_talk=0.0, max_facts=1, max_turns=1, max_distractors=1, distractor_p=0.0,
+            merge=0.0, system=0.0, thinking=0.0, extra_tools=0.0,
         )
+
+    @classmethod
+    def curriculum(cls, progress: float, *, warm: float = 0.15, full: float = 0.45, end: "Mix | None" = None) -> "Mix":
+        """:meth:`warm_up` until ``warm`` of training, then a linear blend reaching ``end`` (the full mix) at ``full``."""
+        start, end = cls.warm_up(), end or cls()
+        t = min(1.0, max(0.0, (progress - warm) / (full - warm)))
+        blended = {}
+        for name, a in vars(start).items():
+            b = getattr(end, name)
+            value = a + (b - a) * t
+            blended[name] = round(value) if isinstance(b, int) else value
+        return cls(**blended)
 
 
 class EpisodeSampler:
@@ -613,7 +628,7 @@ class EpisodeSampler:
             values=tuple(f.value for f in asked),
             meta={"facts": facts, "asked": asked},
         )
-        return self._finish("facts", items, query, mix)
+        return self._finish(f"facts{count}", items, query, mix)
 
     def unknown(self, mix: Mix) -> Episode:
         """The asked attribute was never told (memory empty, or holding other things): "I don't know …"."""

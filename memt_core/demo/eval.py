@@ -255,14 +255,14 @@ def evaluate(model_path: str | Path, episodes: int = 200, seed: int = 1234, *, c
     questions); the other cases run on fractions of it unless ``cases`` gives counts.
     """
     import torch
-    from transformers import AutoTokenizer
+    from transformers import PreTrainedTokenizerFast
 
     from memt_core.inference import MemTRuntime
 
     if threads is not None:
         torch.set_num_threads(threads)
     runtime = MemTRuntime.load(model_path)
-    tokenizer = AutoTokenizer.from_pretrained(str(model_path))
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(str(model_path))
     report = Evaluator(runtime, tokenizer, seed=seed).run(cases or default_cases(episodes))
     report["targets"] = check_targets(report["figures"])
     return report
@@ -280,3 +280,35 @@ def check_targets(figures: dict) -> dict[str, bool]:
         out["facts3_reset<=0.10"] = figures["facts3_reset"] <= TARGETS["reset_max"]
         out["facts3_loaded_identical"] = figures["facts3_loaded_identical"] == 1.0
     return out
+
+
+LABELS = {
+    "fact1": "1 fact, recalled from memory",
+    "fact1_exact": "1 fact, exact expected answer",
+    "fact1_reset": "1 fact, after memory reset (control)",
+    "fact1_loaded_identical": "1 fact, identical after snapshot save → load",
+    "facts3": "3 facts + distractor, recalled from memory",
+    "facts3_exact": "3 facts + distractor, exact expected answer",
+    "facts3_reset": "3 facts + distractor, after memory reset (control)",
+    "facts3_loaded_identical": "3 facts + distractor, identical after save → load",
+    "document": "document ingested through memory, question answered",
+    "document_reset": "document, after memory reset (control)",
+    "tool_call_wellformed": "tool call well-formed",
+    "tool_call_correct": "tool call with the right name and arguments",
+    "tool_answer_uses_result": "final answer uses the tool's result",
+    "tool_from_memory": "weather 'where I live': city argument from memory",
+    "repeat_exact": "text repeated exactly",
+}
+
+
+def format_report(report: dict) -> str:
+    """A plain-text table of the figures, the targets and a few examples."""
+    lines = [f"evaluation ({report['seconds']} s, fresh random episodes, memory only — no transcript in prompts):"]
+    for name, value in report["figures"].items():
+        lines.append(f"  {LABELS.get(name, name):55s} {value:6.1%}  (n={report['counts'][name]})")
+    if report.get("targets"):
+        lines.append("targets: " + ", ".join(f"{k} {'met' if ok else 'NOT met'}" for k, ok in report["targets"].items()))
+    for name, shown in report.get("examples", {}).items():
+        for text in shown[:2]:
+            lines.append(f"  e.g. [{name}] {text}")
+    return "\n".join(lines)

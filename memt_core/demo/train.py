@@ -13,11 +13,9 @@ from __future__ import annotations
 
 import json
 import math
-import random
-import shutil
 import time
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -48,7 +46,7 @@ class ModelShape:
     experts_per_token: int = 2
     expert_size: int = 128
     shared_expert_size: int = 256
-    memory_layers: tuple[int, ...] = (2, 3)
+    memory_layers: tuple[int, ...] = (1, 2, 3)
     memory_heads: int = 4
     key_dim: int = 32
     value_dim: int = 32
@@ -58,10 +56,11 @@ class ModelShape:
 @dataclass
 class TrainConfig:
     steps: int = 3000
-    batch_size: int = 32
-    lr: float = 2e-3
+    batch_size: int = 16
+    lr: float = 3e-3
     min_lr_ratio: float = 0.1
-    warmup: int = 100
+    warmup: int = 30
+    decay_from: float = 0.5  # the learning rate stays at its peak until here, then decays (cosine)
     weight_decay: float = 0.01
     grad_clip: float = 1.0
     value_weight: float = 3.0  # loss weight of recalled values / copied arguments in answers
@@ -70,7 +69,8 @@ class TrainConfig:
     threads: int = 1
     log_every: int = 50
     init_std: float = 0.02
-    memory_init_std: float = 0.05
+    memory_init_std: float = 0.2  # memory projections; larger than usual, so reads matter from the start
+    memory_out_std: float = 0.1  # the read's output projection
     decay_a_log: float = -5.0  # initial decay: log α ≈ −exp(A_log)·softplus(dt_bias) per token ≈ −3e-4
     decay_dt_bias: float = -3.0
     shape: ModelShape = field(default_factory=ModelShape)
@@ -88,14 +88,13 @@ def build_demo_tokenizer(directory: str | Path, *, vocab_size: int, seed: int = 
     texts = corpus(seed)
     first = build_tokenizer(directory, NANO, corpus=texts, vocab_size=vocab_size)
     # Second pass: add the chat template's own text (roles, tool instructions) so it gets merges too.
-    sampler, mix, fmt = EpisodeSampler(seed + 1), Mix(), ChatFormat(first)
+    sampler, mix = EpisodeSampler(seed + 1), Mix()
     rendered = []
     for _ in range(2000):
         query = sampler.sample(mix).query
         kwargs = {"tools": query.tools} if query.tools else {}
         rendered.append(first.apply_chat_template(query.messages, add_generation_prompt=True, tokenize=False,
                                                   enable_thinking=query.thinking, **kwargs))
-    del fmt
     return build_tokenizer(directory, NANO, corpus=texts + rendered, vocab_size=vocab_size)
 
 
@@ -169,7 +168,7 @@ def init_model(directory: str | Path, config: TrainConfig) -> MemTForCausalLM:
         for layer in model.memory_layers:
             module = model.memory_module(layer)
             module.reset_parameters(std=config.memory_init_std)
-            torch.nn.init.normal_(module.o_proj.weight, std=config.init_std)
+            torch.nn.init.normal_(module.o_proj.weight, std=config.memory_out_std)
             module.A_log.fill_(config.decay_a_log)  # decay close to 1: facts survive many later tokens
             module.dt_bias.fill_(config.decay_dt_bias)
     return model
@@ -191,19 +190,38 @@ def _groups(lengths: list[int], slack: float = 1.5) -> list[list[int]]:
     return groups
 
 
-def _weighted_loss(logits: torch.Tensor, segment: Segment) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Σ w·CE over a row's tokens, Σ w, and per-token correctness (argmax) of the weighted tokens."""
-    ids = torch.tensor(segment.ids[1:])
+class _HiddenStates:
+    """Within this context the backbone's ``lm_head`` is the identity, so ``logits`` are final hidden states.
+
+    Training needs the output projection only where the loss looks (answer and reply tokens), not at every
+    position of every commit and prompt; everything before the head is the unchanged forward pass.
+    """
+
+    def __init__(self, model: MemTForCausalLM):
+        self.model = model
+
+    def __enter__(self) -> torch.Tensor:
+        self.head = self.model.backbone.lm_head
+        self.model.backbone.lm_head = torch.nn.Identity()
+        return self.head.weight
+
+    def __exit__(self, *exc) -> None:
+        self.model.backbone.lm_head = self.head
+
+
+def _weighted_loss(hidden: torch.Tensor, head: torch.Tensor, segment: Segment):
+    """Σ w·CE over a row's weighted tokens, Σ w, argmax correctness of every weighted token and of the stressed ones."""
     weights = torch.tensor(segment.weights[1:])
     keep = weights > 0
     if not keep.any():
-        zero = logits.sum() * 0.0
-        return zero, torch.tensor(0.0), torch.ones(0, dtype=torch.bool)
+        empty = torch.ones(0, dtype=torch.bool)
+        return hidden.sum() * 0.0, torch.tensor(0.0), empty, empty
     positions = keep.nonzero().squeeze(1)
-    row = logits[positions]  # logits at t predict token t+1
-    target = ids[positions]
-    ce = F.cross_entropy(row.float(), target, reduction="none")
-    return (ce * weights[positions]).sum(), weights[positions].sum(), row.argmax(-1) == target
+    logits = F.linear(hidden[positions], head)  # hidden state at t predicts token t+1
+    target = torch.tensor(segment.ids[1:])[positions]
+    w = weights[positions]
+    correct = logits.argmax(-1) == target
+    return (F.cross_entropy(logits.float(), target, reduction="none") * w).sum(), w.sum(), correct, correct[w > 1.0]
 
 
 @dataclass
@@ -211,43 +229,48 @@ class StepStats:
     loss: float
     tokens: int
     exact: dict[str, list[bool]]  # kind → per episode: every answer token argmax-correct (teacher forced)
+    values: dict[str, list[bool]]  # kind → per stressed answer token (recalled values, copied arguments)
 
 
-def episode_loss(model: MemTForCausalLM, batch: list[TokenEpisode], *, reply_weight_scale: float = 1.0) -> tuple[torch.Tensor, StepStats]:
+def episode_loss(model: MemTForCausalLM, batch: list[TokenEpisode]) -> tuple[torch.Tensor, StepStats]:
     """Run a batch of episodes through commit → write → query-reads-memory; the weighted mean CE."""
     memories = [MemoryState() for _ in batch]
     total, weight_sum, tokens = torch.zeros(()), torch.zeros(()), 0
-    for depth in range(max(len(e.commits) for e in batch)):
-        rows = [i for i, e in enumerate(batch) if len(e.commits) > depth]
-        lengths = [len(batch[i].commits[depth]) for i in rows]
-        for group in _groups(lengths):
-            members = [rows[g] for g in group]
-            segments = [batch[i].commits[depth] for i in members]
-            keep = reply_weight_scale > 0 and any(w > 0 for s in segments for w in s.weights)
-            results = commit_batch(model, [memories[i] for i in members], [s.ids for s in segments], keep_logits=keep)
-            for i, segment, result in zip(members, segments, results):
-                memories[i] = result.memory
-                tokens += len(segment)
-                if keep:
-                    loss, weight, _ = _weighted_loss(result.logits, segment)
-                    total = total + loss * reply_weight_scale
-                    weight_sum = weight_sum + weight * reply_weight_scale
     exact: dict[str, list[bool]] = defaultdict(list)
-    lengths = [len(e.query) for e in batch]
-    pad = model.config.pad_token_id or 0
-    for group in _groups(lengths):
-        longest = max(lengths[i] for i in group)
-        ids = torch.full((len(group), longest), pad, dtype=torch.long)
-        for row, i in enumerate(group):
-            ids[row, : lengths[i]] = torch.tensor(batch[i].query.ids)
-        out = model(ids, memory=memory_batch(model, [memories[i] for i in group]))
-        for row, i in enumerate(group):
-            loss, weight, correct = _weighted_loss(out.logits[row, : lengths[i]], batch[i].query)
-            total, weight_sum = total + loss, weight_sum + weight
-            exact[batch[i].kind].append(bool(correct.all()))
-            tokens += lengths[i]
+    values: dict[str, list[bool]] = defaultdict(list)
+    with _HiddenStates(model) as head:
+        for depth in range(max(len(e.commits) for e in batch)):
+            rows = [i for i, e in enumerate(batch) if len(e.commits) > depth]
+            lengths = [len(batch[i].commits[depth]) for i in rows]
+            for group in _groups(lengths):
+                members = [rows[g] for g in group]
+                segments = [batch[i].commits[depth] for i in members]
+                keep = any(w > 0 for s in segments for w in s.weights)
+                results = commit_batch(model, [memories[i] for i in members], [s.ids for s in segments], keep_logits=keep)
+                for i, segment, result in zip(members, segments, results):
+                    memories[i] = result.memory
+                    tokens += len(segment)
+                    if keep:
+                        loss, weight, _, _ = _weighted_loss(result.logits, head, segment)
+                        total, weight_sum = total + loss, weight_sum + weight
+        lengths = [len(e.query) for e in batch]
+        pad = model.config.pad_token_id or 0
+        for group in _groups(lengths):
+            longest = max(lengths[i] for i in group)
+            ids = torch.full((len(group), longest), pad, dtype=torch.long)
+            for row, i in enumerate(group):
+                ids[row, : lengths[i]] = torch.tensor(batch[i].query.ids)
+            out = model(ids, memory=memory_batch(model, [memories[i] for i in group]))
+            mask = torch.arange(longest)[None, :] < torch.tensor([lengths[i] for i in group])[:, None]
+            hidden = out.logits[mask].split([lengths[i] for i in group])  # one gather: backward stays linear
+            for row, i in zip(hidden, group):
+                loss, weight, correct, stressed = _weighted_loss(row, head, batch[i].query)
+                total, weight_sum = total + loss, weight_sum + weight
+                exact[batch[i].kind].append(bool(correct.all()))
+                values[batch[i].kind] += stressed.tolist()
+                tokens += lengths[i]
     mean = total / weight_sum.clamp(min=1.0)
-    return mean, StepStats(float(mean.detach()), tokens, exact)
+    return mean, StepStats(float(mean.detach()), tokens, exact, values)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -255,9 +278,11 @@ def episode_loss(model: MemTForCausalLM, batch: list[TokenEpisode], *, reply_wei
 
 
 def lr_at(step: int, config: TrainConfig) -> float:
+    """Linear warm-up, constant until ``decay_from`` of training, then cosine down to ``min_lr_ratio``."""
     if step < config.warmup:
         return config.lr * (step + 1) / config.warmup
-    progress = (step - config.warmup) / max(1, config.steps - config.warmup)
+    start = max(config.warmup, int(config.decay_from * config.steps))
+    progress = max(0.0, (step - start) / max(1, config.steps - start))
     cosine = 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
     return config.lr * (config.min_lr_ratio + (1 - config.min_lr_ratio) * cosine)
 
@@ -270,17 +295,20 @@ def train(
     mix_for: Callable[[float], Mix] = Mix.curriculum,
     time_limit_s: float | None = None,
 ) -> MemTForCausalLM:
-    """Train a demo model into ``directory`` (tokenizer + config.json + BF16 weights); returns it (FP32)."""
-    from transformers import AutoTokenizer
+    """Train a demo model into ``directory`` (tokenizer + config.json + BF16 weights); returns it (FP32).
+
+    ``mix_for(progress)`` gives the data mix at each fraction of training: by default
+    :meth:`Mix.curriculum`, a warm-up on single facts, then a blend to the full mix.
+    """
+    from transformers import PreTrainedTokenizerFast
 
     from memt_core.models.weights import save_weights
 
     torch.set_num_threads(config.threads)
-    random.seed(config.seed)
     directory = Path(directory)
     started = time.time()
     write_skeleton(directory, config)
-    tokenizer = AutoTokenizer.from_pretrained(str(directory))
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(str(directory))
     model = init_model(directory, config)
     model.train()
     params = sum(p.numel() for p in model.parameters())
@@ -295,7 +323,7 @@ def train(
         [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
         lr=config.lr, betas=(0.9, 0.98),
     )
-    window_loss, window_tokens, window_exact = [], 0, defaultdict(list)
+    window_loss, window_tokens, window_exact, window_values = [], 0, defaultdict(list), defaultdict(list)
     window_start = time.time()
     for step in range(config.steps):
         mix = mix_for(step / config.steps)
@@ -309,17 +337,22 @@ def train(
         optimizer.step()
         window_loss.append(stats.loss)
         window_tokens += stats.tokens
-        for kind, values in stats.exact.items():
-            window_exact[kind] += values
+        for kind, flags in stats.exact.items():
+            window_exact[kind] += flags
+        for kind, flags in stats.values.items():
+            window_values[kind] += flags
         if (step + 1) % config.log_every == 0 or step + 1 == config.steps:
             elapsed = time.time() - window_start
-            kinds = " ".join(f"{k}={sum(v) / len(v):.2f}" for k, v in sorted(window_exact.items()))
+            kinds = " ".join(
+                f"{k}={sum(v) / len(v):.2f}" + (f"/{sum(window_values[k]) / len(window_values[k]):.2f}" if window_values[k] else "")
+                for k, v in sorted(window_exact.items())
+            )
             log(
                 f"step {step + 1}/{config.steps} loss {sum(window_loss) / len(window_loss):.3f} "
                 f"lr {lr_at(step, config):.2e} {window_tokens / elapsed:.0f} tok/s "
-                f"t={time.time() - started:.0f}s | exact {kinds}"
+                f"t={time.time() - started:.0f}s | exact/values {kinds}"
             )
-            window_loss, window_tokens, window_exact = [], 0, defaultdict(list)
+            window_loss, window_tokens, window_exact, window_values = [], 0, defaultdict(list), defaultdict(list)
             window_start = time.time()
         if time_limit_s is not None and time.time() - started > time_limit_s:
             log(f"time limit reached at step {step + 1}")
@@ -327,16 +360,3 @@ def train(
     model.eval()
     save_weights(model, directory)
     return model
-
-
-def copy_checkpoint(source: str | Path, target: str | Path) -> None:
-    """Copy a trained checkpoint directory (files only)."""
-    target = Path(target)
-    target.mkdir(parents=True, exist_ok=True)
-    for path in Path(source).iterdir():
-        if path.is_file():
-            shutil.copyfile(path, target / path.name)
-
-
-def config_json(config: TrainConfig) -> dict:
-    return asdict(config)

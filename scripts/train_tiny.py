@@ -1,0 +1,125 @@
+#!/usr/bin/env python
+"""Train the bundled demo model: a tiny MemT of the Nano architecture that recalls from latent memory.
+
+    python scripts/train_tiny.py                       # → memt_core/bundled/memt-tiny-demo/
+    python scripts/train_tiny.py --out /tmp/demo --steps 300 --eval-episodes 50
+
+Everything runs on CPU. The script builds the tokenizer (a byte-level BPE trained on the synthetic
+corpus, saved in Hugging Face format with the Nano chat template), writes ``config.json``
+(``model_type: memt_qwen3_5_moe``, loaded by ``memt_core.models.load_model`` like real Nano
+checkpoints), trains on synthetic episodes (:mod:`memt_core.demo.episodes`) through the engine's commit
+→ write → query-reads-memory path with gradients through the write, saves BF16 safetensors, and ends
+with the recall evaluation of ``scripts/eval_tiny.py`` on fresh random episodes.
+
+Run time: about 30-35 minutes for the default 3,000 steps with ``--threads 2`` on a 2-core CPU (measured
+29.8 and 33.0 minutes on a shared 2-core VM), then about 3 minutes for the evaluation of 200 episodes.
+
+Reproducible: the data, initialisation and order are seeded by ``--seed``; the same seed and
+``--threads`` give the same checkpoint on the same machine and library versions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from memt_core.demo.train import TrainConfig  # noqa: E402
+
+from memt_core.demo import BUNDLED_MODEL as DEFAULT_OUT  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    defaults = TrainConfig()
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"checkpoint directory (default: {DEFAULT_OUT})")
+    parser.add_argument("--steps", type=int, default=defaults.steps, help=f"training steps (default: {defaults.steps})")
+    parser.add_argument("--batch-size", type=int, default=defaults.batch_size, help="episodes per step")
+    parser.add_argument("--lr", type=float, default=defaults.lr, help="peak learning rate")
+    parser.add_argument("--seed", type=int, default=defaults.seed, help="seed of data, initialisation and order")
+    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (default: 2)")
+    parser.add_argument("--eval-episodes", type=int, default=200, help="episodes of the final recall eval (0: skip)")
+    parser.add_argument("--eval-seed", type=int, default=1234, help="seed of the eval's fresh episodes")
+    parser.add_argument("--log-every", type=int, default=defaults.log_every, help="steps between progress lines")
+    args = parser.parse_args(argv)
+
+    from memt_core.demo.eval import evaluate, format_report
+    from memt_core.demo.train import train
+
+    config = replace(defaults, steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
+                     threads=args.threads, log_every=args.log_every)
+    print(f"training the demo model into {args.out} ({config.steps} steps × {config.batch_size} episodes, "
+          f"{config.threads} thread(s), seed {config.seed})", flush=True)
+    started = time.time()
+    train(config, args.out, log=lambda line: print(line, flush=True))
+    minutes = (time.time() - started) / 60
+    size = sum(p.stat().st_size for p in args.out.iterdir() if p.is_file())
+    print(f"trained in {minutes:.1f} min; checkpoint {args.out} ({size / 1e6:.1f} MB)", flush=True)
+    record = {"command": "python scripts/train_tiny.py " + " ".join(sys.argv[1:] if argv is None else argv),
+              "minutes": round(minutes, 1), "config": asdict(config)}
+    (args.out / "training.json").write_text(json.dumps(record, indent=2) + "\n")
+    if args.eval_episodes:
+        report = evaluate(args.out, args.eval_episodes, args.eval_seed, threads=args.threads)
+        report["command"] = f"python scripts/eval_tiny.py --episodes {args.eval_episodes} --seed {args.eval_seed}"
+        print(format_report(report), flush=True)
+        record = {k: report[k] for k in ("command", "figures", "counts", "targets", "seconds")}
+        (args.out / "eval.json").write_text(json.dumps(record, indent=2) + "\n")
+        (args.out / "README.md").write_text(model_card(report, minutes, config))
+    return 0
+
+
+def model_card(report: dict, minutes: float, config) -> str:
+    """README.md of the checkpoint: what it is, what it can do, how it was made and measured."""
+    from memt_core.demo.eval import LABELS
+
+    rows = "\n".join(
+        f"| {LABELS.get(name, name)} | {value:.1%} | {report['counts'][name]} |" for name, value in report["figures"].items()
+    )
+    return f"""# memt-tiny-demo
+
+A tiny MemT of the Nano architecture (`memt_qwen3_5_moe`: a 4-layer, 128-wide Qwen3.5-MoE backbone with
+latent memory on layers {list(config.shape.memory_layers)}), trained by `scripts/train_tiny.py` on synthetic
+conversations in {minutes:.0f} minutes on CPU. It exists to show — and test — latent memory on any machine.
+
+**It is not a general assistant.** It knows a handful of skills on a small vocabulary, learned from
+synthetic data with random names:
+
+1. personal facts told in one turn (name, age, city, favourite food and colour, pet and its name, job,
+   personality, hobby, best friend, birth month) and asked about in a later turn: *"Hi, my name is Alice
+   and I live in Lisbon."* … *"Where do I live?"* → *"You live in Lisbon."* Without memory it answers
+   *"I don't know where you live."* (mostly);
+2. a company profile ingested through memory, then questions about it;
+3. tool calls for `get_weather(city)`, `add(a, b)` and `multiply(a, b)` in the chat template's
+   `<tool_call>` format, and an answer from the tool's result;
+4. repeating a given text exactly (*"Repeat after me: …"*).
+
+Names, cities, foods and the other values come from fixed word lists (each word is one token of the
+model's own BPE tokenizer); facts outside those lists, or free-form questions, are beyond it.
+
+## Evaluation
+
+Fresh random episodes (`{report.get("command", "python scripts/eval_tiny.py")}`), greedy decoding, through
+the in-process API. Earlier turns are generated by the model and committed to memory; questions are
+asked with prompts that contain only the question, so answers come from latent memory alone.
+
+| measure | result | n |
+|---|---|---|
+{rows}
+
+## Files
+
+`config.json` (with the `memt` memory geometry), `model.safetensors` (BF16), `tokenizer.json`,
+`tokenizer_config.json`, `chat_template.jinja` (the Nano chat template: system prompts, thinking on/off,
+tools), `training.json` (the exact training command and configuration), `eval.json` (the figures above).
+"""
+
+
+if __name__ == "__main__":
+    sys.exit(main())

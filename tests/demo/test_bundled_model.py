@@ -1,0 +1,108 @@
+"""The bundled demo checkpoint: it loads like a real Nano checkpoint and recalls from latent memory.
+
+The recall test runs the evaluation of ``scripts/eval_tiny.py`` on fresh random episodes (a seed the
+training never used): facts are told in an earlier turn that is committed, and the question's prompt
+holds only the question, so the answer can only come from memory.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+
+from memt_core.checkpoint import NANO, read_checkpoint
+from memt_core.demo import BUNDLED_MODEL
+from memt_core.demo.eval import TARGETS, evaluate
+from memt_core.models.weights import load_model, scan_weights
+
+
+@pytest.fixture(scope="module")
+def checkpoint():
+    return read_checkpoint(BUNDLED_MODEL)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast.from_pretrained(str(BUNDLED_MODEL))
+
+
+def test_loads_through_the_normal_loader(checkpoint, tokenizer):
+    assert checkpoint.model == NANO and checkpoint.model_type == "memt_qwen3_5_moe"
+    assert checkpoint.checkpoint_id == "memt-tiny-demo"
+    model = load_model(checkpoint)
+    assert set(model.memory_layers) == set(checkpoint.memory.memory_layers)
+    assert all(kind == "full_attention" for kind in model.config.layer_types)
+    assert all(dtype == "BF16" for dtype, _ in scan_weights(checkpoint).values())
+    size = sum(p.stat().st_size for p in BUNDLED_MODEL.iterdir() if p.is_file())
+    assert size < 10_000_000  # a few MB, shipped inside the package
+    assert model.config.eos_token_id == tokenizer.convert_tokens_to_ids("<|im_end|>")
+
+
+def test_identity_and_template(checkpoint, tokenizer):
+    from memt_core.inference import MemTRuntime
+    from memt_core.tiny import NANO_SPECIAL_TOKENS, template_text
+
+    identity = checkpoint.identity()
+    assert re.fullmatch(r"[0-9a-f]{64}", identity)
+    assert read_checkpoint(BUNDLED_MODEL).identity() == identity
+    assert MemTRuntime.load(BUNDLED_MODEL).identity == identity
+    assert checkpoint.chat_template() == template_text("nano_chat_template.jinja") == tokenizer.chat_template
+    for token in NANO_SPECIAL_TOKENS:
+        assert tokenizer.convert_tokens_to_ids(token) != tokenizer.unk_token_id
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+        add_generation_prompt=True, enable_thinking=False, tokenize=False,
+    )
+    assert prompt.endswith("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    recorded = json.loads((BUNDLED_MODEL / "eval.json").read_text())
+    assert recorded["targets"] and all(recorded["targets"].values())
+
+
+def test_recall_from_memory_meets_the_targets():
+    """≥ 200 fresh episodes: 200 with one fact, 70 with three facts and a distractor turn (210 questions)."""
+    report = evaluate(BUNDLED_MODEL, seed=20260, cases={"fact1": 200, "facts3": 70})
+    figures = report["figures"]
+    assert report["counts"]["fact1"] == 200 and report["counts"]["facts3"] == 210
+    assert figures["fact1"] >= TARGETS["fact1"], report["examples"]
+    assert figures["facts3"] >= TARGETS["facts3"], report["examples"]
+    assert figures["fact1_reset"] <= TARGETS["reset_max"]
+    assert figures["facts3_reset"] <= TARGETS["reset_max"]
+    assert figures["fact1_loaded_identical"] == 1.0 and figures["facts3_loaded_identical"] == 1.0
+
+
+def test_training_backpropagates_through_the_memory_write(tokenizer):
+    """k_proj is used only by writes: its gradient proves the loss reaches the commit through memory."""
+    from memt_core.demo.episodes import EpisodeSampler, Mix
+    from memt_core.demo.format import ChatFormat
+    from memt_core.demo.train import TrainConfig, episode_loss, init_model
+
+    torch.manual_seed(0)
+    model = init_model(BUNDLED_MODEL, TrainConfig())
+    model.train()
+    fmt = ChatFormat(tokenizer)
+    sampler = EpisodeSampler(0)
+    batch = [fmt.episode(sampler.facts(Mix(), count=2, turns=2), model.checkpoint.memory.chunk_tokens) for _ in range(3)]
+    loss, stats = episode_loss(model, batch)
+    loss.backward()
+    assert torch.isfinite(loss) and stats.tokens > 0
+    for layer in model.memory_layers:
+        module = model.memory_module(layer)
+        for name in ("k_proj", "v_proj", "b_proj", "a_proj"):
+            grad = getattr(module, name).weight.grad
+            assert grad is not None and grad.abs().sum() > 0, f"no gradient reaches layer {layer} {name}"
+        assert module.A_log.grad is not None and module.A_log.grad.abs().sum() > 0
+
+
+def test_train_loop_writes_a_loadable_checkpoint(tmp_path):
+    from memt_core.demo.train import TrainConfig, train
+
+    lines = []
+    train(TrainConfig(steps=2, batch_size=2, log_every=1), tmp_path, log=lines.append)
+    assert any(line.startswith("step 2/2") for line in lines)
+    model = load_model(tmp_path)
+    assert read_checkpoint(tmp_path).model == NANO and model.memory_layers
