@@ -13,6 +13,8 @@ Fixtures (session scope, shared by every ``tests/e2e/test_proxy_*.py`` module; r
 * ``proxy`` — the proxy in front of it with two tenants (``KEYS``: ``key-alpha`` → ``alpha``,
   ``key-beta`` → ``beta``) and ``--lease-wait LEASE_WAIT``.
 * ``proxy_chat_format`` — the checkpoint's ``ChatFormat``, to compute the prompt the proxy must send.
+* ``demo_proxy`` — core + proxy (no API keys) on the bundled demo model, or ``$MEMT_DEMO_MODEL``; the
+  tests that need a trained model (tool calls, recall through memory) FAIL, not skip, without it.
 * ``long_seed`` — a sampling seed with which ``LONG_MESSAGES`` generates ``LONG_TOKENS`` tokens
   without an end token: a stream that lasts a few seconds on a small CPU machine, well over
   ``LEASE_WAIT`` (the one-request-per-session test relies on that).
@@ -38,6 +40,9 @@ import pytest
 from e2e.servers import HOST, REPO_ROOT, MemTServer, ServerStartError, free_port
 
 MODEL = "tiny-random-nano"
+#: The demo checkpoint: the bundled one, or $MEMT_DEMO_MODEL (e.g. a freshly trained candidate).
+DEMO_PATH = Path(os.environ.get("MEMT_DEMO_MODEL") or REPO_ROOT / "memt_core" / "bundled" / "memt-tiny-demo")
+DEMO_MODEL = "memt-tiny-demo"
 KEYS = {"key-alpha": "alpha", "key-beta": "beta"}
 KEY_A, KEY_B = "key-alpha", "key-beta"
 LEASE_WAIT = 1.5
@@ -246,3 +251,15 @@ def long_seed(proxy) -> int:
         if response.choices[0].finish_reason == "length":
             return seed
     pytest.fail(f"no seed in 0..39 generates {LONG_TOKENS} tokens without an end token")
+
+
+@pytest.fixture(scope="session")
+def demo_proxy(tmp_path_factory):
+    if not (DEMO_PATH / "config.json").is_file():
+        pytest.fail(f"the bundled demo model is missing at {DEMO_PATH} (train it with `python scripts/train_tiny.py`)", pytrace=False)
+    upstream = MemTServer(DEMO_PATH, state_directory=tmp_path_factory.mktemp("demo-state")).start()
+    try:
+        with ProxyServer(upstream.url, DEMO_PATH) as proxy:
+            yield proxy
+    finally:
+        upstream.close()

@@ -14,42 +14,24 @@ followed by a new user message gets 400 ``tool_results_missing``; tool_choice no
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 
 import openai
 import pytest
-from e2e.proxies import ProxyServer, assert_openai_error, unique
-from e2e.servers import MemTServer
+from e2e.proxies import DEMO_MODEL, DEMO_PATH, assert_openai_error, unique
 
 from memt_core.demo.episodes import TOOLS
-from memt_core.launch import BUNDLED_MODEL
 
 pytestmark = pytest.mark.timeout(600)
 
-DEMO = "memt-tiny-demo"
+DEMO = DEMO_MODEL
 WEATHER_TOOLS = [TOOLS["get_weather"], TOOLS["add"]]
 QUESTION = {"role": "user", "content": "What is the weather in Paris?"}
 RESULT = json.dumps({"city": "Paris", "temperature": 21, "condition": "sunny"})
 
 
-#: The demo checkpoint: the bundled one, or $MEMT_DEMO_MODEL (e.g. a freshly trained candidate).
-DEMO_PATH = Path(os.environ.get("MEMT_DEMO_MODEL") or BUNDLED_MODEL)
-
-
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory):
-    if not (DEMO_PATH / "config.json").is_file():
-        pytest.fail(
-            f"the bundled demo model is missing at {DEMO_PATH}: tool-calling tests need it "
-            "(train it with `python scripts/train_tiny.py`)", pytrace=False,
-        )
-    upstream = MemTServer(DEMO_PATH, state_directory=tmp_path_factory.mktemp("demo-state")).start()
-    try:
-        with ProxyServer(upstream.url, DEMO_PATH) as proxy:
-            yield proxy
-    finally:
-        upstream.close()
+def demo(demo_proxy):
+    return demo_proxy
 
 
 @pytest.fixture(scope="module")
