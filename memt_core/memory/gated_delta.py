@@ -21,6 +21,13 @@ from __future__ import annotations
 import torch
 
 
+#: Tokens per chunk of the chunked write (the fastest on CPU for small and Nano-sized heads alike).
+CHUNK_SIZE = 32
+#: The chunk-local work (everything but the state recurrence) is done for several chunks at once while
+#: their temporaries stay about this size: small heads then cost a few large ops instead of many small
+#: ones, and large heads (one chunk already this big) keep every temporary in cache.
+BLOCK_BYTES = 1 << 20
+
 def read_memory(q: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
     """Read a fixed state: ``y_t = Sᵀ q_t``. q: [B, T, H, K], state: [B, H, K, V] → [B, T, H, V]."""
     return torch.einsum("bthk,bhkv->bthv", q.float(), state.float())
@@ -61,62 +68,75 @@ def chunk_gated_delta_rule(
     g: torch.Tensor,
     beta: torch.Tensor,
     initial_state: torch.Tensor | None = None,
-    chunk_size: int = 32,
+    chunk_size: int = CHUNK_SIZE,
 ) -> tuple[torch.Tensor | None, torch.Tensor]:
     """Chunked write (WY / UT transform): same signature and result as the reference.
 
     Within a chunk with cumulative log decay γ, the corrected values ``U`` solve the unit lower
     triangular system ``(I + A) U = β ⊙ (V − e^{γ} ⊙ K S₀)``, ``A[t,i] = β_t e^{γ_t−γ_i} k_t·k_i`` (i < t);
     then ``S = e^{γ_C} S₀ + Kᵀ (e^{γ_C−γ} ⊙ U)`` and ``O = (e^{γ} ⊙ Q) S₀ + (M ⊙ e^{γ_t−γ_i} Q Kᵀ) U``.
-    One chunk at a time, so every temporary is a chunk's worth and stays in cache (on CPU, fresh
-    large buffers cost more in page faults than the arithmetic); without autograd the state is
-    updated in place.
+    Everything that does not depend on ``S₀`` is computed for a block of chunks at once (see
+    ``BLOCK_BYTES``); only the state recurrence runs chunk by chunk. The last chunk is padded with
+    tokens that write nothing (k = v = β = 0, g = 0). Without autograd the state is updated in place.
     """
     batch, length, heads, key_dim = k.shape
     value_dim = v.shape[-1]
     state = _initial(initial_state, batch, heads, key_dim, value_dim, k.device)
     if length == 0:
         return (v.new_zeros(batch, 0, heads, value_dim).float() if q is not None else None), state
-
-    def chunk(x: torch.Tensor, start: int, stop: int) -> torch.Tensor:
-        # tokens start:stop of [B, T, H, D] → [B·H, C, D] in FP32 (the last chunk may be shorter)
-        return x[:, start:stop].float().transpose(1, 2).reshape(batch * heads, stop - start, x.shape[-1])
-
+    rows, size = batch * heads, chunk_size
     inputs = (q, k, v, g, beta, initial_state)
     in_place = not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs))
-    s = state.reshape(batch * heads, key_dim, value_dim)
+    s = state.reshape(rows, key_dim, value_dim)
     if in_place:
         s = s.clone()  # never write into the caller's initial state
-    eye = torch.eye(chunk_size, device=k.device)
-    above = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=k.device).triu(1)
+    per_chunk = 4 * rows * size * (size + 2 * key_dim + 2 * value_dim + (key_dim if q is not None else 0))
+    block = size * max(1, BLOCK_BYTES // per_chunk)  # tokens per block of chunk-local work
+    eye = torch.eye(size, device=k.device)
+    above = torch.ones(size, size, dtype=torch.bool, device=k.device).triu(1)
     outputs = []
-    for start in range(0, length, chunk_size):
-        stop = min(start + chunk_size, length)
-        size = stop - start
-        k_n, v_n = chunk(k, start, stop), chunk(v, start, stop)  # [B·H, C, K], [B·H, C, V]
-        beta_n = chunk(beta[..., None], start, stop)[..., 0]  # [B·H, C]
-        gamma = chunk(g[..., None], start, stop)[..., 0].cumsum(-1)  # γ_t within the chunk
+    for start in range(0, length, block):
+        stop = min(start + block, length)
+        chunks = -(-(stop - start) // size)
+
+        def blocked(x: torch.Tensor) -> torch.Tensor:
+            # tokens start:stop of [B, T, H, D] → [chunks, B·H, C, D] in FP32, zero-padded to whole chunks
+            x = x[:, start:stop].float()
+            if x.shape[1] < chunks * size:
+                x = torch.nn.functional.pad(x, (0, 0, 0, 0, 0, chunks * size - x.shape[1]))
+            x = x.reshape(batch, chunks, size, heads, x.shape[-1]).permute(1, 0, 3, 2, 4)
+            return x.reshape(chunks, rows, size, x.shape[-1])
+
+        k_n, v_n = blocked(k), blocked(v)  # [N, B·H, C, K], [N, B·H, C, V]
+        beta_n = blocked(beta[..., None])[..., 0]  # [N, B·H, C]
+        gamma = blocked(g[..., None])[..., 0].cumsum(-1)  # γ_t within each chunk
         # e^{γ_t − γ_i} for i ≤ t, zero above the diagonal (masked before exp so it never overflows)
-        decay = (gamma[:, :, None] - gamma[:, None, :]).masked_fill(above[:size, :size], float("-inf")).exp()
+        decay = (gamma[..., :, None] - gamma[..., None, :]).masked_fill(above, float("-inf")).exp()
         # T = (I + A)^{-1}: a unit lower triangular solve (out of place, so autograd can differentiate it)
-        a = (beta_n[:, :, None] * decay * (k_n @ k_n.transpose(-1, -2))).tril(-1)
-        t = torch.linalg.solve_triangular(a, eye[:size, :size].expand_as(a), upper=False, unitriangular=True)
-        w = t @ ((beta_n * gamma.exp())[..., None] * k_n)
-        u = torch.baddbmm(t @ (beta_n[..., None] * v_n), w, s, alpha=-1.0)  # U = T β V − W S₀
-        if q is not None:
-            q_n = chunk(q, start, stop)
-            attn = (q_n @ k_n.transpose(-1, -2)) * decay
-            outputs.append(torch.baddbmm(attn @ u, q_n * gamma.exp()[..., None], s))
-        last = gamma[:, -1:]  # γ_C
+        a = (beta_n[..., :, None] * decay * (k_n @ k_n.transpose(-1, -2))).tril(-1)
+        t = torch.linalg.solve_triangular(a, eye.expand_as(a), upper=False, unitriangular=True)
+        w = t @ ((beta_n * gamma.exp())[..., None] * k_n)  # W, so that U = T β V − W S₀
+        u_base = t @ (beta_n[..., None] * v_n)
+        last = gamma[..., -1:]  # γ_C
         k_tail = (k_n * (last - gamma).exp()[..., None]).transpose(-1, -2)  # Kᵀ e^{γ_C−γ}
-        if in_place:
-            s.mul_(last.exp()[..., None]).baddbmm_(k_tail, u)
-        else:
-            s = torch.baddbmm(last.exp()[..., None] * s, k_tail, u)
+        chunk_decay = last.exp()[..., None]  # e^{γ_C}: [N, B·H, 1, 1]
+        if q is not None:
+            q_n = blocked(q)
+            attn = (q_n @ k_n.transpose(-1, -2)) * decay
+            q_decayed = q_n * gamma.exp()[..., None]
+        for c in range(chunks):
+            u = torch.baddbmm(u_base[c], w[c], s, alpha=-1.0)
+            if q is not None:
+                outputs.append(torch.baddbmm(attn[c] @ u, q_decayed[c], s))
+            if in_place:
+                s.mul_(chunk_decay[c]).baddbmm_(k_tail[c], u)
+            else:
+                s = torch.baddbmm(chunk_decay[c] * s, k_tail[c], u)
     state = s.reshape(batch, heads, key_dim, value_dim)
     if q is None:
         return None, state
-    out = torch.cat(outputs, dim=1).reshape(batch, heads, length, value_dim).transpose(1, 2)
+    out = torch.cat(outputs, dim=1)[:, :length]  # [B·H, T, V], padding dropped
+    out = out.reshape(batch, heads, length, value_dim).transpose(1, 2)
     return out.contiguous(), state
 
 

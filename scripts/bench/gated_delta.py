@@ -19,7 +19,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from memt_core.memory.gated_delta import chunk_gated_delta_rule, recurrent_gated_delta_rule
+from memt_core.memory.gated_delta import CHUNK_SIZE, chunk_gated_delta_rule, recurrent_gated_delta_rule
 
 TARGET_TOKENS = 2048
 TARGET_RATIO = 10.0
@@ -75,7 +75,7 @@ def main() -> int:
     parser.add_argument("--lengths", type=lengths, default=[512, 2048, 8192], metavar="N,N,...",
                         help="token counts to time (default: 512,2048,8192)")
     parser.add_argument("--batch", type=int, default=1, help="batch size B (default: 1)")
-    parser.add_argument("--chunk-size", type=int, default=32, help="chunk size of the chunked form (default: 32)")
+    parser.add_argument("--chunk-size", type=int, default=CHUNK_SIZE, help=f"chunk size of the chunked form (default: {CHUNK_SIZE})")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--repeats", type=int, default=3, help="timed repetitions per measurement, median taken (default: 3)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed runs before timing (default: 1)")

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from memt_core.memory.gated_delta import (
+    CHUNK_SIZE,
     chunk_gated_delta_rule,
     gated_delta_write,
     read_memory,
@@ -49,7 +50,8 @@ def make_inputs(batch, length, heads, key_dim, value_dim, *, seed, decay="mild",
 
 
 GEOMETRIES = [(1, 8, 8), (2, 16, 32), (3, 32, 16), (4, 64, 64)]  # (H, K, V)
-LENGTHS = [1, 5, 31, 32, 33, 64, 100]  # chunk size 32: shorter, equal, not and multiple
+C = CHUNK_SIZE
+LENGTHS = [1, 5, C - 1, C, C + 1, 2 * C, 3 * C + 5]  # shorter than a chunk, equal, not and multiple
 
 
 @pytest.mark.parametrize("heads,key_dim,value_dim", GEOMETRIES)
