@@ -31,13 +31,12 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from pathlib import Path
 
 import httpx
 import pytest
-from e2e.servers import HOST, REPO_ROOT, MemTServer, ServerStartError, free_port
+from e2e.servers import HOST, REPO_ROOT, MemTServer, free_port, wait_healthy
 
 MODEL = "tiny-random-nano"
 #: The demo checkpoint: the bundled one, or $MEMT_DEMO_MODEL (e.g. a freshly trained candidate).
@@ -90,19 +89,8 @@ class ProxyServer:
                 self.command(), cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, start_new_session=True,
             )
-        deadline = time.monotonic() + self.startup_timeout
-        while True:
-            if self.process.poll() is not None:
-                raise ServerStartError(f"proxy exited with code {self.process.returncode}:\n{self.log_tail()}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2.0).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                self.stop()
-                raise ServerStartError(f"proxy did not answer /health within {self.startup_timeout:.0f} s:\n{self.log_tail()}")
-            time.sleep(0.1)
+        wait_healthy(self, "proxy", on_timeout=self.stop)
+        return self
 
     @property
     def running(self) -> bool:

@@ -55,6 +55,23 @@ class ServerStartError(RuntimeError):
     """The server process exited or did not answer /health in time; carries the log's tail."""
 
 
+def wait_healthy(server, what: str, *, on_timeout) -> None:
+    """Poll ``server.url``/health until it answers 200; its process exiting or the timeout raises ServerStartError."""
+    deadline = time.monotonic() + server.startup_timeout
+    while True:
+        if server.process.poll() is not None:
+            raise ServerStartError(f"{what} exited with code {server.process.returncode} during startup:\n{server.log_tail()}")
+        try:
+            if httpx.get(server.url + "/health", timeout=2.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            on_timeout()
+            raise ServerStartError(f"{what} did not answer /health within {server.startup_timeout:.0f} s:\n{server.log_tail()}")
+        time.sleep(0.1)
+
+
 class MemTServer:
     """One ``python -m memt_core.launch`` process; see the module docstring."""
 
@@ -161,19 +178,8 @@ class MemTServer:
         finally:
             log.close()
         self.starts += 1
-        deadline = time.monotonic() + self.startup_timeout
-        while True:
-            if self.process.poll() is not None:
-                raise ServerStartError(f"server exited with code {self.process.returncode} during startup:\n{self.log_tail()}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2.0).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                self.kill()
-                raise ServerStartError(f"server did not answer /health within {self.startup_timeout:.0f} s:\n{self.log_tail()}")
-            time.sleep(0.1)
+        wait_healthy(self, "server", on_timeout=self.kill)
+        return self
 
     def stop(self, timeout: float = 15.0) -> None:
         """Graceful shutdown (SIGTERM); SIGKILL when it does not exit within ``timeout``."""
