@@ -103,6 +103,7 @@ class ChatService:
         self.sessions: dict[tuple[str, str], SessionState] = {}
         self._upstream_checked = False
         self.max_prefill_tokens: int | None = None
+        self.chunk_tokens: int | None = None
 
     # ------------------------------------------------------------------ upstream
 
@@ -117,6 +118,7 @@ class ChatService:
         if capabilities.get("identity") != self.chat_format.identity:
             raise ProxyError(503, "the upstream MemT server serves a different model/tokenizer than this proxy's --model-path", code="upstream_identity_mismatch")
         self.max_prefill_tokens = capabilities.get("max_prefill_tokens")
+        self.chunk_tokens = capabilities.get("chunk_tokens")
         self._upstream_checked = True
 
     async def _native(self, call, *args, **kwargs):
@@ -366,7 +368,8 @@ class ChatService:
         await self._native(self.client.control, "begin", state.native, lease=lease, transaction=transaction)
         if prepared.context_ids:
             await self._commit(state, lease, transaction, prepared.context_ids)
-        await self._commit(state, lease, transaction, prepared.turn_ids + self._reply_ids(prepared, output_ids))
+        for piece in self._pieces(prepared.turn_ids + self._reply_ids(prepared, output_ids)):
+            await self._commit(state, lease, transaction, piece)
         await self._native(self.client.control, "publish", state.native, lease=lease, transaction=transaction)
         state.committed = (
             state.committed
@@ -375,6 +378,20 @@ class ChatService:
             + [message_hash(message)]
         )
         state.history_known = True
+
+    def _pieces(self, ids: list[int]) -> list[list[int]]:
+        """The turn as commits of at most the upstream's max_prefill_tokens (usually one).
+
+        A prompt that fits can make, with its answer, a turn that does not: rather than lose the answer,
+        it goes in several commits of the same transaction, cut at whole ``chunk_tokens`` so the write
+        events fall where one commit would put them (each later piece reads the memory as written so far).
+        """
+        limit = self.max_prefill_tokens
+        if not limit or len(ids) <= limit:
+            return [ids]
+        chunk = self.chunk_tokens or 1
+        step = max(chunk, limit - limit % chunk)
+        return [ids[i: i + step] for i in range(0, len(ids), step)]
 
     def _reply_ids(self, prepared: Prepared, output_ids: list[int]) -> list[int]:
         """The reply as committed: the generated ids, or for a reply cut by a stop string the ids of the

@@ -12,7 +12,7 @@ import time
 
 import openai
 import pytest
-from e2e.proxies import MODEL, ProxyServer, assert_openai_error, expected_prompt, unique
+from e2e.proxies import MODEL, ProxyServer, assert_openai_error, expected_prompt, unique, upstream_metric
 from e2e.servers import MemTServer, free_port
 
 from memt_core.client.native import NativeClient
@@ -168,6 +168,39 @@ def test_oversized_prompts(http, small):
     assert http.delete("/v1/memt/sessions/big").status_code == 200
 
 
+def test_turn_longer_than_one_commit(http, small, small_upstream, proxy_chat_format):
+    """A prompt that fits max_prefill_tokens whose answer makes the turn longer still gets committed:
+    the proxy writes it in several commits of one transaction, cut at multiples of chunk_tokens."""
+    words = 1
+    while len(expected_prompt(proxy_chat_format, [{"role": "user", "content": "w " * (words + 1)}], None)) <= MAX_PREFILL:
+        words += 1
+    question = {"role": "user", "content": "w " * words}
+    assert len(expected_prompt(proxy_chat_format, [question], None)) <= MAX_PREFILL
+    client = small.openai("unused")
+
+    def counters() -> tuple[float, float]:
+        return upstream_metric(small_upstream, "memt_commits_total"), upstream_metric(small_upstream, "memt_commit_tokens_total")
+
+    for seed in range(100):  # a reply that a stop string completes (the random model rarely ends a turn itself)
+        session = unique("long-turn")
+        commits, tokens = counters()
+        reply = client.chat.completions.create(model=MODEL, messages=[question], max_tokens=12, seed=seed, temperature=1.0,
+                                               stop=[" ", "e"], extra_headers={"X-MemT-Session": session})
+        commits, tokens = counters()[0] - commits, counters()[1] - tokens
+        if reply.choices[0].finish_reason == "stop" and tokens > MAX_PREFILL:
+            break
+        assert http.delete(f"/v1/memt/sessions/{session}").status_code == 200
+    else:
+        pytest.fail("no completed reply long enough in 100 seeds")
+    assert commits == 2  # 64 tokens (two chunks of 32), then the rest
+    assert small.inspect(session, None)["committed_messages"] == 2  # the whole turn is in memory
+    # the next request resends everything: the committed turn is trimmed away
+    follow = [question, {"role": "assistant", "content": reply.choices[0].message.content}, {"role": "user", "content": "hi"}]
+    again = client.chat.completions.create(model=MODEL, messages=follow, max_tokens=2, extra_headers={"X-MemT-Session": session})
+    assert again.usage.prompt_tokens == len(expected_prompt(proxy_chat_format, [follow[-1]], None))
+    assert http.delete(f"/v1/memt/sessions/{session}").status_code == 200
+
+
 def test_native_errors_map_to_openai(http, small, small_upstream):
     # 400: the upstream refuses prompt + max_new_tokens beyond its context length
     error = assert_openai_error(http.post("/v1/chat/completions", json={**GOOD, "max_tokens": 10**6}), 400, type="invalid_request_error")
@@ -249,3 +282,4 @@ def test_upstream_gone_after_start_is_503(http, small, small_upstream):
         assert_openai_error(response, 503, type="upstream_error")
     assert_openai_error(http.get(f"/v1/memt/sessions/{session}"), 503, type="upstream_error")
     assert http.get("/health").status_code == 200
+
