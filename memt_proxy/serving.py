@@ -133,7 +133,7 @@ class ChatService:
             self._upstream_checked = False  # the upstream restarted: sessions are gone; relearn its epoch
             for state in self.sessions.values():
                 state.exists = False
-                state.committed, state.pending = [], None
+                state.committed, state.pending, state.history_known = [], None, True
         return from_native(exc)
 
     # ------------------------------------------------------------------ sessions
@@ -221,8 +221,14 @@ class ChatService:
         await self._locked(state)
         handed_off = False
         try:
-            await self._ensure(state)
-            prepared = await self._prepare_session(request, state, policy, on_divergence or self.on_divergence)
+            divergence = on_divergence or self.on_divergence
+            # prepared before the native session exists, so a refused request never creates one
+            prepared = await self._prepare_session(request, state, policy, divergence)
+            if not state.exists:
+                known = state.history_known
+                await self._ensure(state)
+                if state.history_known != known:  # the session already held memory we never saw
+                    prepared = await self._prepare_session(request, state, policy, divergence)
             lease = await self._acquire(state)
             if request.stream:
                 handed_off = True  # the stream releases the lease and the lock when it ends

@@ -165,7 +165,11 @@ def test_oversized_prompts(http, small):
         client.chat.completions.create(model=MODEL, messages=[long], max_tokens=2)
     assert info.value.body["code"] == "context_length_exceeded"
     assert_up(http)
-    assert http.delete("/v1/memt/sessions/big").status_code == 200
+    # a refused request creates nothing upstream (no native session takes a slot)
+    assert_openai_error(http.get("/v1/memt/sessions/big"), 404, code="session_not_found")
+    for messages in ([{"role": "assistant", "content": "hi"}], [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "x"}]):
+        assert_openai_error(http.post("/v1/chat/completions", json={**GOOD, "messages": messages}, headers={"X-MemT-Session": "bad"}), 400)
+    assert_openai_error(http.get("/v1/memt/sessions/bad"), 404, code="session_not_found")
 
 
 def test_turn_longer_than_one_commit(http, small, small_upstream, proxy_chat_format):
