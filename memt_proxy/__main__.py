@@ -34,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--served-model-name", action="append", default=[], help="model name(s) accepted in requests and listed by /v1/models (default: the checkpoint id or directory name)")
     parser.add_argument("--thinking", choices=["on", "off"], default="off", help="thinking mode when a request sets neither reasoning_effort nor chat_template_kwargs.enable_thinking")
     parser.add_argument("--on-divergence", choices=["reject", "reset"], default="reject", help="when a transcript's earlier messages differ from what the session committed: reject with 409, or reset the session's memory and start over")
+    parser.add_argument("--state-directory", default=None, help="keep each session's record of what its memory holds here, so that a restarted proxy still trims transcripts (default: in memory only; after a restart, resent histories count as edited)")
     parser.add_argument("--lease-wait", type=float, default=30.0, help="seconds a request waits for another request on the same session before 409")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the upstream server")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"], help="log verbosity")
@@ -69,6 +70,7 @@ def build_app(args: argparse.Namespace):
     from memt_core.launch import BUNDLED_MODEL
     from memt_proxy.app import create_app
     from memt_proxy.serving import ChatService
+    from memt_proxy.store import SessionStore
 
     path = Path(args.model_path) if args.model_path else BUNDLED_MODEL
     checkpoint = read_checkpoint(path, validate_backbone=False)
@@ -79,6 +81,7 @@ def build_app(args: argparse.Namespace):
     service = ChatService(
         client, chat_format, parser, model_names=names, default_memory=args.default_memory,
         default_thinking=args.thinking == "on", lease_wait=args.lease_wait, on_divergence=args.on_divergence,
+        store=SessionStore(args.state_directory),
     )
     return create_app(service, api_keys=load_api_keys(args.api_key, args.api_keys_file)), names
 

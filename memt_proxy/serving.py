@@ -24,6 +24,7 @@ from memt_core.client.parsers import OutputParser, hold_partial
 from memt_core.errors import EpochMismatch, LeaseConflict, MemTError, SessionBusy, SessionExists, UnknownSession
 from memt_proxy.errors import ProxyError, from_native
 from memt_proxy.protocol import ChatCompletionRequest, Usage, chunk_body, completion_id, response_body, text_of
+from memt_proxy.store import SessionStore
 from memt_proxy.transcript import Split, as_dict, check_tool_rounds, message_hash, split_transcript
 
 log = logging.getLogger("memt.proxy")
@@ -52,6 +53,7 @@ class SessionState:
     history_known: bool = True  # False when we adopted a native session whose history we never saw
     pending: PendingTurn | None = None
     exists: bool = False
+    version: int = 0  # the upstream's published_version of the memory that ``committed`` describes
 
 
 def native_session_id(tenant: str, session: str) -> str:
@@ -91,6 +93,7 @@ class ChatService:
         default_thinking: bool = False,
         lease_wait: float = 30.0,
         on_divergence: str = "reject",
+        store: SessionStore | None = None,
     ):
         self.client = client
         self.chat_format = chat_format
@@ -100,6 +103,7 @@ class ChatService:
         self.default_thinking = default_thinking
         self.lease_wait = lease_wait
         self.on_divergence = on_divergence
+        self.store = store or SessionStore(None)
         self.sessions: dict[tuple[str, str], SessionState] = {}
         self._upstream_checked = False
         self.max_prefill_tokens: int | None = None
@@ -159,9 +163,23 @@ class ChatService:
             # errors rebuilt from the wire carry the generic class of their status (Conflict), not SessionExists
             if not isinstance(exc.cause, SessionExists):
                 raise self._upstream_error(exc) from None
-            if not state.committed:
-                state.history_known = False  # memory exists, but we never saw what it holds
-        state.exists = True
+            self._adopt(state, await self._native(self.client.control, "inspect", state.native))
+            return
+        self.store.delete(state.native)  # a record from an earlier life of this id (before an upstream restart)
+        state.exists, state.version, state.committed, state.history_known = True, 0, [], True
+
+    def _adopt(self, state: SessionState, native: dict) -> None:
+        """Take over a native session that exists upstream: its record, if one matches its version, says what memory holds."""
+        committed = self.store.load(state.native, native["published_version"])
+        state.exists, state.version, state.pending = True, native["published_version"], None
+        state.committed, state.history_known = committed or [], committed is not None
+
+    def _changing(self, state: SessionState, committed: list[str]) -> None:
+        """Record, before it happens, that the next published version of the session's memory holds ``committed``."""
+        self.store.save(state.native, state.version, state.committed if state.history_known else None, committed)
+
+    def _changed(self, state: SessionState, committed: list[str]) -> None:
+        state.committed, state.version, state.history_known = committed, state.version + 1, True
 
     async def _acquire(self, state: SessionState) -> str:
         deadline = time.monotonic() + self.lease_wait
@@ -376,14 +394,15 @@ class ChatService:
             await self._commit(state, lease, transaction, prepared.context_ids)
         for piece in self._pieces(prepared.turn_ids + self._reply_ids(prepared, output_ids)):
             await self._commit(state, lease, transaction, piece)
-        await self._native(self.client.control, "publish", state.native, lease=lease, transaction=transaction)
-        state.committed = (
+        committed = (
             state.committed
             + [message_hash(as_dict(m)) for m in prepared.split.context]
             + [message_hash(m) for m in turn]
             + [message_hash(message)]
         )
-        state.history_known = True
+        self._changing(state, committed)
+        await self._native(self.client.control, "publish", state.native, lease=lease, transaction=transaction)
+        self._changed(state, committed)
 
     def _pieces(self, ids: list[int]) -> list[list[int]]:
         """The turn as commits of at most the upstream's max_prefill_tokens (usually one).
@@ -486,7 +505,7 @@ class ChatService:
                         if not isinstance(exc.cause, UnknownSession):
                             raise self._upstream_error(exc) from None  # e.g. the upstream is unreachable: not a 404
                         raise ProxyError(404, f"session {session!r} does not exist", code="session_not_found") from None
-                    state.exists = True
+                    self._adopt(state, native)
                 else:
                     native = await self._native(self.client.control, "inspect", state.native)
                 return {"session": session, "native": native, "committed_messages": len(state.committed), "history_known": state.history_known, "pending_tool_calls": state.pending is not None}
@@ -513,15 +532,17 @@ class ChatService:
             except ProxyError:
                 await self._native(self.client.control, "abort", state.native, lease=lease, transaction=transaction)
                 raise
+            self._changing(state, [])
             await self._native(self.client.control, "publish", state.native, lease=lease, transaction=transaction, memory_read=True)
-            state.committed, state.pending, state.history_known = [], None, True
+            state.pending = None
+            self._changed(state, [])
             return {"restored": name}
         if action == "reset":
-            await self._native(self.client.control, "reset", state.native, lease=lease)
-            state.committed, state.pending, state.history_known = [], None, True
+            await self._reset_leased(state, lease)
             return {"reset": True}
         if action == "close":
             await self._native(self.client.control, "close", state.native, lease=lease)
+            self.store.delete(state.native)
             state.exists, state.committed, state.pending, state.history_known = False, [], None, True
             return {"closed": True}
         raise ValueError(action)
@@ -529,10 +550,15 @@ class ChatService:
     async def _reset_native(self, state: SessionState) -> None:
         lease = await self._acquire(state)
         try:
-            await self._native(self.client.control, "reset", state.native, lease=lease)
+            await self._reset_leased(state, lease)
         finally:
             await self._release(state, lease)
-        state.committed, state.pending, state.history_known = [], None, True
+
+    async def _reset_leased(self, state: SessionState, lease: str) -> None:
+        self._changing(state, [])
+        await self._native(self.client.control, "reset", state.native, lease=lease)
+        state.pending = None
+        self._changed(state, [])
 
 
 def _deltas(deltas, parallel_tools: bool):

@@ -2,7 +2,8 @@
 # Start the OpenAI-compatible MemT proxy in front of a memt_core server.
 # Usage: sh scripts/start_proxy.sh [CHECKPOINT_DIR] [extra python -m memt_proxy arguments]
 # Environment: MEMT_PYTHON (python), MEMT_UPSTREAM (http://127.0.0.1:30000), MEMT_PROXY_PORT (8000),
-#              MEMT_API_KEY (the upstream server's key, if it has one).
+#              MEMT_API_KEY (the upstream server's key, if it has one),
+#              MEMT_PROXY_STATE (./memt-proxy-state: per-session records, so a restart keeps trimming).
 set -e
 PY="${MEMT_PYTHON:-python}"
 MODEL_ARGS=""
@@ -12,4 +13,5 @@ if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then
 fi
 # shellcheck disable=SC2086
 exec "$PY" -m memt_proxy --upstream "${MEMT_UPSTREAM:-http://127.0.0.1:30000}" \
-  --host 127.0.0.1 --port "${MEMT_PROXY_PORT:-8000}" $MODEL_ARGS "$@"
+  --host 127.0.0.1 --port "${MEMT_PROXY_PORT:-8000}" --state-directory "${MEMT_PROXY_STATE:-./memt-proxy-state}" \
+  $MODEL_ARGS "$@"

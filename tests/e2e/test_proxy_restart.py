@@ -1,0 +1,76 @@
+"""A proxy restarted (killed) in the middle of conversations, in front of an upstream that kept running.
+
+With ``--state-directory`` the new proxy reads each session's record and still trims the resent
+transcript to the new message; without it the history is unknown and a resent transcript is refused as
+an edited history (409 ``transcript_diverged``), the documented behaviour, never silently re-committed.
+"""
+
+from __future__ import annotations
+
+import pytest
+from e2e.proxies import MODEL, ProxyServer, assert_openai_error, expected_prompt, unique
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def say(client, history: list[dict], text: str, session: str):
+    """One completed turn (a stop string ends it), appended to ``history``."""
+    history.append({"role": "user", "content": text})
+    for seed in range(20):
+        reply = client.chat.completions.create(model=MODEL, messages=history, max_tokens=24, temperature=1.0, seed=seed,
+                                               stop=[" ", "e"], extra_headers={"X-MemT-Session": session})
+        if reply.choices[0].finish_reason == "stop":
+            history.append({"role": "assistant", "content": reply.choices[0].message.content})
+            return reply
+    pytest.fail("no completed turn in 20 seeds")
+
+
+def killed(proxy: ProxyServer) -> None:
+    proxy.process.kill()
+    proxy.process.wait(30)
+
+
+def test_restarted_proxy_keeps_trimming_with_a_state_directory(proxy_upstream, nano_checkpoint, proxy_chat_format, tmp_path):
+    args = ["--state-directory", str(tmp_path / "proxy-state")]
+    session, history = unique("restart"), []
+    first = ProxyServer(proxy_upstream.url, nano_checkpoint, args=args).start()
+    try:
+        for text in ("first question", "second question"):
+            say(first.openai("unused"), history, text, session)
+        assert first.inspect(session, None)["committed_messages"] == 4
+    finally:
+        killed(first)
+    with ProxyServer(proxy_upstream.url, nano_checkpoint, args=args) as second:
+        info = second.inspect(session, None)
+        assert info["committed_messages"] == 4 and info["history_known"] is True
+        reply = say(second.openai("unused"), history, "third question", session)
+        # only the new question reached the model: the four committed messages were trimmed
+        assert reply.usage.prompt_tokens == len(expected_prompt(proxy_chat_format, history[:-1], 4))
+        assert second.inspect(session, None)["committed_messages"] == 6
+        # a reset is recorded too: after another restart the session is known to be empty
+        with second.http(None) as http:
+            assert http.post(f"/v1/memt/sessions/{session}/reset").status_code == 200
+        killed(second)
+    with ProxyServer(proxy_upstream.url, nano_checkpoint, args=args) as third:
+        info = third.inspect(session, None)
+        assert info["committed_messages"] == 0 and info["history_known"] is True
+        with third.http(None) as http:
+            assert http.delete(f"/v1/memt/sessions/{session}").status_code == 200
+    assert not list((tmp_path / "proxy-state").glob("*.json"))  # a closed session leaves no record
+
+
+def test_restarted_proxy_without_records_refuses_the_unknown_history(proxy_upstream, nano_checkpoint):
+    session, history = unique("restart-bare"), []
+    first = ProxyServer(proxy_upstream.url, nano_checkpoint).start()
+    try:
+        say(first.openai("unused"), history, "first question", session)
+    finally:
+        killed(first)
+    with ProxyServer(proxy_upstream.url, nano_checkpoint) as second:
+        with second.http(None) as http:
+            history.append({"role": "user", "content": "second question"})
+            response = http.post("/v1/chat/completions", json={"model": MODEL, "messages": history, "max_tokens": 4},
+                                 headers={"X-MemT-Session": session})
+            assert_openai_error(response, 409, code="transcript_diverged")
+            assert second.inspect(session, None)["history_known"] is False
+            assert http.delete(f"/v1/memt/sessions/{session}").status_code == 200
