@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import torch
 
-
 #: Tokens per chunk of the chunked write (the fastest on CPU for small and Nano-sized heads alike).
 CHUNK_SIZE = 32
 #: The chunk-local work (everything but the state recurrence) is done for several chunks at once while
 #: their temporaries stay about this size: small heads then cost a few large ops instead of many small
 #: ones, and large heads (one chunk already this big) keep every temporary in cache.
 BLOCK_BYTES = 1 << 20
+
 
 def read_memory(q: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
     """Read a fixed state: ``y_t = Sᵀ q_t``. q: [B, T, H, K], state: [B, H, K, V] → [B, T, H, V]."""
