@@ -74,3 +74,27 @@ def test_restarted_proxy_without_records_refuses_the_unknown_history(proxy_upstr
             assert_openai_error(response, 409, code="transcript_diverged")
             assert second.inspect(session, None)["history_known"] is False
             assert http.delete(f"/v1/memt/sessions/{session}").status_code == 200
+
+
+def test_tool_results_without_a_pending_call_are_a_new_turn(proxy_upstream, nano_checkpoint, proxy_chat_format):
+    """What a restarted proxy sees when an app sends the results of a call the old proxy returned."""
+    session = unique("restart-tools")
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}
+    messages = [
+        {"role": "user", "content": "weather in Oslo?"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": '{"temperature": 3}'},
+    ]
+    with ProxyServer(proxy_upstream.url, nano_checkpoint) as proxy:
+        client = proxy.openai("unused")
+        for seed in range(20):
+            reply = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=24, temperature=1.0, seed=seed,
+                                                   stop=[" ", "e"], extra_headers={"X-MemT-Session": session})
+            if reply.choices[0].finish_reason == "stop":
+                break
+        assert reply.choices[0].finish_reason == "stop"
+        # the model saw the whole round, rendered as the chat template renders it
+        assert reply.usage.prompt_tokens == len(expected_prompt(proxy_chat_format, messages, 0))
+        assert proxy.inspect(session, None)["committed_messages"] == 4
+        with proxy.http(None) as http:
+            assert http.delete(f"/v1/memt/sessions/{session}").status_code == 200
