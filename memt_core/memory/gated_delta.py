@@ -98,18 +98,9 @@ def chunk_gated_delta_rule(
     for start in range(0, length, block):
         stop = min(start + block, length)
         chunks = -(-(stop - start) // size)
-
-        def blocked(x: torch.Tensor) -> torch.Tensor:
-            # tokens start:stop of [B, T, H, D] → [chunks, B·H, C, D] in FP32, zero-padded to whole chunks
-            x = x[:, start:stop].float()
-            if x.shape[1] < chunks * size:
-                x = torch.nn.functional.pad(x, (0, 0, 0, 0, 0, chunks * size - x.shape[1]))
-            x = x.reshape(batch, chunks, size, heads, x.shape[-1]).permute(1, 0, 3, 2, 4)
-            return x.reshape(chunks, rows, size, x.shape[-1])
-
-        k_n, v_n = blocked(k), blocked(v)  # [N, B·H, C, K], [N, B·H, C, V]
-        beta_n = blocked(beta[..., None])[..., 0]  # [N, B·H, C]
-        gamma = blocked(g[..., None])[..., 0].cumsum(-1)  # γ_t within each chunk
+        k_n, v_n = _blocked(k, start, stop, size), _blocked(v, start, stop, size)  # [N, B·H, C, K], [N, B·H, C, V]
+        beta_n = _blocked(beta[..., None], start, stop, size)[..., 0]  # [N, B·H, C]
+        gamma = _blocked(g[..., None], start, stop, size)[..., 0].cumsum(-1)  # γ_t within each chunk
         # e^{γ_t − γ_i} for i ≤ t, zero above the diagonal (masked before exp so it never overflows)
         decay = (gamma[..., :, None] - gamma[..., None, :]).masked_fill(above, float("-inf")).exp()
         # T = (I + A)^{-1}: a unit lower triangular solve (out of place, so autograd can differentiate it)
@@ -121,7 +112,7 @@ def chunk_gated_delta_rule(
         k_tail = (k_n * (last - gamma).exp()[..., None]).transpose(-1, -2)  # Kᵀ e^{γ_C−γ}
         chunk_decay = last.exp()[..., None]  # e^{γ_C}: [N, B·H, 1, 1]
         if q is not None:
-            q_n = blocked(q)
+            q_n = _blocked(q, start, stop, size)
             attn = (q_n @ k_n.transpose(-1, -2)) * decay
             q_decayed = q_n * gamma.exp()[..., None]
         for c in range(chunks):
@@ -138,6 +129,17 @@ def chunk_gated_delta_rule(
     out = torch.cat(outputs, dim=1)[:, :length]  # [B·H, T, V], padding dropped
     out = out.reshape(batch, heads, length, value_dim).transpose(1, 2)
     return out.contiguous(), state
+
+
+def _blocked(x: torch.Tensor, start: int, stop: int, size: int) -> torch.Tensor:
+    """Tokens start:stop of [B, T, H, D] → [N, B·H, C, D] chunks of ``size`` in FP32, zero-padded to whole chunks."""
+    batch, _, heads, dim = x.shape
+    chunks = -(-(stop - start) // size)
+    x = x[:, start:stop].float()
+    if x.shape[1] < chunks * size:
+        x = torch.nn.functional.pad(x, (0, 0, 0, 0, 0, chunks * size - x.shape[1]))
+    x = x.reshape(batch, chunks, size, heads, dim).permute(1, 0, 3, 2, 4)
+    return x.reshape(chunks, batch * heads, size, dim)
 
 
 def _initial(state: torch.Tensor | None, batch: int, heads: int, key_dim: int, value_dim: int, device) -> torch.Tensor:
