@@ -13,6 +13,16 @@ from memt_core.checkpoint import read_checkpoint
 from memt_core.errors import CheckpointError
 
 
+def lease_ttl(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected whole seconds, got {text!r}") from None
+    if not 3 <= value <= 3600:
+        raise argparse.ArgumentTypeError(f"must be between 3 and 3600 seconds, got {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m memt_proxy",
@@ -36,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--on-divergence", choices=["reject", "reset"], default="reject", help="when a transcript's earlier messages differ from what the session committed: reject with 409, or reset the session's memory and start over")
     parser.add_argument("--state-directory", default=None, help="keep each session's record of what its memory holds here, so that a restarted proxy still trims transcripts (default: in memory only; after a restart, resent histories count as edited)")
     parser.add_argument("--lease-wait", type=float, default=30.0, help="seconds a request waits for another request on the same session before 409")
+    parser.add_argument("--lease-ttl", type=lease_ttl, default=30, help="seconds of each native session lease; renewed every third of it while a request runs, so a proxy that dies frees its sessions within this time")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the upstream server")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"], help="log verbosity")
     return parser
@@ -81,7 +92,7 @@ def build_app(args: argparse.Namespace):
     service = ChatService(
         client, chat_format, parser, model_names=names, default_memory=args.default_memory,
         default_thinking=args.thinking == "on", lease_wait=args.lease_wait, on_divergence=args.on_divergence,
-        store=SessionStore(args.state_directory),
+        store=SessionStore(args.state_directory), lease_ttl=args.lease_ttl,
     )
     return create_app(service, api_keys=load_api_keys(args.api_key, args.api_keys_file)), names
 

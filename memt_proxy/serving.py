@@ -30,7 +30,7 @@ from memt_proxy.transcript import Split, as_dict, check_tool_rounds, message_has
 log = logging.getLogger("memt.proxy")
 
 POLICIES = ("auto", "read", "off")
-LEASE_TTL = 600
+LEASE_TTL = 30  # default native lease lifetime (seconds); renewed while a request holds it
 STREAM_START_TIMEOUT = 60.0
 COMMIT_CAPACITY_WAIT = 30.0  # seconds a commit retries while the upstream's in-flight commit capacity is full (429)
 RELEASE_WAIT = 10.0  # seconds a release retries while a cancelled query is still winding down upstream
@@ -54,6 +54,7 @@ class SessionState:
     pending: PendingTurn | None = None
     exists: bool = False
     version: int = 0  # the upstream's published_version of the memory that ``committed`` describes
+    keeper: asyncio.Task | None = None  # renews the native lease while a request holds it
 
 
 def native_session_id(tenant: str, session: str) -> str:
@@ -94,6 +95,7 @@ class ChatService:
         lease_wait: float = 30.0,
         on_divergence: str = "reject",
         store: SessionStore | None = None,
+        lease_ttl: int = LEASE_TTL,
     ):
         self.client = client
         self.chat_format = chat_format
@@ -104,6 +106,7 @@ class ChatService:
         self.lease_wait = lease_wait
         self.on_divergence = on_divergence
         self.store = store or SessionStore(None)
+        self.lease_ttl = lease_ttl
         self.sessions: dict[tuple[str, str], SessionState] = {}
         self._upstream_checked = False
         self.max_prefill_tokens: int | None = None
@@ -185,13 +188,30 @@ class ChatService:
         deadline = time.monotonic() + self.lease_wait
         while True:
             try:
-                return (await self.client.control("acquire", state.native, ttl=LEASE_TTL))["lease"]
+                lease = (await self.client.control("acquire", state.native, ttl=self.lease_ttl))["lease"]
+                break
             except MemTClientError as exc:
                 if not isinstance(exc.cause, LeaseConflict) or time.monotonic() > deadline:
                     raise self._upstream_error(exc) from None
             await asyncio.sleep(0.2)
+        state.keeper = asyncio.get_running_loop().create_task(self._keep(state, lease))
+        return lease
+
+    async def _keep(self, state: SessionState, lease: str) -> None:
+        """Renew the lease every third of its lifetime until released: long generations keep it, and
+        a proxy that dies leaves its sessions leased for at most ``lease_ttl`` seconds."""
+        while True:
+            await asyncio.sleep(self.lease_ttl / 3)
+            try:
+                await self.client.control("renew", state.native, lease=lease, ttl=self.lease_ttl)
+            except MemTClientError:
+                log.warning("renewing the lease of %s failed", state.native, exc_info=True)
+                return
 
     async def _release(self, state: SessionState, lease: str) -> None:
+        if state.keeper is not None:
+            state.keeper.cancel()
+            state.keeper = None
         deadline = time.monotonic() + RELEASE_WAIT
         while True:
             try:

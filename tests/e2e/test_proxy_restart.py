@@ -7,8 +7,11 @@ an edited history (409 ``transcript_diverged``), the documented behaviour, never
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 import pytest
-from e2e.proxies import MODEL, ProxyServer, assert_openai_error, expected_prompt, unique
+from e2e.proxies import LONG_MESSAGES, LONG_TOKENS, MODEL, ProxyServer, assert_openai_error, expected_prompt, unique
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -98,3 +101,56 @@ def test_tool_results_without_a_pending_call_are_a_new_turn(proxy_upstream, nano
         assert proxy.inspect(session, None)["committed_messages"] == 4
         with proxy.http(None) as http:
             assert http.delete(f"/v1/memt/sessions/{session}").status_code == 200
+
+
+def test_a_killed_proxy_frees_its_sessions_within_the_lease_ttl(proxy_upstream, nano_checkpoint, long_seed):
+    session = unique("restart-leased")
+    body = {"model": MODEL, "messages": LONG_MESSAGES, "max_tokens": LONG_TOKENS, "temperature": 1.0, "seed": long_seed, "stream": True}
+    first = ProxyServer(proxy_upstream.url, nano_checkpoint, args=["--lease-ttl", "3"]).start()
+    try:
+        with first.http(None) as http:
+            with http.stream("POST", "/v1/chat/completions", json=body, headers={"X-MemT-Session": session}) as response:
+                assert response.status_code == 200
+                for line in response.iter_lines():
+                    if line.startswith("data:"):
+                        killed(first)  # mid-stream, holding the session's lease
+                        break
+    finally:
+        killed(first)
+    with ProxyServer(proxy_upstream.url, nano_checkpoint, args=["--lease-ttl", "3"]) as second:
+        started = time.monotonic()
+        reply = second.openai("unused").chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "anyone there?"}], max_tokens=4,
+            extra_headers={"X-MemT-Session": session},
+        )
+        assert reply.choices[0].finish_reason in ("stop", "length")
+        assert time.monotonic() - started < 3 + 5  # the dead proxy's lease ran out; not the 30 s --lease-wait
+        with second.http(None) as http:
+            assert http.delete(f"/v1/memt/sessions/{session}").status_code == 200
+
+
+def test_a_lease_is_renewed_while_held(proxy_upstream, nano_checkpoint):
+    """The proxy's own service against the live upstream: a lease held past its TTL stays valid, and goes on release."""
+    from memt_core.client.chat_format import load_chat_format, load_tokenizer
+    from memt_core.client.native import AsyncNativeClient
+    from memt_proxy.serving import ChatService
+
+    chat_format, parser = load_chat_format(nano_checkpoint, tokenizer=load_tokenizer(nano_checkpoint))
+
+    async def scenario():
+        client = AsyncNativeClient(proxy_upstream.url)
+        service = ChatService(client, chat_format, parser, model_names=[MODEL], lease_ttl=3)
+        await service.check_upstream()
+        state = service.state("t", unique("renewed"))
+        await service._ensure(state)
+        lease = await service._acquire(state)
+        await asyncio.sleep(4.5)  # past the 3 s the lease was granted for
+        held = await client.control("inspect", state.native)
+        await service._release(state, lease)
+        released = await client.control("inspect", state.native)
+        await client.control("close", state.native, lease=(await client.control("acquire", state.native, ttl=5))["lease"])
+        return held, released
+
+    held, released = asyncio.run(scenario())
+    assert held["leased"] is True and held["lease_expires_in"] > 0
+    assert released["leased"] is False
