@@ -179,7 +179,11 @@ class ChatService:
 
     def _changing(self, state: SessionState, committed: list[str]) -> None:
         """Record, before it happens, that the next published version of the session's memory holds ``committed``."""
-        self.store.save(state.native, state.version, state.committed if state.history_known else None, committed)
+        try:
+            self.store.save(state.native, state.version, state.committed if state.history_known else None, committed)
+        except OSError:
+            # without a fresh record a restarted proxy finds no version match: the history counts as unknown
+            log.warning("could not write the session record of %s", state.native, exc_info=True)
 
     def _changed(self, state: SessionState, committed: list[str]) -> None:
         state.committed, state.version, state.history_known = committed, state.version + 1, True

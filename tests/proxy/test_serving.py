@@ -103,3 +103,19 @@ def test_stream_deltas_carry_indexes(service):
     stream = service.parser.stream(thinking=False)
     single = list(_deltas(stream.finish(text), False))  # parallel_tool_calls false: only the first call
     assert [d["tool_calls"][0]["index"] for d in single if "tool_calls" in d] == [0]
+
+
+def test_a_failed_session_record_write_is_logged_and_the_change_goes_on(nano_checkpoint, tmp_path, caplog):
+    """The record is an aid for restarts: losing one must not fail the request (the history then counts as unknown)."""
+    import logging
+
+    from memt_proxy.store import SessionStore
+
+    chat_format, parser = load_chat_format(nano_checkpoint, tokenizer=load_tokenizer(nano_checkpoint))
+    service = ChatService(AsyncNativeClient("http://127.0.0.1:9"), chat_format, parser, model_names=["m"],
+                          store=SessionStore(tmp_path / "state"))
+    state = service.state("tenant", "s")
+    (tmp_path / "state").rmdir()  # e.g. the directory was removed under the running proxy
+    with caplog.at_level(logging.WARNING, logger="memt.proxy"):
+        service._changing(state, ["a" * 64])
+    assert any("could not write the session record" in r.message for r in caplog.records)

@@ -52,3 +52,5 @@ def test_without_a_directory_nothing_is_kept(tmp_path):
     store.save("p-1", 0, [], [A])
     assert store.load("p-1", 1) is None
     store.delete("p-1")
+
+
