@@ -1,15 +1,17 @@
 """The native MemT client: ``NativeClient`` (HTTP), ``MemTSession`` (conversations with memory),
 ``load_chat_format`` (prompt encoding and output parsing per model family) and the interactive CLI
-(``python -m memt_core.client``). Needs no PyTorch.
+(``python -m memt_core.client``), and ``ProxySessions`` for the OpenAI-compatible proxy's session admin
+routes. Needs no PyTorch.
 """
 
 from memt_core.client.chat_format import ChatFormat, FlashChatFormat, NanoChatFormat, load_chat_format, load_tokenizer
 from memt_core.client.errors import MemTClientError
 from memt_core.client.native import NativeClient
 from memt_core.client.parsers import OutputParser, Parsed, ToolCall, parser_for
+from memt_core.client.proxy_sessions import ProxySessions
 from memt_core.client.session import MemTSession
 
 __all__ = [
     "ChatFormat", "FlashChatFormat", "MemTClientError", "MemTSession", "NanoChatFormat", "NativeClient",
-    "OutputParser", "Parsed", "ToolCall", "load_chat_format", "load_tokenizer", "parser_for",
+    "OutputParser", "Parsed", "ProxySessions", "ToolCall", "load_chat_format", "load_tokenizer", "parser_for",
 ]

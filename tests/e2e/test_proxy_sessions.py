@@ -319,3 +319,28 @@ def test_session_admin_routes(proxy, client):
     # a closed session can be used again from scratch
     again = ask(client, first, source, seed=1)
     assert again.usage.prompt_tokens > 0
+
+
+def test_proxy_sessions_client(proxy, client):
+    """memt_core.client.ProxySessions (what the integrations use) over the admin routes, errors typed by status."""
+    from memt_core.client import MemTClientError, ProxySessions
+    from memt_core.errors import AuthenticationError
+
+    sessions = ProxySessions(proxy.base_url, api_key=KEY_A, timeout=60)
+    session = unique("admin-client")
+    with pytest.raises(MemTClientError) as info:
+        sessions.inspect(session)
+    assert info.value.status == 404 and "does not exist" in str(info.value)
+    completed_turn(client, session, [{"role": "user", "content": "remember me"}])
+    assert sessions.inspect(session)["committed_messages"] == 2
+    name = sessions.save(session, f"{session}.safetensors")
+    assert sessions.reset(session) == {"reset": True}
+    assert sessions.inspect(session)["committed_messages"] == 0
+    assert sessions.restore(session, name) == {"restored": name}
+    with pytest.raises(MemTClientError) as info:
+        sessions.save(session, name)  # exists, no overwrite
+    assert info.value.status == 409
+    with pytest.raises(MemTClientError) as info:
+        ProxySessions(proxy.base_url, api_key="wrong").inspect(session)
+    assert info.value.status == 401 and isinstance(info.value.cause, AuthenticationError)
+    assert sessions.close(session) == {"closed": True}

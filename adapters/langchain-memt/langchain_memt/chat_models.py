@@ -11,14 +11,15 @@ from __future__ import annotations
 import os
 from typing import Any, Literal
 
-import httpx
 from langchain_openai import ChatOpenAI
 from pydantic import Field, model_validator
+
+from memt_core.client.proxy_sessions import ProxySessions, SessionAdminMixin
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000/v1"
 
 
-class ChatMemT(ChatOpenAI):
+class ChatMemT(SessionAdminMixin, ChatOpenAI):
     """A MemT proxy session as a LangChain chat model.
 
     Example:
@@ -54,37 +55,6 @@ class ChatMemT(ChatOpenAI):
     def _llm_type(self) -> str:
         return "memt-chat"
 
-    # ------------------------------------------------------------------ session admin
-
-    def _admin(self, method: str, suffix: str = "", json: dict | None = None) -> dict:
-        if self.session_id is None:
-            raise ValueError("session admin needs a session_id")
-        base = (self.openai_api_base or DEFAULT_BASE_URL).rstrip("/")
+    def _proxy_sessions(self) -> ProxySessions:
         key = self.openai_api_key.get_secret_value() if hasattr(self.openai_api_key, "get_secret_value") else self.openai_api_key
-        response = httpx.request(
-            method, f"{base}/memt/sessions/{self.session_id}{suffix}", json=json,
-            headers={"Authorization": f"Bearer {key}"}, timeout=self.request_timeout or 300,
-        )
-        if response.status_code >= 400:
-            raise RuntimeError(f"MemT proxy answered {response.status_code}: {response.text}")
-        return response.json()
-
-    def inspect_session(self) -> dict:
-        """The session's state on the proxy and the MemT server."""
-        return self._admin("GET")
-
-    def save_snapshot(self, name: str | None = None, *, overwrite: bool = False) -> str:
-        """Save the session's memory as a snapshot on the server; returns its name."""
-        return self._admin("POST", "/snapshots", {"name": name, "overwrite": overwrite})["snapshot"]
-
-    def restore_snapshot(self, name: str) -> dict:
-        """Replace the session's memory with a saved snapshot."""
-        return self._admin("POST", "/restore", {"name": name})
-
-    def reset_memory(self) -> dict:
-        """Clear the session's memory."""
-        return self._admin("POST", "/reset")
-
-    def close_session(self) -> dict:
-        """Delete the session and its memory."""
-        return self._admin("DELETE")
+        return ProxySessions(self.openai_api_base or DEFAULT_BASE_URL, api_key=key, timeout=self.request_timeout or 300)

@@ -96,3 +96,19 @@ def test_function_calling_round_trip(demo_proxy):
 def test_example_runs(demo_proxy):
     output = run_example("llamaindex_chat.py", demo_proxy[0])
     assert "model:" in output and "session state:" in output
+
+
+def test_session_admin_helpers(demo_proxy):
+    proxy, _ = demo_proxy
+    session = session_name()
+    model = llm(proxy, session, "auto")
+    model.chat([user("Hi, my name is Kenji.")])
+    assert model.inspect_session()["committed_messages"] == 2
+    name = model.save_snapshot(f"{session}.safetensors")
+    model.reset_memory()
+    assert "Kenji" not in model.chat([user("What is my name?")]).message.content
+    model.restore_snapshot(name)
+    assert "Kenji" in model.chat([user("What is my name?")]).message.content
+    assert model.close_session() == {"closed": True}
+    with pytest.raises(ValueError, match="session_id"):
+        llm(proxy).inspect_session()

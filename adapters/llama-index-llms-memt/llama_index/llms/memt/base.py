@@ -9,14 +9,15 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-import httpx
 from llama_index.core.bridge.pydantic import Field
 from llama_index.llms.openai_like import OpenAILike
+
+from memt_core.client.proxy_sessions import ProxySessions, SessionAdminMixin
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000/v1"
 
 
-class MemT(OpenAILike):
+class MemT(SessionAdminMixin, OpenAILike):
     """A MemT proxy session as a LlamaIndex LLM.
 
     Example:
@@ -48,26 +49,5 @@ class MemT(OpenAILike):
     def class_name(cls) -> str:
         return "MemT"
 
-    def _admin(self, method: str, suffix: str = "", json: dict | None = None) -> dict:
-        if self.session_id is None:
-            raise ValueError("session admin needs a session_id")
-        url = f"{self.api_base.rstrip('/')}/memt/sessions/{self.session_id}{suffix}"
-        response = httpx.request(method, url, json=json, headers={"Authorization": f"Bearer {self.api_key}"}, timeout=self.timeout)
-        if response.status_code >= 400:
-            raise RuntimeError(f"MemT proxy answered {response.status_code}: {response.text}")
-        return response.json()
-
-    def inspect_session(self) -> dict:
-        return self._admin("GET")
-
-    def save_snapshot(self, name: str | None = None, *, overwrite: bool = False) -> str:
-        return self._admin("POST", "/snapshots", {"name": name, "overwrite": overwrite})["snapshot"]
-
-    def restore_snapshot(self, name: str) -> dict:
-        return self._admin("POST", "/restore", {"name": name})
-
-    def reset_memory(self) -> dict:
-        return self._admin("POST", "/reset")
-
-    def close_session(self) -> dict:
-        return self._admin("DELETE")
+    def _proxy_sessions(self) -> ProxySessions:
+        return ProxySessions(self.api_base, api_key=self.api_key, timeout=self.timeout)
