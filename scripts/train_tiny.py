@@ -11,8 +11,9 @@ checkpoints), trains on synthetic episodes (:mod:`memt_core.demo.episodes`) thro
 → write → query-reads-memory path with gradients through the write, saves BF16 safetensors, and ends
 with the recall evaluation of ``scripts/eval_tiny.py`` on fresh random episodes.
 
-Run time: about 30-35 minutes for the default 3,000 steps with ``--threads 2`` on a 2-core CPU (measured
-29.8 and 33.0 minutes on a shared 2-core VM), then about 3 minutes for the evaluation of 200 episodes.
+Run time: about 47 minutes for the default 5,000 steps with ``--threads 2`` on a 2-core CPU (measured
+46.6 minutes on a shared 2-core VM; 3,000 steps took 30-33 minutes and gave a weaker model: documents
+56%, tool arguments 80%), then about 3 minutes for the evaluation of 200 episodes.
 
 Reproducible: the data, initialisation and order are seeded by ``--seed``; the same seed and
 ``--threads`` give the same checkpoint on the same machine and library versions.

@@ -55,7 +55,7 @@ class ModelShape:
 
 @dataclass
 class TrainConfig:
-    steps: int = 3000
+    steps: int = 5000
     batch_size: int = 16
     lr: float = 3e-3
     min_lr_ratio: float = 0.1
