@@ -88,7 +88,7 @@ def test_tool_round_trip_answers_from_the_result(client, city, temperature, cond
     call = choice.message.tool_calls[0]
     assert call.function.name == "get_weather"
     arguments = json.loads(call.function.arguments)
-    assert set(arguments) == {"city"} and isinstance(arguments["city"], str)  # the right city: ~80%, see eval.json
+    assert arguments == {"city": city}  # right name and arguments in 96% of fresh eval cases (eval.json)
     result = json.dumps({"city": arguments["city"], "temperature": temperature, "condition": condition})
     messages = [question, choice.message.model_dump(exclude_none=True), {"role": "tool", "tool_call_id": call.id, "content": result}]
     final = ask(client, messages, tools=tools).choices[0]
