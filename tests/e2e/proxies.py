@@ -38,9 +38,11 @@ import httpx
 import pytest
 from e2e.servers import HOST, REPO_ROOT, MemTServer, free_port, wait_healthy
 
+from memt_core.demo import BUNDLED_MODEL
+
 MODEL = "tiny-random-nano"
 #: The demo checkpoint: the bundled one, or $MEMT_DEMO_MODEL (e.g. a freshly trained candidate).
-DEMO_PATH = Path(os.environ.get("MEMT_DEMO_MODEL") or REPO_ROOT / "memt_core" / "bundled" / "memt-tiny-demo")
+DEMO_PATH = Path(os.environ.get("MEMT_DEMO_MODEL") or BUNDLED_MODEL)
 DEMO_MODEL = "memt-tiny-demo"
 KEYS = {"key-alpha": "alpha", "key-beta": "beta"}
 KEY_A, KEY_B = "key-alpha", "key-beta"

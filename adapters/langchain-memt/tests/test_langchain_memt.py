@@ -24,14 +24,14 @@ def session_name() -> str:
 
 
 def test_headers_are_fields(demo_proxy):
-    proxy, _ = demo_proxy
+    proxy = demo_proxy
     chat = llm(proxy, "alice", "read")
     assert chat.default_headers == {"X-MemT-Session": "alice", "X-MemT-Memory": "read"}
     assert llm(proxy).default_headers == {}
 
 
 def test_invoke_and_stream_on_one_session_use_memory(demo_proxy):
-    proxy, _ = demo_proxy
+    proxy = demo_proxy
     session = session_name()
     chat = llm(proxy, session, "auto")
     history = [HumanMessage("Hi, my name is Alice and I live in Lisbon.")]
@@ -49,7 +49,7 @@ def test_invoke_and_stream_on_one_session_use_memory(demo_proxy):
 
 
 def test_memory_off_and_read_headers(demo_proxy):
-    proxy, _ = demo_proxy
+    proxy = demo_proxy
     session = session_name()
     llm(proxy, session, "auto").invoke([HumanMessage("My name is Omar.")])
     assert proxy.inspect(session, None)["committed_messages"] == 2
@@ -61,7 +61,7 @@ def test_memory_off_and_read_headers(demo_proxy):
 
 
 def test_two_instances_with_different_sessions_stay_separate(demo_proxy):
-    proxy, _ = demo_proxy
+    proxy = demo_proxy
     first, second = session_name(), session_name()
     llm(proxy, first, "auto").invoke([HumanMessage("My name is Alice.")])
     llm(proxy, second, "auto").invoke([HumanMessage("My name is Victor.")])
@@ -72,7 +72,7 @@ def test_two_instances_with_different_sessions_stay_separate(demo_proxy):
 
 
 def test_bind_tools_round_trip(demo_proxy):
-    proxy, _ = demo_proxy
+    proxy = demo_proxy
     chat = llm(proxy, session_name(), "auto").bind_tools([WEATHER])
     question = HumanMessage("What is the weather in Paris?")
     first = chat.invoke([question])
@@ -84,7 +84,7 @@ def test_bind_tools_round_trip(demo_proxy):
 
 
 def test_ainvoke_and_astream(demo_proxy):
-    proxy, _ = demo_proxy
+    proxy = demo_proxy
     chat = llm(proxy, session_name(), "auto")
     told = HumanMessage("Hi, I am Emma and my favourite food is pizza.")
 
@@ -99,7 +99,7 @@ def test_ainvoke_and_astream(demo_proxy):
 
 
 def test_session_admin_helpers(demo_proxy):
-    proxy, _ = demo_proxy
+    proxy = demo_proxy
     session = session_name()
     chat = llm(proxy, session, "auto")
     chat.invoke([HumanMessage("My name is Grace.")])
@@ -114,5 +114,5 @@ def test_session_admin_helpers(demo_proxy):
 
 
 def test_example_runs(demo_proxy):
-    output = run_example("langchain_chat.py", demo_proxy[0])
+    output = run_example("langchain_chat.py", demo_proxy)
     assert "model:" in output and "session state:" in output

@@ -29,7 +29,7 @@ def user(text: str) -> ChatMessage:
 
 
 def test_chat_and_stream_chat_use_memory(demo_proxy):
-    proxy, _ = demo_proxy
+    proxy = demo_proxy
     session = session_name()
     model = llm(proxy, session, "auto")
     history = [user("Hi, my name is Kenji and I live in Oslo.")]
@@ -42,7 +42,7 @@ def test_chat_and_stream_chat_use_memory(demo_proxy):
 
 
 def test_async_variants(demo_proxy):
-    proxy, _ = demo_proxy
+    proxy = demo_proxy
     model = llm(proxy, session_name(), "auto")
 
     async def run():
@@ -58,7 +58,7 @@ def test_async_variants(demo_proxy):
 
 
 def test_sessions_stay_separate(demo_proxy):
-    proxy, _ = demo_proxy
+    proxy = demo_proxy
     first, second = session_name(), session_name()
     llm(proxy, first, "auto").chat([user("My name is Nina.")])
     llm(proxy, second, "auto").chat([user("My name is Hugo.")])
@@ -69,7 +69,7 @@ def test_sessions_stay_separate(demo_proxy):
 
 
 def test_function_calling_round_trip(demo_proxy):
-    proxy, _ = demo_proxy
+    proxy = demo_proxy
     seen = []
 
     def get_weather(city: str) -> str:
@@ -94,12 +94,12 @@ def test_function_calling_round_trip(demo_proxy):
 
 
 def test_example_runs(demo_proxy):
-    output = run_example("llamaindex_chat.py", demo_proxy[0])
+    output = run_example("llamaindex_chat.py", demo_proxy)
     assert "model:" in output and "session state:" in output
 
 
 def test_session_admin_helpers(demo_proxy):
-    proxy, _ = demo_proxy
+    proxy = demo_proxy
     session = session_name()
     model = llm(proxy, session, "auto")
     model.chat([user("Hi, my name is Kenji.")])
