@@ -48,6 +48,7 @@ KEYS = {"key-alpha": "alpha", "key-beta": "beta"}
 KEY_A, KEY_B = "key-alpha", "key-beta"
 LEASE_WAIT = 1.5
 LONG_TOKENS = 400
+STOPS = [" ", "e"]  # frequent in the random model's text: most turns end with finish_reason "stop"
 LONG_MESSAGES = [{"role": "user", "content": "Please keep talking for a long time."}]
 
 
@@ -141,6 +142,25 @@ class ProxyServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def ask(client, messages, session=None, *, memory="auto", seed=0, max_tokens=24, stop=STOPS, **extra):
+    headers = {}
+    if session is not None:
+        headers = {"X-MemT-Session": session, "X-MemT-Memory": memory, **extra.pop("headers", {})}
+    return client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=max_tokens, temperature=1.0, seed=seed, stop=stop,
+        extra_headers=headers, **extra,
+    )
+
+
+def completed_turn(client, session, messages, *, seed=0):
+    """Ask until a seed gives a completed (finish_reason "stop") turn; returns the response."""
+    for s in range(seed, seed + 20):
+        response = ask(client, messages, session, seed=s)
+        if response.choices[0].finish_reason == "stop":
+            return response
+    pytest.fail("no completed turn in 20 seeds")
 
 
 def assert_openai_error(response: httpx.Response, status: int, *, type: str | None = None, code: str | None = None, param: str | None = "<any>") -> dict:

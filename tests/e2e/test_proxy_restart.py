@@ -11,7 +11,7 @@ import asyncio
 import time
 
 import pytest
-from e2e.proxies import LONG_MESSAGES, LONG_TOKENS, MODEL, ProxyServer, assert_openai_error, expected_prompt, unique
+from e2e.proxies import LONG_MESSAGES, LONG_TOKENS, MODEL, ProxyServer, assert_openai_error, completed_turn, expected_prompt, unique
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -19,13 +19,9 @@ pytestmark = pytest.mark.timeout(600)
 def say(client, history: list[dict], text: str, session: str):
     """One completed turn (a stop string ends it), appended to ``history``."""
     history.append({"role": "user", "content": text})
-    for seed in range(20):
-        reply = client.chat.completions.create(model=MODEL, messages=history, max_tokens=24, temperature=1.0, seed=seed,
-                                               stop=[" ", "e"], extra_headers={"X-MemT-Session": session})
-        if reply.choices[0].finish_reason == "stop":
-            history.append({"role": "assistant", "content": reply.choices[0].message.content})
-            return reply
-    pytest.fail("no completed turn in 20 seeds")
+    reply = completed_turn(client, session, history)
+    history.append({"role": "assistant", "content": reply.choices[0].message.content})
+    return reply
 
 
 def killed(proxy: ProxyServer) -> None:
@@ -90,12 +86,7 @@ def test_tool_results_without_a_pending_call_are_a_new_turn(proxy_upstream, nano
     ]
     with ProxyServer(proxy_upstream.url, nano_checkpoint) as proxy:
         client = proxy.openai("unused")
-        for seed in range(20):
-            reply = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=24, temperature=1.0, seed=seed,
-                                                   stop=[" ", "e"], extra_headers={"X-MemT-Session": session})
-            if reply.choices[0].finish_reason == "stop":
-                break
-        assert reply.choices[0].finish_reason == "stop"
+        reply = completed_turn(client, session, messages)
         # the model saw the whole round, rendered as the chat template renders it
         assert reply.usage.prompt_tokens == len(expected_prompt(proxy_chat_format, messages, 0))
         assert proxy.inspect(session, None)["committed_messages"] == 4

@@ -13,39 +13,17 @@ import httpx
 import openai
 import pytest
 from e2e.proxies import (
-    KEY_A, KEY_B, LEASE_WAIT, LONG_MESSAGES, LONG_TOKENS, MODEL, assert_openai_error, assistant, expected_prompt,
-    unique, upstream_metric,
+    KEY_A, KEY_B, LEASE_WAIT, LONG_MESSAGES, LONG_TOKENS, MODEL, STOPS, ask, assert_openai_error, assistant, completed_turn,
+    expected_prompt, unique, upstream_metric,
 )
 
 from memt_proxy.serving import native_session_id
 
 pytestmark = pytest.mark.timeout(600)
 
-STOPS = [" ", "e"]
-
-
 @pytest.fixture(scope="module")
 def client(proxy):
     return proxy.openai()
-
-
-def ask(client, messages, session=None, *, memory="auto", seed=0, max_tokens=24, stop=STOPS, **extra):
-    headers = {}
-    if session is not None:
-        headers = {"X-MemT-Session": session, "X-MemT-Memory": memory, **extra.pop("headers", {})}
-    return client.chat.completions.create(
-        model=MODEL, messages=messages, max_tokens=max_tokens, temperature=1.0, seed=seed, stop=stop,
-        extra_headers=headers, **extra,
-    )
-
-
-def completed_turn(client, session, messages, *, seed=0):
-    """Ask until a seed gives a completed (finish_reason "stop") turn; returns the response."""
-    for s in range(seed, seed + 20):
-        response = ask(client, messages, session, seed=s)
-        if response.choices[0].finish_reason == "stop":
-            return response
-    pytest.fail("no completed turn in 20 seeds")
 
 
 # ---------------------------------------------------------------------- tenants
