@@ -100,8 +100,6 @@ def build_app(args: argparse.Namespace):
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if args.log_level.lower() != "debug":
-        logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per upstream call is debug detail
     try:
         app, names = build_app(args)
     except (CheckpointError, OSError) as exc:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import json
 import logging
@@ -36,7 +37,14 @@ class RestoreRequest(BaseModel):
 
 def create_app(service: ChatService, *, api_keys: dict[str, str] | None = None) -> FastAPI:
     """``api_keys`` maps key → tenant; without keys every caller is tenant "default"."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        yield
+        await service.client.aclose()  # the upstream connections
+
     app = FastAPI(
+        lifespan=lifespan,
         title="MemT OpenAI-compatible proxy",
         description=(
             "OpenAI chat completions with latent memory. Send `X-MemT-Session: <id>` to give a conversation "

@@ -15,15 +15,17 @@ unless ``--model-path``), then plays one multi-turn conversation three ways, int
   uncommitted earlier ones are sent as context and committed with the next completed turn, a reply
   cut by a stop string is committed as the text returned plus the end token). All paths therefore
   send the model the same prompt ids, write the same memory and get the same replies, so the
-  differences are the proxy's own cost (the extra HTTP hop, validation, hashing, templating) and,
+  differences are the proxy's own cost (the extra HTTP hop, validation, hashing, templating, and its
+  upstream calls made with ``AsyncNativeClient`` where the native path uses ``NativeClient``) and,
   for the first path, the SDK's.
 
-Prints the median latency per request of each, the added latency per request (median of the per-turn
-differences) and the ratio, against the target (≤ 5 % overhead at the median); then the prompt tokens
+Prints the median latency per request of each and the added latency per request (median of the
+per-turn differences); the overhead at the median is that added latency over the native median,
+against the target (≤ 5 %); the ratio of the medians is printed beside it. Then the prompt tokens
 per turn over the conversation for the app resending its full history, with memory (the session) and
 without (no session header), against the target (flat with memory).
 
-    PYTHONPATH=. python scripts/bench/proxy.py                        # 30 turns on a tiny random Nano
+    PYTHONPATH=. python scripts/bench/proxy.py                        # 40 turns on a tiny random Nano
     PYTHONPATH=. python scripts/bench/proxy.py --turns 12 --max-tokens 256 --no-stop   # longer replies
     PYTHONPATH=. python scripts/bench/proxy.py --turns 50 --max-tokens 64 --model-path CHECKPOINT --device cuda
 """
@@ -93,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--model-path", default=None, help="checkpoint to serve (default: a tiny random Nano checkpoint made in a temp dir)")
     parser.add_argument("--device", default="cpu", help="memt_core --device")
-    parser.add_argument("--turns", type=int, default=30, help="turns of the conversation")
+    parser.add_argument("--turns", type=int, default=40, help="turns of the conversation")
     parser.add_argument("--max-tokens", type=int, default=32, help="max tokens per reply")
     parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (seed = turn number)")
     parser.add_argument("--stop", action="append", default=None, help="stop string(s) ending a reply (default: ' ' and 'e', so a random model completes its turns)")
@@ -256,22 +258,24 @@ def main(argv: list[str] | None = None) -> int:
     http_ms = statistics.median(r["http_s"] for r in timed) * 1000
     added_ms = statistics.median((r["proxy_s"] - r["native_s"]) for r in timed) * 1000
     http_added_ms = statistics.median((r["http_s"] - r["native_s"]) for r in timed) * 1000
-    ratio = proxy_ms / native_ms
-    http_ratio = http_ms / native_ms
     same_prompt = sum(r["proxy_prompt"] == r["native_prompt"] for r in rows)
     same_output = sum(r["same_reply"] and r["proxy_out"] == r["native_out"] for r in rows)
+    sdk_share_ms = statistics.median((r["proxy_s"] - r["http_s"]) for r in timed) * 1000
+    # the verdict uses the paired estimate: each turn's three requests ran back to back, so their
+    # differences cancel the machine's drift, which the ratio of two separate medians does not
+    overhead = http_added_ms / native_ms
+    sdk_overhead = added_ms / native_ms
     print()
     print(f"latency per request, median over turns 1..{args.turns - 1} (interleaved, alternating order):")
     print(f"  native client (raw calls, memory on)               {native_ms:8.1f} ms")
-    print(f"  proxy, the request as JSON over HTTP (httpx)       {http_ms:8.1f} ms   added {http_added_ms:+.1f} ms (median of diffs)")
-    print(f"  proxy, the same through the openai SDK             {proxy_ms:8.1f} ms   added {added_ms:+.1f} ms (median of diffs)")
-    print(f"  ratio proxy / native: over HTTP {http_ratio:.3f} (overhead {100 * (http_ratio - 1):+.1f} %),"
-          f" through the SDK {ratio:.3f} (overhead {100 * (ratio - 1):+.1f} %)")
-    print("  (the SDK's share is its own client-side request building, which grows with the history it is given:"
-          " an app pays it against any OpenAI-compatible server)")
-    print(f"  target: the proxy's overhead <= {100 * TARGET_OVERHEAD:.0f} % at the median (over HTTP) ->"
-          f" {'MET' if http_ratio - 1 <= TARGET_OVERHEAD else 'NOT MET'}; through the SDK ->"
-          f" {'MET' if ratio - 1 <= TARGET_OVERHEAD else 'NOT MET'}")
+    print(f"  proxy, the request as JSON over HTTP (httpx)       {http_ms:8.1f} ms   added {http_added_ms:+.1f} ms (median of per-turn differences)")
+    print(f"  proxy, the same through the openai SDK             {proxy_ms:8.1f} ms   added {added_ms:+.1f} ms, of which the SDK's own {sdk_share_ms:+.1f} ms")
+    print(f"  the proxy's overhead at the median (added / native): {100 * overhead:+.1f} %"
+          f"  (ratio of the medians {http_ms / native_ms:.3f}); through the SDK {100 * sdk_overhead:+.1f} % (ratio {proxy_ms / native_ms:.3f})")
+    print("  (the SDK's share is its client-side request building, which grows with the history it is given:"
+          " an app pays it against any OpenAI-compatible server; 'SDK − HTTP' above, the same proxy both times)")
+    print(f"  target: the proxy's overhead <= {100 * TARGET_OVERHEAD:.0f} % at the median -> {'MET' if overhead <= TARGET_OVERHEAD else 'NOT MET'}"
+          f" (through the SDK, its own cost included: {'within' if sdk_overhead <= TARGET_OVERHEAD else 'over'} {100 * TARGET_OVERHEAD:.0f} %)")
     print(f"  the HTTP and SDK sessions gave the same reply in {sum(r['same_http'] for r in rows)}/{len(rows)} turns")
     print(f"  same prompt size on both paths in {same_prompt}/{len(rows)} turns, same reply in {same_output}/{len(rows)};"
           f" mean completion {statistics.mean(r['proxy_out'] for r in rows):.1f} tokens;"

@@ -140,6 +140,7 @@ def test_a_lease_is_renewed_while_held(proxy_upstream, nano_checkpoint):
         await service._release(state, lease)
         released = await client.control("inspect", state.native)
         await client.control("close", state.native, lease=(await client.control("acquire", state.native, ttl=5))["lease"])
+        await client.aclose()
         return held, released
 
     held, released = asyncio.run(scenario())
