@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=32, help="max tokens per reply")
     parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (seed = turn number)")
     parser.add_argument("--stop", action="append", default=None, help="stop string(s) ending a reply (default: ' ' and 'e', so a random model completes its turns)")
-    parser.add_argument("--plain-requests", type=int, default=60, help="also time this many stateless requests (no session) each way: proxy vs native generate")
+    parser.add_argument("--plain-requests", type=int, default=60, help="also time this many stateless requests (no session) each way: native generate, proxy over HTTP, proxy through the SDK")
     parser.add_argument("--no-stop", action="store_true", help="no stop strings: replies run to the end token or --max-tokens (truncated turns are not committed)")
     args = parser.parse_args(argv)
     stops = [] if args.no_stop else (args.stop if args.stop is not None else [" ", "e"])
@@ -223,16 +223,18 @@ def main(argv: list[str] | None = None) -> int:
         # ---- plain chat without a session, many times each way: the proxy's fixed cost per request
         plain_pairs = []
         messages = [{"role": "user", "content": user_message(1)}]
-        ids = chat_format.conversation_ids(messages, enable_thinking=False)
+        order = ("proxy", "sdk", "native")
         for index in range(args.plain_requests):
             sampling = {"max_new_tokens": args.max_tokens, "temperature": args.temperature, "seed": index, **({"stop": stops} if stops else {})}
             timings = {}
-            for which in (("proxy", "native") if index % 2 == 0 else ("native", "proxy")):
+            for which in order[index % 3:] + order[: index % 3]:
                 started = time.perf_counter()
                 if which == "proxy":
+                    via_proxy_http(messages, index, {})
+                elif which == "sdk":
                     via_proxy(messages, index, {})
                 else:
-                    native.generate(list(ids), sampling_params=sampling)
+                    native.generate(chat_format.conversation_ids(messages, enable_thinking=False), sampling_params=sampling)
                 timings[which] = time.perf_counter() - started
             plain_pairs.append(timings)
 
@@ -281,11 +283,12 @@ def main(argv: list[str] | None = None) -> int:
           f" mean completion {statistics.mean(r['proxy_out'] for r in rows):.1f} tokens;"
           f" completed turns (finish stop) proxy {sum(r['proxy_finish'] == 'stop' for r in rows)}, native {sum(r['native_finish'] == 'stop' for r in rows)}")
     if plain_pairs:
-        p_ms = statistics.median(t["proxy"] for t in plain_pairs) * 1000
         n_ms = statistics.median(t["native"] for t in plain_pairs) * 1000
+        p_ms = statistics.median(t["proxy"] for t in plain_pairs) * 1000
         d_ms = statistics.median(t["proxy"] - t["native"] for t in plain_pairs) * 1000
-        print(f"stateless chat (no session), median of {len(plain_pairs)} interleaved pairs: native generate {n_ms:.1f} ms,"
-              f" proxy {p_ms:.1f} ms, added {d_ms:+.1f} ms, ratio {p_ms / n_ms:.3f}")
+        s_ms = statistics.median(t["sdk"] - t["native"] for t in plain_pairs) * 1000
+        print(f"stateless chat (no session, one message), median of {len(plain_pairs)} interleaved triples: native generate {n_ms:.1f} ms,"
+              f" proxy over HTTP {p_ms:.1f} ms, added {d_ms:+.1f} ms ({100 * d_ms / n_ms:+.1f} %); through the SDK added {s_ms:+.1f} ms")
     print()
     print("prompt tokens per turn, app resending its full history:")
     print("  turn  with memory  without memory   proxy ms  native ms")
