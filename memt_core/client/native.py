@@ -104,29 +104,20 @@ class _Base:
         self._capabilities: dict | None = None
 
     @contextlib.contextmanager
-    def _mapped(self, stage: str, *, changes_state: bool):
-        """Map httpx failures to MemTClientError, deciding whether the outcome is uncertain."""
+    def _mapped(self, stage: str, *, changes_state: bool, failures: tuple | None = None):
+        """Map transport failures to MemTClientError, deciding whether the outcome is uncertain.
+
+        ``failures``: the transport's exception classes as (refused, connect timed out, failed after
+        sending); httpx's unless given.
+        """
+        refused, connect_timeout, broken = failures or (httpx.ConnectError, httpx.ConnectTimeout, (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError))
         try:
             yield
-        except httpx.ConnectError as exc:
+        except refused as exc:
             raise self._not_sent(stage, f"cannot connect to {self.base_url}: {exc}") from exc
-        except httpx.ConnectTimeout as exc:
+        except connect_timeout as exc:
             raise self._not_sent(stage, f"timed out connecting to {self.base_url}") from exc
-        except (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError) as exc:
-            raise self._broken(stage, exc, changes_state) from exc
-
-    @contextlib.contextmanager
-    def _mapped_aiohttp(self, stage: str, *, changes_state: bool):
-        """The same mapping for aiohttp's failures (connection refused or never made: certain; later: uncertain)."""
-        import aiohttp
-
-        try:
-            yield
-        except aiohttp.ClientConnectorError as exc:
-            raise self._not_sent(stage, f"cannot connect to {self.base_url}: {exc}") from exc
-        except aiohttp.ConnectionTimeoutError as exc:
-            raise self._not_sent(stage, f"timed out connecting to {self.base_url}") from exc
-        except (aiohttp.ClientError, TimeoutError) as exc:
+        except broken as exc:
             raise self._broken(stage, exc, changes_state) from exc
 
     def _not_sent(self, stage: str, why: str) -> MemTClientError:
@@ -226,6 +217,13 @@ class NativeClient(_Base):
         return [self.commit(session, lease, transaction, ids) for ids in turns]
 
 
+def _aiohttp_failures() -> tuple:
+    """aiohttp's failures in ``_mapped``'s order: refused or never connected is certain, anything later is not."""
+    import aiohttp
+
+    return aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError, (aiohttp.ClientError, TimeoutError)
+
+
 class AsyncNativeClient(_Base):
     """The same client for asyncio programs (the OpenAI-compatible proxy uses it).
 
@@ -256,7 +254,7 @@ class AsyncNativeClient(_Base):
             self._http = None
 
     async def _send(self, stage: str, method: str, path: str, *, body: dict | None = None, changes_state: bool) -> Any:
-        with self._mapped_aiohttp(stage, changes_state=changes_state):
+        with self._mapped(stage, changes_state=changes_state, failures=_aiohttp_failures()):
             async with self._session().request(method, self.base_url + path, json=body) as response:
                 status, text = response.status, await response.text()
         return check_response(status, _json_or_text(text), stage)
@@ -294,7 +292,7 @@ class AsyncNativeClient(_Base):
             yield chunk
 
     async def _stream(self, body: dict, stage: str) -> AsyncIterator[dict]:
-        with self._mapped_aiohttp(stage, changes_state=False):
+        with self._mapped(stage, changes_state=False, failures=_aiohttp_failures()):
             async with self._session().post(self.base_url + "/generate", json=body) as response:
                 if response.status >= 400:
                     check_response(response.status, _json_or_text(await response.text()), stage)
