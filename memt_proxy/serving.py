@@ -172,10 +172,14 @@ class ChatService:
         state.exists, state.version, state.committed, state.history_known = True, 0, [], True
 
     def _adopt(self, state: SessionState, native: dict) -> None:
-        """Take over a native session that exists upstream: its record, if one matches its version, says what memory holds."""
-        committed = self.store.load(state.native, native["published_version"])
-        state.exists, state.version, state.pending = True, native["published_version"], None
+        """Take over a native session that exists upstream: its record, if one matches its version, says
+        what memory holds and which turn, if any, waits for tool results."""
+        version = native["published_version"]
+        committed = self.store.load(state.native, version)
+        state.exists, state.version = True, version
         state.committed, state.history_known = committed or [], committed is not None
+        pending = self.store.load_pending(state.native, version) if committed is not None else None
+        state.pending = PendingTurn(**pending) if pending is not None else None
 
     def _changing(self, state: SessionState, committed: list[str]) -> None:
         """Record, before it happens, that the next published version of the session's memory holds ``committed``."""
@@ -185,8 +189,20 @@ class ChatService:
             # without a fresh record a restarted proxy finds no version match: the history counts as unknown
             log.warning("could not write the session record of %s", state.native, exc_info=True)
 
+    def _set_pending(self, state: SessionState, pending: PendingTurn | None) -> None:
+        """Keep (or drop) the turn waiting for tool results, in memory and in the session's record."""
+        if pending is None and state.pending is None:
+            return
+        state.pending = pending
+        try:
+            self.store.save_pending(state.native, state.version, state.committed if state.history_known else None,
+                                    None if pending is None else {"hashes": pending.hashes, "ids": pending.ids, "thinking": pending.thinking})
+        except OSError:
+            log.warning("could not write the session record of %s", state.native, exc_info=True)
+
     def _changed(self, state: SessionState, committed: list[str]) -> None:
-        state.committed, state.version, state.history_known = committed, state.version + 1, True
+        """The change recorded by ``_changing`` was published (which ends any turn waiting for tool results)."""
+        state.committed, state.version, state.history_known, state.pending = committed, state.version + 1, True, None
 
     async def _acquire(self, state: SessionState) -> str:
         deadline = time.monotonic() + self.lease_wait
@@ -332,13 +348,13 @@ class ChatService:
         turn_hashes = [message_hash(m) for m in turn]
         last_assistant = max((i for i, m in enumerate(turn) if m["role"] == "assistant"), default=None)
         pending = state.pending
-        if last_assistant is not None and pending is not None and pending.hashes == turn_hashes[: last_assistant + 1]:
+        continues = last_assistant is not None and pending is not None and pending.hashes == turn_hashes[: last_assistant + 1]
+        if continues:
             results = [{"tool_call_id": m.get("tool_call_id"), "content": m["content"]} for m in turn[last_assistant + 1:]]
             turn_ids = pending.ids + self.chat_format.tool_results_ids(results, enable_thinking=pending.thinking)
             thinking = pending.thinking
         else:
             turn_ids = self.chat_format.open_turn_ids(turn, enable_thinking=thinking)
-        state.pending = None  # a new request either continues it (above) or abandons it
         context_ids = self.chat_format.history_ids([as_dict(m) for m in split.context])
         prompt = (
             list(self.chat_format.bos_ids)
@@ -348,6 +364,10 @@ class ChatService:
             + self._encode(prefix)
         )
         self._check_length(prompt)
+        # a continued turn stays pending until this request ends it (or calls tools again), so that a
+        # retry after a failure, here or in a restarted proxy, continues it too; any other request abandons it
+        if not continues:
+            self._set_pending(state, None)
         sampling = self._sampling(request)
         return Prepared(state, policy, prompt, turn_ids + self._encode(prefix), context_ids, split, thinking, sampling, prefix, sampling.get("stop", []), parallel)
 
@@ -408,10 +428,11 @@ class ChatService:
             return
         turn = [as_dict(m) for m in prepared.split.turn]
         if finish == "tool_calls":
-            state.pending = PendingTurn([message_hash(m) for m in turn] + [message_hash(message)], prepared.turn_ids + output_ids, prepared.thinking)
+            self._set_pending(state, PendingTurn([message_hash(m) for m in turn] + [message_hash(message)], prepared.turn_ids + output_ids, prepared.thinking))
             return
         if prepared.policy != "auto" or finish != "stop":
-            return  # read-only, or a truncated reply: it stays in the app's transcript as context
+            self._set_pending(state, None)  # the turn ended without a commit (read-only, or a truncated reply)
+            return  # it stays in the app's transcript as context
         transaction = f"t-{uuid.uuid4().hex[:16]}"
         await self._native(self.client.control, "begin", state.native, lease=lease, transaction=transaction)
         if prepared.context_ids:

@@ -6,8 +6,9 @@ native session, before every change of the session's memory, as a pair: the hash
 current ``published_version`` and the hashes the change will leave at the next version. A proxy that
 restarts reads the upstream's ``published_version`` and takes whichever of the two matches it; when
 neither does (memory changed by someone else, or a lost write), the history counts as unknown and the
-request is handled as an edited history. Files are replaced atomically (temporary file + rename), so a
-killed proxy never leaves half a record.
+request is handled as an edited history. A turn waiting for tool results is recorded too, with the
+version it was made at, so that a restarted proxy continues it when the results come. Files are
+replaced atomically (temporary file + rename), so a killed proxy never leaves half a record.
 """
 
 from __future__ import annotations
@@ -33,10 +34,25 @@ class SessionStore:
         return self.directory / f"{native}.json"  # native ids are [A-Za-z0-9_.-]: safe file names
 
     def save(self, native: str, version: int, committed: list[str] | None, next_committed: list[str]) -> None:
-        """Record ``committed`` at ``version`` (None: unknown) and ``next_committed`` at ``version + 1`` (the change under way)."""
+        """Record ``committed`` at ``version`` (None: unknown) and ``next_committed`` at ``version + 1`` (the change under way).
+
+        A change of memory ends any turn that was waiting for tool results: the record drops it.
+        """
         if self.directory is None:
             return
-        record = {"version": version, "committed": committed, "next": {"version": version + 1, "committed": next_committed}}
+        self._write(native, {"version": version, "committed": committed, "next": {"version": version + 1, "committed": next_committed}})
+
+    def save_pending(self, native: str, version: int, committed: list[str] | None, pending: dict | None) -> None:
+        """Record (or with None, forget) the turn waiting for tool results at ``version``: its message hashes, token ids, thinking flag."""
+        if self.directory is None:
+            return
+        record = self._read(native) or {"version": version, "committed": committed, "next": None}
+        record.pop("pending", None)
+        if pending is not None:
+            record["pending"] = {"version": version, "hashes": pending["hashes"], "ids": pending["ids"], "thinking": pending["thinking"]}
+        self._write(native, record)
+
+    def _write(self, native: str, record: dict) -> None:
         fd, temporary = tempfile.mkstemp(dir=self.directory, prefix=f".{native}.", suffix=".tmp")
         try:
             with os.fdopen(fd, "w") as out:
@@ -46,23 +62,54 @@ class SessionStore:
             Path(temporary).unlink(missing_ok=True)
             raise
 
+    def _read(self, native: str) -> dict | None:
+        try:
+            record = json.loads(self._path(native).read_text())
+            if not isinstance(record, dict):
+                raise TypeError("a record is a JSON object")
+            return record
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, TypeError) as exc:
+            log.warning("ignoring unreadable session record %s: %s", self._path(native), exc)
+            return None
+
     def load(self, native: str, version: int) -> list[str] | None:
         """The committed hashes recorded for ``version`` of the session's memory, or None if none match."""
         if self.directory is None:
             return None
+        record = self._read(native)
+        if record is None:
+            return None
         try:
-            record = json.loads(self._path(native).read_text())
             for entry in (record, record["next"]):
+                if entry is None:
+                    continue
                 hashes = entry["committed"]
                 if entry["version"] == version and hashes is not None:
                     if not all(isinstance(h, str) for h in hashes):
                         raise TypeError("committed hashes must be strings")
                     return list(hashes)
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+        except (KeyError, TypeError) as exc:
             log.warning("ignoring unreadable session record %s: %s", self._path(native), exc)
         return None
+
+    def load_pending(self, native: str, version: int) -> dict | None:
+        """The turn waiting for tool results recorded at ``version``, or None."""
+        record = self._read(native) if self.directory is not None else None
+        pending = record.get("pending") if record is not None else None
+        if pending is None:
+            return None
+        try:
+            if pending["version"] != version:
+                return None
+            hashes, ids, thinking = pending["hashes"], pending["ids"], pending["thinking"]
+            if not (all(isinstance(h, str) for h in hashes) and all(type(i) is int for i in ids) and isinstance(thinking, bool)):
+                raise TypeError("pending hashes must be strings, ids integers, thinking a boolean")
+            return {"hashes": list(hashes), "ids": list(ids), "thinking": thinking}
+        except (KeyError, TypeError) as exc:
+            log.warning("ignoring the pending turn of unreadable session record %s: %s", self._path(native), exc)
+            return None
 
     def delete(self, native: str) -> None:
         if self.directory is not None:

@@ -25,6 +25,7 @@ request must produce: BOS + system block + uncommitted earlier messages as conte
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -206,6 +207,14 @@ def assistant(message) -> dict:
             for c in message.tool_calls
         ]
     return out
+
+
+@functools.cache
+def demo_chat_format():
+    """The bundled demo model's chat format (token ids of turns, tool results, …)."""
+    from memt_core.client.chat_format import load_chat_format, load_tokenizer
+
+    return load_chat_format(DEMO_PATH, tokenizer=load_tokenizer(DEMO_PATH))[0]
 
 
 def upstream_metric(server: MemTServer, name: str) -> float:

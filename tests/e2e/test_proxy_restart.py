@@ -1,8 +1,9 @@
 """A proxy restarted (killed) in the middle of conversations, in front of an upstream that kept running.
 
 With ``--state-directory`` the new proxy reads each session's record and still trims the resent
-transcript to the new message; without it the history is unknown and a resent transcript is refused as
-an edited history (409 ``transcript_diverged``), the documented behaviour, never silently re-committed.
+transcript to the new message, and continues a turn that was waiting for tool results; without it the
+history is unknown and a resent transcript is refused as an edited history (409
+``transcript_diverged``), the documented behaviour, never silently re-committed.
 """
 
 from __future__ import annotations
@@ -11,7 +12,12 @@ import asyncio
 import time
 
 import pytest
-from e2e.proxies import LONG_MESSAGES, LONG_TOKENS, MODEL, ProxyServer, assert_openai_error, completed_turn, expected_prompt, unique
+from e2e.proxies import (
+    DEMO_MODEL, DEMO_PATH, LONG_MESSAGES, LONG_TOKENS, MODEL, ProxyServer, assert_openai_error, assistant, completed_turn,
+    demo_chat_format, expected_prompt, unique,
+)
+
+from memt_core.demo.episodes import TOOLS
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -76,7 +82,7 @@ def test_restarted_proxy_without_records_refuses_the_unknown_history(proxy_upstr
 
 
 def test_tool_results_without_a_pending_call_are_a_new_turn(proxy_upstream, nano_checkpoint, proxy_chat_format):
-    """What a restarted proxy sees when an app sends the results of a call the old proxy returned."""
+    """What a proxy without a record of the call sees (restarted without --state-directory) when an app sends its results."""
     session = unique("restart-tools")
     call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}
     messages = [
@@ -91,6 +97,34 @@ def test_tool_results_without_a_pending_call_are_a_new_turn(proxy_upstream, nano
         assert reply.usage.prompt_tokens == len(expected_prompt(proxy_chat_format, messages, 0))
         assert proxy.inspect(session, None)["committed_messages"] == 4
         with proxy.http(None) as http:
+            assert http.delete(f"/v1/memt/sessions/{session}").status_code == 200
+
+
+def test_a_restarted_proxy_continues_a_pending_tool_call(demo_proxy, tmp_path):
+    """The app gets a tool call from one proxy, which is then killed; it sends the results to the next one,
+    which continues the same turn from the record (needs the demo model: a random one never calls tools)."""
+    args, session = ["--state-directory", str(tmp_path / "proxy-state")], unique("restart-pending")
+    question = {"role": "user", "content": "What is the weather in Paris?"}
+    ask = {"model": DEMO_MODEL, "tools": [TOOLS["get_weather"]], "temperature": 0.0, "max_tokens": 64, "extra_headers": {"X-MemT-Session": session}}
+    first = ProxyServer(demo_proxy.upstream, DEMO_PATH, args=args).start()
+    try:
+        called = first.openai("unused").chat.completions.create(messages=[question], **ask)
+        assert called.choices[0].finish_reason == "tool_calls", called.choices[0]
+    finally:
+        killed(first)
+    call = called.choices[0].message.tool_calls[0]
+    results = [{"tool_call_id": call.id, "content": '{"city": "Paris", "temperature": 21, "condition": "sunny"}'}]
+    with ProxyServer(demo_proxy.upstream, DEMO_PATH, args=args) as second:
+        assert second.inspect(session, None)["pending_tool_calls"] is True
+        messages = [question, assistant(called.choices[0].message), {"role": "tool", **results[0]}]
+        answered = second.openai("unused").chat.completions.create(messages=messages, **ask)
+        assert answered.choices[0].finish_reason == "stop" and answered.choices[0].message.content
+        # continued: the prompt is the first one + the call's exact tokens + the results (not the turn re-rendered)
+        assert answered.usage.prompt_tokens == called.usage.prompt_tokens + called.usage.completion_tokens + len(
+            demo_chat_format().tool_results_ids(results, enable_thinking=False))
+        info = second.inspect(session, None)
+        assert info["pending_tool_calls"] is False and info["committed_messages"] == 4
+        with second.http(None) as http:
             assert http.delete(f"/v1/memt/sessions/{session}").status_code == 200
 
 

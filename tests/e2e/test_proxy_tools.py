@@ -17,7 +17,7 @@ import json
 
 import openai
 import pytest
-from e2e.proxies import DEMO_MODEL, DEMO_PATH, assert_openai_error, unique
+from e2e.proxies import DEMO_MODEL, assert_openai_error, demo_chat_format, unique
 
 from memt_core.demo.episodes import TOOLS
 
@@ -170,14 +170,3 @@ def test_tool_choice_modes(client):
     assert name == "add" and set(arguments) == {"a", "b"}
     streamed = reassemble(chat(client, [{"role": "user", "content": "What is 3 plus 4?"}], tool_choice={"type": "function", "function": {"name": "add"}}, stream=True))
     assert streamed[1] == calls_of(named.choices[0].message) and streamed[3] == "tool_calls"
-
-
-_FORMAT = {}
-
-
-def demo_chat_format():
-    if "format" not in _FORMAT:
-        from memt_core.client.chat_format import load_chat_format, load_tokenizer
-
-        _FORMAT["format"] = load_chat_format(DEMO_PATH, tokenizer=load_tokenizer(DEMO_PATH))[0]
-    return _FORMAT["format"]

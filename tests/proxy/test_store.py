@@ -54,3 +54,44 @@ def test_without_a_directory_nothing_is_kept(tmp_path):
     store.delete("p-1")
 
 
+
+
+PENDING = {"hashes": [A, B], "ids": [5, 6, 7], "thinking": False}
+
+
+def test_a_pending_tool_turn_is_kept_at_its_version(tmp_path):
+    store = SessionStore(tmp_path)
+    store.save("p-1", 2, [A], [A, B])
+    store.save_pending("p-1", 3, [A, B], PENDING)
+    assert store.load_pending("p-1", 3) == PENDING
+    assert store.load_pending("p-1", 4) is None  # memory changed since: the turn it waited in is gone
+    assert store.load("p-1", 3) == [A, B]  # the committed history is kept beside it
+    store.save("p-1", 3, [A, B], [A, B, C])  # a change of memory ends it
+    assert store.load_pending("p-1", 3) is None and store.load_pending("p-1", 4) is None
+    store.save_pending("p-1", 4, [A, B, C], PENDING)
+    store.save_pending("p-1", 4, [A, B, C], None)  # abandoned
+    assert store.load_pending("p-1", 4) is None and store.load("p-1", 4) == [A, B, C]
+
+
+def test_a_pending_turn_of_a_session_without_commits(tmp_path):
+    store = SessionStore(tmp_path)
+    store.save_pending("p-1", 0, [], PENDING)
+    assert store.load("p-1", 0) == [] and store.load_pending("p-1", 0) == PENDING
+    assert store.load("p-1", 1) is None
+
+
+def test_a_malformed_pending_turn_is_ignored(tmp_path, caplog):
+    store = SessionStore(tmp_path)
+    for bad in ({"version": 0, "hashes": [A], "ids": ["x"], "thinking": False}, {"version": 0, "hashes": [A], "ids": [1]},
+                {"version": 0, "hashes": [1], "ids": [1], "thinking": True}):
+        (tmp_path / "p-1.json").write_text(json.dumps({"version": 0, "committed": [], "next": None, "pending": bad}))
+        with caplog.at_level(logging.WARNING, logger="memt.proxy"):
+            assert store.load_pending("p-1", 0) is None
+        assert store.load("p-1", 0) == []  # the rest of the record still answers
+    assert len([r for r in caplog.records if "pending turn" in r.message]) == 3
+
+
+def test_without_a_directory_no_pending_turn_is_kept(tmp_path):
+    store = SessionStore(None)
+    store.save_pending("p-1", 0, [], PENDING)
+    assert store.load_pending("p-1", 0) is None
