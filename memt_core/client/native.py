@@ -9,6 +9,7 @@ have reached the server is *uncertain* for state-changing requests: the caller m
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import uuid
@@ -22,6 +23,7 @@ from memt_core.errors import error_from_wire
 #: Control actions that change nothing on the server (never uncertain).
 READ_ONLY_ACTIONS = {"inspect", "status"}
 DEFAULT_MAX_NEW_TOKENS = 512
+STREAM_END_WAIT = 1.0  # seconds to read a stream's end after [DONE] before dropping its connection instead
 
 
 def new_nonce() -> str:
@@ -296,6 +298,7 @@ class AsyncNativeClient(_Base):
             async with self._session().post(self.base_url + "/generate", json=body) as response:
                 if response.status >= 400:
                     check_response(response.status, _json_or_text(await response.text()), stage)
+                finished = False
                 try:
                     pending = b""  # SSE lines can outgrow aiohttp's line limit (bodies are cumulative): split here
                     async for data in response.content.iter_any():
@@ -305,10 +308,19 @@ class AsyncNativeClient(_Base):
                             if chunk is None:
                                 continue
                             if "__done__" in chunk:
-                                return
+                                finished = True
+                                break
                             yield chunk
+                        if finished:
+                            break
+                    if finished:  # read the end of the response, so that its connection can serve the next request
+                        try:
+                            await asyncio.wait_for(response.content.read(), STREAM_END_WAIT)
+                        except _aiohttp_failures()[2]:
+                            pass  # the stream is complete; its connection is dropped below
                 finally:
-                    response.close()  # a stream left early drops its connection, which cancels the request upstream
+                    if not (finished and response.content.at_eof()):
+                        response.close()  # a stream left early drops its connection, which cancels the request upstream
 
     async def commit(self, session: str, lease: str, transaction: str, input_ids: list[int], *, nonce: str | None = None) -> dict:
         await self.capabilities()

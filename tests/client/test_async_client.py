@@ -159,3 +159,31 @@ def test_leaving_a_stream_early_closes_its_connection():
 
     assert asyncio.run(serving([("POST", "/generate", stream)], scenario)) == {"text": "a", "output_ids": [1]}
     assert seen == {"dropped": True}
+
+
+def test_streams_that_end_leave_their_connection_for_the_next_request():
+    """A stream read to its [DONE] hands its connection back (the next request reuses it); one left early does not."""
+    peers = []
+
+    async def stream(request: web.Request) -> web.StreamResponse:
+        peers.append(request.transport.get_extra_info("peername"))
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(b'data: {"text": "a", "output_ids": [1]}\n\n')
+        if len(peers) == 4:  # the stream the client leaves: still generating when it does
+            await asyncio.sleep(0.5)
+        await response.write(b'data: {"text": "ab", "output_ids": [1, 2]}\n\n')
+        await response.write(b"data: [DONE]\n\n")
+        return response
+
+    async def scenario(client):
+        for _ in range(3):
+            assert [c["text"] async for c in client.generate_stream([1])] == ["a", "ab"]
+        chunks = client.generate_stream([1])
+        assert (await anext(chunks))["text"] == "a"
+        await chunks.aclose()  # left early: that connection is dropped
+        assert [c["text"] async for c in client.generate_stream([1])] == ["a", "ab"]
+
+    asyncio.run(serving([("POST", "/generate", stream)], scenario))
+    assert peers[0] == peers[1] == peers[2] == peers[3]  # one connection for the streams read to the end
+    assert peers[4] != peers[3]  # the one after a stream left early needed a new connection
