@@ -119,3 +119,46 @@ def test_a_failed_session_record_write_is_logged_and_the_change_goes_on(nano_che
     with caplog.at_level(logging.WARNING, logger="memt.proxy"):
         service._changing(state, ["a" * 64])
     assert any("could not write the session record" in r.message for r in caplog.records)
+
+
+def test_a_pending_tool_turn_is_kept_until_a_request_ends_it(nano_checkpoint, tmp_path):
+    """Continuing a pending turn keeps it (a retry continues it too); a refused request changes nothing;
+    a new question abandons it, in memory and in the session's record."""
+    import asyncio
+
+    from memt_proxy.errors import ProxyError
+    from memt_proxy.serving import PendingTurn
+    from memt_proxy.store import SessionStore
+    from memt_proxy.transcript import message_hash
+
+    chat_format, parser = load_chat_format(nano_checkpoint, tokenizer=load_tokenizer(nano_checkpoint))
+    store = SessionStore(tmp_path / "state")
+    service = ChatService(AsyncNativeClient("http://127.0.0.1:9"), chat_format, parser, model_names=["m"], store=store)
+    state = service.state("tenant", "s")
+    question = {"role": "user", "content": "weather in Oslo?"}
+    call = {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]}
+    pending = PendingTurn([message_hash(question), message_hash(call)], chat_format._encode("the call's own tokens"), False)
+    service._set_pending(state, pending)
+    assert store.load_pending(state.native, 0) == {"hashes": pending.hashes, "ids": pending.ids, "thinking": False}
+
+    def prepare(messages, **fields):
+        return asyncio.run(service._prepare_session(request(messages=messages, **fields), state, "auto", "reject"))
+
+    results = [question, call, {"role": "tool", "tool_call_id": "call_1", "content": "3 degrees"}]
+    continued = prepare(results)
+    assert continued.turn_ids[: len(pending.ids)] == pending.ids  # the call's exact tokens, then the results
+    assert state.pending is pending and store.load_pending(state.native, 0) is not None  # kept until the turn ends
+    assert prepare(results).turn_ids == continued.turn_ids  # so a retry continues it the same way
+
+    service.max_prefill_tokens = len(continued.prompt) - 1
+    refusals = {"context_length_exceeded": results, "tool_results_missing": [question, call, {"role": "user", "content": "never mind"}]}
+    for code, messages in refusals.items():
+        with pytest.raises(ProxyError) as refused:
+            prepare(messages)
+        assert refused.value.code == code
+        assert state.pending is pending and store.load_pending(state.native, 0) is not None  # refused: nothing changed
+    service.max_prefill_tokens = None
+
+    prepare([{"role": "user", "content": "something else"}])  # a new question abandons it
+    assert state.pending is None and store.load_pending(state.native, 0) is None
