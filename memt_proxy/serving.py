@@ -14,7 +14,7 @@ import hashlib
 import logging
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, AsyncIterator
 
 from memt_core.client.chat_format import ChatFormat
@@ -183,21 +183,21 @@ class ChatService:
 
     def _changing(self, state: SessionState, committed: list[str]) -> None:
         """Record, before it happens, that the next published version of the session's memory holds ``committed``."""
-        try:
-            self.store.save(state.native, state.version, state.committed if state.history_known else None, committed)
-        except OSError:
-            # without a fresh record a restarted proxy finds no version match: the history counts as unknown
-            log.warning("could not write the session record of %s", state.native, exc_info=True)
+        self._record(state, self.store.save, committed)
 
     def _set_pending(self, state: SessionState, pending: PendingTurn | None) -> None:
         """Keep (or drop) the turn waiting for tool results, in memory and in the session's record."""
         if pending is None and state.pending is None:
             return
         state.pending = pending
+        self._record(state, self.store.save_pending, None if pending is None else asdict(pending))
+
+    def _record(self, state: SessionState, save, *fields) -> None:
+        """Write the session's record with ``save`` (a SessionStore method) after its version and committed history."""
         try:
-            self.store.save_pending(state.native, state.version, state.committed if state.history_known else None,
-                                    None if pending is None else {"hashes": pending.hashes, "ids": pending.ids, "thinking": pending.thinking})
+            save(state.native, state.version, state.committed if state.history_known else None, *fields)
         except OSError:
+            # without a fresh record a restarted proxy finds no version match: the history counts as unknown
             log.warning("could not write the session record of %s", state.native, exc_info=True)
 
     def _changed(self, state: SessionState, committed: list[str]) -> None:
