@@ -114,7 +114,11 @@ def build_backbone(checkpoint: Checkpoint) -> torch.nn.Module:
     config = backbone_config(checkpoint)
     if checkpoint.model == NANO:
         from transformers import Qwen3_5MoeForCausalLM as backbone_class
+        from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe
 
+        from memt_core.models.kernels import route_by_device
+
+        route_by_device(modeling_qwen3_5_moe)  # FLA / causal-conv1d kernels for CUDA tensors only
         config._attn_implementation = "sdpa"
     else:
         from transformers import DeepseekV4ForCausalLM as backbone_class
