@@ -303,3 +303,58 @@ def test_runtime_and_session(nano_checkpoint, nano_model):
     session.memory_read = False
     assert session.generate(prompt, params).output_ids == empty
     assert session.generate(prompt, params, read_memory=True).output_ids == with_memory.output_ids
+
+
+# --------------------------------------------------------------------------- on a CUDA device
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (CI has none; run on a GPU host)")
+# FP32 everywhere, but with FLA installed its Triton kernels (Nano's linear-attention layers and the
+# memory write) run their dot products in TF32: measured 5–6e-3 on an H200 for Nano. Wrong plumbing
+# (a memory not read, another session's state) moves these values by their whole scale.
+CUDA_TOLERANCE = 2e-2
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("family", ["nano", "flash"])
+def test_commits_and_reads_on_cuda_follow_the_cpu(family, request):
+    checkpoint = request.getfixturevalue(f"{family}_checkpoint")
+    cpu = request.getfixturevalue(f"{family}_model")
+    gpu = load_model(read_checkpoint(checkpoint), device="cuda", dtype=torch.float32)
+    ids = tokens(80, seed=30)  # 2.5 chunks: write events of 32, 32 and 16 tokens
+    first_cpu, first_gpu = commit_tokens(cpu, MemoryState(), ids), commit_tokens(gpu, MemoryState(), ids)
+    assert first_gpu.write_events == 3
+    second_ids = tokens(50, seed=31)  # a commit that reads the first one's memory
+    on_cpu = commit_tokens(cpu, first_cpu.memory, second_ids).memory
+    on_gpu = commit_tokens(gpu, first_gpu.memory, second_ids).memory
+    assert list(on_gpu.layers()) == list(cpu.memory_layers)
+    for layer in cpu.memory_layers:
+        tensor = on_gpu.get(layer)
+        assert tensor.is_cuda and tensor.dtype == torch.float32
+        assert_close(f"layer {layer} on CUDA", tensor.cpu(), on_cpu.get(layer), tol=CUDA_TOLERANCE)
+    query = tokens(12, seed=32)
+    with torch.no_grad():
+        read_gpu = gpu(torch.tensor([query], device="cuda"), memory=memory_batch(gpu, [on_gpu])).logits
+    assert_close("logits reading memory on CUDA", read_gpu.cpu(), logits(cpu, query, on_cpu), tol=CUDA_TOLERANCE)
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_a_bfloat16_cuda_runtime_serves_a_session_and_its_snapshot_loads_on_cpu(nano_checkpoint, nano_model, tmp_path):
+    """The GPU default (BF16 compute, FP32 memory): commit, generate, save; the file loads bit-exactly on CPU."""
+    runtime = MemTRuntime.load(nano_checkpoint, device="cuda")
+    assert runtime.device.type == "cuda" and next(runtime.model.parameters()).dtype == torch.bfloat16
+    session = runtime.open_session()
+    result = session.commit(tokens(70, seed=33))
+    assert result.write_events == 3
+    for layer in runtime.model.memory_layers:
+        tensor = session.memory.get(layer)
+        assert tensor.is_cuda and tensor.dtype == torch.float32 and torch.isfinite(tensor).all() and tensor.abs().max() > 0
+    params = SamplingParams(max_new_tokens=6, temperature=0)
+    generated = session.generate(tokens(10, seed=34), params)
+    assert len(generated.output_ids) == 6 and generated.finish_reason == "length"
+    path = session.save(tmp_path / "from-cuda.safetensors")
+    on_cpu = MemTRuntime(nano_model).open_session()
+    on_cpu.load(path)
+    assert on_cpu.memory.equal(session.memory)
+    assert not on_cpu.memory.get(nano_model.memory_layers[0]).is_cuda
