@@ -50,7 +50,8 @@ def _router(dispatching, reference):
 
     @functools.wraps(reference)
     def route(*args, **kwargs):
-        if args[0].is_cuda:
+        first = args[0] if args else next(iter(kwargs.values()))  # the input tensor, however it is passed
+        if first.is_cuda:
             return dispatching(*args, **kwargs)
         return reference(*args, **{key: value for key, value in kwargs.items() if key in accepted})
 

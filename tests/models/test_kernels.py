@@ -33,7 +33,7 @@ def cuda_only_binding(reference, calls: list[str]):
     @functools.wraps(reference)
     def bound(*args, **kwargs):
         calls.append(reference.__name__)
-        if not args[0].is_cuda:
+        if not (args[0] if args else next(iter(kwargs.values()))).is_cuda:
             raise ValueError("Pointer argument (at 0) cannot be accessed from Triton (cpu tensor?)")
         return "kernel result"
 
@@ -71,7 +71,8 @@ def test_cuda_tensors_still_reach_the_kernel(kernels_bound):
     routed = route_by_device(modeling_qwen3_5_moe)
     assert routed == list(KERNEL_FUNCTIONS)  # transformers still defines every function we route
     assert modeling_qwen3_5_moe.torch_chunk_gated_delta_rule(CudaTensor(), None, None, None, None) == "kernel result"
-    assert kernels_bound == ["torch_chunk_gated_delta_rule"]
+    assert modeling_qwen3_5_moe.causal_conv1d_fn(hidden_states=CudaTensor(), weight=None) == "kernel result"
+    assert kernels_bound == ["torch_chunk_gated_delta_rule", "causal_conv1d_fn"]
 
 
 def test_routing_is_idempotent_and_keeps_the_signature(kernels_bound):
