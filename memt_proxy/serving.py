@@ -579,7 +579,6 @@ class ChatService:
                 raise
             self._changing(state, [])
             await self._native(self.client.control, "publish", state.native, lease=lease, transaction=transaction, memory_read=True)
-            state.pending = None
             self._changed(state, [])
             return {"restored": name}
         if action == "reset":
@@ -602,7 +601,6 @@ class ChatService:
     async def _reset_leased(self, state: SessionState, lease: str) -> None:
         self._changing(state, [])
         await self._native(self.client.control, "reset", state.native, lease=lease)
-        state.pending = None
         self._changed(state, [])
 
 

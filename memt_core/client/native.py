@@ -122,7 +122,8 @@ class _Base:
         except broken as exc:
             raise self._broken(stage, exc, changes_state) from exc
 
-    def _not_sent(self, stage: str, why: str) -> MemTClientError:
+    @staticmethod
+    def _not_sent(stage: str, why: str) -> MemTClientError:
         return MemTClientError(f"{stage}: {why}", stage=stage, uncertain=False, status=503)
 
     @staticmethod

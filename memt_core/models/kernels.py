@@ -32,11 +32,9 @@ def route_by_device(module: ModuleType, names: tuple[str, ...] = KERNEL_FUNCTION
         dispatching = getattr(module, name, None)
         if dispatching is None:
             continue
-        if getattr(dispatching, "_memt_routes", None) is not None:
-            routed.append(name)
-            continue
-        reference = inspect.unwrap(dispatching)  # the PyTorch implementation the decorator wrapped
-        setattr(module, name, _router(dispatching, reference))
+        if not getattr(dispatching, "_memt_routed", False):
+            reference = inspect.unwrap(dispatching)  # the PyTorch implementation the decorator wrapped
+            setattr(module, name, _router(dispatching, reference))
         routed.append(name)
     return routed
 
@@ -55,5 +53,5 @@ def _router(dispatching, reference):
             return dispatching(*args, **kwargs)
         return reference(*args, **{key: value for key, value in kwargs.items() if key in accepted})
 
-    route._memt_routes = (dispatching, reference)
+    route._memt_routed = True
     return route

@@ -268,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     overhead = http_added_ms / native_ms
     sdk_overhead = added_ms / native_ms
     print()
-    print(f"latency per request, median over turns 1..{args.turns - 1} (interleaved, alternating order):")
+    print(f"latency per request, median over turns 1..{args.turns - 1} (interleaved, rotating order):")
     print(f"  native client (raw calls, memory on)               {native_ms:8.1f} ms")
     print(f"  proxy, the request as JSON over HTTP (httpx)       {http_ms:8.1f} ms   added {http_added_ms:+.1f} ms (median of per-turn differences)")
     print(f"  proxy, the same through the openai SDK             {proxy_ms:8.1f} ms   added {added_ms:+.1f} ms, of which the SDK's own {sdk_share_ms:+.1f} ms")
