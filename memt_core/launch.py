@@ -21,7 +21,7 @@ from pathlib import Path
 
 from memt_core import __version__
 from memt_core.checkpoint import Checkpoint, RuntimeConfig, parse_override_args, read_checkpoint
-from memt_core.demo import BUNDLED_MODEL
+from memt_core.bundled import BUNDLED_MODEL
 from memt_core.errors import CheckpointError
 
 HEADER_OVERRIDES = "SGLANG_ENABLE_REQUEST_HEADER_OVERRIDES"

@@ -78,7 +78,7 @@ def load_api_keys(keys: list[str], path: str | None) -> dict[str, str]:
 def build_app(args: argparse.Namespace):
     from memt_core.client.chat_format import load_chat_format, load_tokenizer
     from memt_core.client.native import AsyncNativeClient
-    from memt_core.launch import BUNDLED_MODEL
+    from memt_core.bundled import BUNDLED_MODEL
     from memt_proxy.app import create_app
     from memt_proxy.serving import ChatService
     from memt_proxy.store import SessionStore

@@ -6,7 +6,6 @@ tiny checkpoint through the engine's commit and read paths, and ``eval`` measure
 memory alone. Importing this package imports neither torch nor transformers.
 """
 
-from pathlib import Path
+from memt_core.bundled import BUNDLED_MODEL
 
-#: The trained demo checkpoint shipped inside the package (what the launcher serves by default).
-BUNDLED_MODEL = Path(__file__).resolve().parent.parent / "bundled" / "memt-tiny-demo"
+__all__ = ["BUNDLED_MODEL"]

@@ -14,7 +14,7 @@ import pytest
 from memt_core.client.chat_format import load_chat_format, load_tokenizer
 from memt_core.demo import episodes as ep
 from memt_core.demo.format import ChatFormat
-from memt_core.launch import BUNDLED_MODEL
+from memt_core.bundled import BUNDLED_MODEL
 
 
 @pytest.fixture(scope="module")
