@@ -24,7 +24,7 @@ from transformers import DynamicCache
 from memt_core.engine import kv
 from memt_core.engine.store import RetainedKV, SessionStore
 from memt_core.errors import BadGeneration, InvalidRequest, MemTError, WorkerUnavailable
-from memt_core.inference import commit_batch, eos_token_ids, memory_batch
+from memt_core.models.passes import commit_batch, eos_token_ids, memory_batch
 from memt_core.memory.state import MemoryState
 from memt_core.models.memt import MemTForCausalLM
 from memt_core.protocol import effects as fx
