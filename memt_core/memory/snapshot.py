@@ -21,7 +21,7 @@ from safetensors.torch import save as safetensors_bytes
 from memt_core.checkpoint import SNAPSHOT_FORMAT
 from memt_core.errors import Conflict, InvalidRequest, SnapshotError
 from memt_core.memory.state import MemoryState
-from memt_core.protocol.events import check_snapshot_name
+from memt_core.names import check_snapshot_name
 
 TENSOR_NAME = re.compile(r"^memory\.(0|[1-9][0-9]*)$")
 
