@@ -1,6 +1,8 @@
 """``python -m memt_core.launch``: validate a MemT checkpoint and serve it over memt-http-v1.
 
-The model family (Nano or Flash) comes from ``config.json``; there is no model flag. Runtime limits
+The model family (Nano or Flash) comes from ``config.json``; there is no model flag. ``--engine``
+chooses the implementation of ``memt_core.engine.Engine`` (``torch`` for now), which checks the
+engine flags it takes and refuses the ones it cannot honour. Runtime limits
 merge in this order: defaults → the checkpoint's ``memt_runtime`` → ``--json-model-override-args`` →
 explicit flags. ``--dry-run`` validates and prints the launch identity and the engine arguments it
 would use, without loading weights. Checkpoint Python code is never executed.
@@ -20,8 +22,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from memt_core import __version__
-from memt_core.checkpoint import Checkpoint, RuntimeConfig, parse_override_args, read_checkpoint
 from memt_core.bundled import BUNDLED_MODEL
+from memt_core.checkpoint import Checkpoint, RuntimeConfig, parse_override_args, read_checkpoint
+from memt_core.engine import ENGINES, Engine, EngineOptions, engine_class
 from memt_core.errors import CheckpointError
 
 HEADER_OVERRIDES = "SGLANG_ENABLE_REQUEST_HEADER_OVERRIDES"
@@ -43,13 +46,14 @@ def build_parser() -> argparse.ArgumentParser:
     runtime.add_argument("--max-inflight-commits-per-rank", type=int, default=None, help="commits executing at once (beyond: 429)")
     runtime.add_argument("--min-kv-tokens", type=int, default=None, help="minimum KV-cache tokens the engine must provide")
     engine = parser.add_argument_group("engine")
+    engine.add_argument("--engine", default="torch", choices=sorted(ENGINES), help="engine implementation (torch: CPU or one GPU, continuous batching)")
     engine.add_argument("--device", default="auto", help="'cpu', 'cuda', 'cuda:N' or 'auto' (CUDA when available)")
     engine.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float64"], help="compute dtype (auto: float32 on CPU, bfloat16 on GPU)")
     engine.add_argument("--max-prefill-tokens", type=int, default=16384, help="longest accepted input_ids list; at least memt.chunk_tokens")
     engine.add_argument("--max-running-requests", type=int, default=32, help="queries decoded concurrently (more wait in a queue)")
     engine.add_argument("--context-length", type=int, default=None, help="prompt + max_new_tokens limit (default: the model's max_position_embeddings)")
     engine.add_argument("--enable-streaming-session", action="store_true", help="allow sessions created with retain_kv (native context kept between queries)")
-    engine.add_argument("--deterministic-communication", action="store_true", help="fixed collective settings for reproducibility experiments (multi-GPU backends; the torch engine is single-device)")
+    engine.add_argument("--deterministic-communication", action="store_true", help="fixed collective settings for reproducibility (multi-device engines only; the torch engine refuses it)")
     server = parser.add_argument_group("server")
     server.add_argument("--host", default="127.0.0.1", help="address to bind")
     server.add_argument("--port", type=int, default=30000, help="port to bind")
@@ -66,6 +70,7 @@ class LaunchPlan:
 
     checkpoint: Checkpoint
     runtime: RuntimeConfig
+    engine: str
     device: str
     dtype: str
     max_prefill_tokens: int
@@ -79,50 +84,35 @@ class LaunchPlan:
     api_key: str | None
     log_level: str
 
-    def identity(self) -> dict:
-        return {
-            **self.checkpoint.describe(),
-            "engine": "memt-torch",
-            "engine_version": __version__,
-            "memt_runtime": asdict(self.runtime),
-        }
+    @property
+    def engine_class(self) -> type[Engine]:
+        return engine_class(self.engine)
+
+    def engine_options(self) -> EngineOptions:
+        return EngineOptions(
+            device=self.device, dtype=self.dtype, max_running_requests=self.max_running_requests,
+            max_commit_batch=self.runtime.max_inflight_commits_per_rank, context_length=self.context_length,
+            min_kv_tokens=self.runtime.min_kv_tokens, enable_streaming_session=self.enable_streaming_session,
+            deterministic_communication=self.deterministic_communication, state_directory=self.state_directory,
+        )
+
+    def identity(self, engine: dict | None = None) -> dict:
+        """``/memt/identity``: the checkpoint's description, the engine's name and version, the runtime limits."""
+        engine = engine or {"engine": f"memt-{self.engine}", "engine_version": __version__}
+        return {**self.checkpoint.describe(), **engine, "memt_runtime": asdict(self.runtime)}
 
     def engine_args(self) -> dict:
         return {
-            "device": self.device,
-            "dtype": self.dtype,
+            "engine": self.engine,
             "max_prefill_tokens": self.max_prefill_tokens,
-            "max_running_requests": self.max_running_requests,
-            "context_length": self.context_length,
             "max_sessions_per_rank": self.runtime.max_sessions_per_rank,
             "max_inflight_commits_per_rank": self.runtime.max_inflight_commits_per_rank,
-            "min_kv_tokens": self.runtime.min_kv_tokens,
             "enable_streaming_session": self.enable_streaming_session,
-            "deterministic_communication": self.deterministic_communication,
             "state_directory": self.state_directory,
             "host": self.host,
             "port": self.port,
+            **self.engine_class.settings(self.engine_options()),
         }
-
-    def sglang_args(self) -> dict:
-        """The single-node eager SGLang settings MemT requires, for the GPU backend."""
-        args = {
-            "model_path": str(self.checkpoint.path),
-            "dtype": "bfloat16",
-            "trust_remote_code": False,
-            "chunked_prefill_size": -1,
-            "disable_radix_cache": True,
-            "disable_overlap_schedule": True,
-            "disable_cuda_graph": True,
-            "max_prefill_tokens": self.max_prefill_tokens,
-            "max_running_requests": self.max_running_requests,
-            "enable_streaming_session": self.enable_streaming_session,
-        }
-        if self.checkpoint.model == "memt-flash":
-            args["enable_dp_attention"] = True
-        else:
-            args["enable_dp_attention"] = False
-        return args
 
 
 def plan_launch(args: argparse.Namespace, environ=os.environ) -> LaunchPlan:
@@ -159,13 +149,15 @@ def plan_launch(args: argparse.Namespace, environ=os.environ) -> LaunchPlan:
     if device == "auto":
         device = "cuda" if _cuda_available() else "cpu"
     dtype = args.dtype if args.dtype != "auto" else ("float32" if device == "cpu" else "bfloat16")
-    return LaunchPlan(
-        checkpoint=checkpoint, runtime=runtime, device=device, dtype=dtype,
+    plan = LaunchPlan(
+        checkpoint=checkpoint, runtime=runtime, engine=args.engine, device=device, dtype=dtype,
         max_prefill_tokens=args.max_prefill_tokens, max_running_requests=args.max_running_requests,
         context_length=context, enable_streaming_session=args.enable_streaming_session,
         deterministic_communication=args.deterministic_communication, host=args.host, port=args.port,
         state_directory=args.state_directory, api_key=args.api_key, log_level=args.log_level,
     )
+    plan.engine_class.check_options(plan.engine_options())
+    return plan
 
 
 def _cuda_available() -> bool:
@@ -177,27 +169,22 @@ def _cuda_available() -> bool:
 
 
 def build_app(plan: LaunchPlan):
-    """Load the model and assemble engine, protocol, service and HTTP app."""
-    import torch
-    from transformers import PreTrainedTokenizerFast
+    """Load the chosen engine and the tokenizer, then assemble the server around them."""
+    tokenizer = None
+    if (plan.checkpoint.path / "tokenizer.json").is_file():
+        from transformers import PreTrainedTokenizerFast
 
-    from memt_core.engine import TorchEngine
-    from memt_core.models.weights import load_model
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(str(plan.checkpoint.path), local_files_only=True)
+    engine = plan.engine_class.load(plan.checkpoint, plan.engine_options())
+    return assemble(plan, engine, tokenizer=tokenizer)
+
+
+def assemble(plan: LaunchPlan, engine: Engine, *, tokenizer=None):
+    """Protocol, service and HTTP app around a loaded engine; the engine starts and stops with the app."""
     from memt_core.protocol import Limits, MemTProtocol
     from memt_core.server.app import create_app
     from memt_core.server.service import MemTService
 
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}[plan.dtype]
-    model = load_model(plan.checkpoint, device=plan.device, dtype=dtype)
-    tokenizer = None
-    if (plan.checkpoint.path / "tokenizer.json").is_file():
-        tokenizer = PreTrainedTokenizerFast.from_pretrained(str(plan.checkpoint.path), local_files_only=True)
-    engine = TorchEngine(
-        model,
-        state_directory=plan.state_directory,
-        max_running_requests=plan.max_running_requests,
-        max_commit_batch=plan.runtime.max_inflight_commits_per_rank,
-    )
     native = plan.checkpoint.native_encoding()["name"]
     protocol = MemTProtocol(
         epoch=uuid.uuid4().hex,
@@ -225,8 +212,9 @@ def build_app(plan: LaunchPlan):
         "retain_kv": plan.enable_streaming_session,
         "snapshots": plan.state_directory is not None,
         "auth": plan.api_key is not None,
+        "engine": {"name": engine.name, **engine.capabilities()},
     }
-    app = create_app(service, identity=plan.identity(), capabilities=capabilities, api_key=plan.api_key)
+    app = create_app(service, identity=plan.identity(engine.identity()), capabilities=capabilities, api_key=plan.api_key)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -258,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"memt_core.launch: refused: {exc}", file=sys.stderr)
         return 2
     if args.dry_run:
-        print(json.dumps({"launch_identity": plan.identity(), "engine_args": plan.engine_args(), "sglang_args": plan.sglang_args()}, indent=2))
+        print(json.dumps({"launch_identity": plan.identity(), "engine_args": plan.engine_args()}, indent=2))
         return 0
     import uvicorn
 

@@ -1,6 +1,6 @@
 """The engine's side of sessions: published memory, transaction candidates, retained KV, snapshots.
 
-``SessionStore.apply`` carries out the protocol's effects (``memt_core.protocol.effects``). Memory
+``MemoryStore.apply`` carries out the protocol's effects (``memt_core.protocol.effects``). Memory
 tensors are never changed in place, so a query that captured a session's published memory keeps
 reading exactly that memory whatever happens afterwards.
 """
@@ -46,7 +46,7 @@ class SessionMemory:
     retained: RetainedKV | None = None
 
 
-class SessionStore:
+class MemoryStore:
     """All sessions' memory on this engine, and the snapshot directory."""
 
     def __init__(self, *, identity: str, layers: tuple[int, ...], shape: tuple[int, ...], device, state_directory: str | Path | None):

@@ -13,7 +13,6 @@ import asyncio
 import logging
 import queue
 import threading
-import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
@@ -21,9 +20,11 @@ from typing import Any, AsyncIterator
 import torch
 from transformers import DynamicCache
 
+from memt_core.checkpoint import Checkpoint
 from memt_core.engine import kv
-from memt_core.engine.store import RetainedKV, SessionStore
-from memt_core.errors import BadGeneration, InvalidRequest, MemTError, WorkerUnavailable
+from memt_core.engine.base import CommitInfo, Engine, EngineOptions, EngineStats, TokenEvent
+from memt_core.engine.store import MemoryStore, RetainedKV
+from memt_core.errors import BadGeneration, CheckpointError, InvalidRequest, MemTError, WorkerUnavailable
 from memt_core.models.passes import commit_batch, eos_token_ids, memory_batch
 from memt_core.memory.state import MemoryState
 from memt_core.models.memt import MemTForCausalLM
@@ -31,37 +32,6 @@ from memt_core.protocol import effects as fx
 from memt_core.sampling import Sampler, SamplingParams
 
 log = logging.getLogger("memt.engine")
-
-
-@dataclass
-class TokenEvent:
-    """One generated token, or the end of a request (``finish_reason`` set, ``token`` possibly None)."""
-
-    token: int | None
-    finish_reason: str | None = None  # "stop" | "length" | "abort"
-    matched_stop: int | None = None
-    error: MemTError | None = None
-
-
-@dataclass
-class CommitInfo:
-    tokens: int
-    write_events: int
-
-
-@dataclass
-class EngineStats:
-    """Counters the server exports as metrics."""
-
-    prompt_tokens: int = 0
-    generated_tokens: int = 0
-    commit_tokens: int = 0
-    commits: int = 0
-    write_events: int = 0
-    decode_steps: int = 0
-    decode_rows: int = 0
-    running: int = 0
-    waiting: int = 0
 
 
 @dataclass(eq=False)
@@ -98,8 +68,52 @@ class _Commit:
     loop: asyncio.AbstractEventLoop
 
 
-class TorchEngine:
-    """Queries, commits and memory effects for every session of one model."""
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
+
+
+class TorchEngine(Engine):
+    """Queries, commits and memory effects for every session of one model, on CPU or one GPU."""
+
+    name = "torch"
+
+    @classmethod
+    def check_options(cls, options: EngineOptions) -> None:
+        if options.deterministic_communication:
+            raise CheckpointError(
+                "--deterministic-communication is for multi-device engines; the torch engine runs on one device "
+                "and has no collective communication to fix"
+            )
+        if options.extra:
+            raise CheckpointError(f"the torch engine takes no engine-specific settings, got {sorted(options.extra)}")
+        if options.dtype not in DTYPES:
+            raise CheckpointError(f"--dtype {options.dtype!r} is not one of {sorted(DTYPES)}")
+        # KV caches grow on demand; what the engine can hold at once is its running requests at full context
+        capacity = options.max_running_requests * options.context_length
+        if options.min_kv_tokens > capacity:
+            raise CheckpointError(
+                f"min_kv_tokens ({options.min_kv_tokens}) exceeds what the torch engine can hold at once: "
+                f"--max-running-requests ({options.max_running_requests}) × --context-length ({options.context_length}) = {capacity}"
+            )
+
+    @classmethod
+    def load(cls, checkpoint: Checkpoint, options: EngineOptions) -> "TorchEngine":
+        from memt_core.models.weights import load_model
+
+        cls.check_options(options)
+        model = load_model(checkpoint, device=options.device, dtype=DTYPES[options.dtype])
+        return cls(
+            model, state_directory=options.state_directory,
+            max_running_requests=options.max_running_requests, max_commit_batch=options.max_commit_batch,
+        )
+
+    @classmethod
+    def settings(cls, options: EngineOptions) -> dict:
+        return {
+            "engine": cls.name, "device": options.device, "dtype": options.dtype,
+            "max_running_requests": options.max_running_requests, "max_commit_batch": options.max_commit_batch,
+            "context_length": options.context_length, "min_kv_tokens": options.min_kv_tokens,
+            "kv_cache": "grows per request (transformers DynamicCache)",
+        }
 
     def __init__(
         self,
@@ -113,7 +127,7 @@ class TorchEngine:
         self.checkpoint = model.checkpoint
         self.device = next(model.parameters()).device
         memory = self.checkpoint.memory
-        self.store = SessionStore(
+        self.store = MemoryStore(
             identity=self.checkpoint.identity(),
             layers=memory.memory_layers,
             shape=memory.state_shape(),
@@ -123,7 +137,7 @@ class TorchEngine:
         self.stop_ids = eos_token_ids(model)
         self.max_running = max_running_requests
         self.max_commit_batch = max_commit_batch
-        self.stats = EngineStats()
+        self._stats = EngineStats()
         self._inbox: queue.Queue = queue.Queue()
         self._waiting: deque[_Query] = deque()
         self._commits: deque[_Commit] = deque()
@@ -151,13 +165,32 @@ class TorchEngine:
     def alive(self) -> bool:
         return self._thread.is_alive() and self._failed is None
 
+    @property
+    def vocab_size(self) -> int:
+        return self.model.config.vocab_size
+
+    @property
+    def stats(self) -> EngineStats:
+        return self._stats
+
+    def capabilities(self) -> dict:
+        return {"device": str(self.device), "dtype": str(next(self.model.parameters()).dtype).removeprefix("torch.")}
+
     # ------------------------------------------------------------------ asyncio-side API
 
     async def apply(self, effect: fx.Effect) -> Any:
         """Carry out a protocol effect. Memory effects run here; cancels reach the worker."""
         if isinstance(effect, fx.CancelRequest):
             return self.cancel(effect.rid)
+        if isinstance(effect, (fx.ImportSnapshot, fx.ExportSnapshot)):
+            # file reads, writes and fsyncs stay off the event loop; the protocol holds the session meanwhile
+            return await asyncio.to_thread(self.store.apply, effect)
         return self.store.apply(effect)
+
+    def committed(self, session: str, transaction: str, nonce: str) -> bool:
+        state = self.store.sessions.get(session)
+        candidate = state.candidates.get(transaction) if state else None
+        return bool(candidate and nonce in candidate.applied)
 
     async def commit(self, session: str, transaction: str, nonce: str, ids: list[int]) -> CommitInfo:
         """Fold ``ids`` into the transaction's candidate; resolves when the candidate holds them."""
@@ -282,7 +315,7 @@ class TorchEngine:
                 item = self._inbox.get_nowait()
             except queue.Empty:
                 break
-        self.stats.waiting = len(self._waiting)
+        self._stats.waiting = len(self._waiting)
 
     def _run_commits(self) -> None:
         jobs = [self._commits.popleft() for _ in range(min(self.max_commit_batch, len(self._commits)))]
@@ -298,9 +331,9 @@ class TorchEngine:
         for job, candidate, result in zip(jobs, candidates, results):
             candidate.memory = result.memory
             candidate.applied.append(job.nonce)
-            self.stats.commits += 1
-            self.stats.commit_tokens += result.tokens
-            self.stats.write_events += result.write_events * len(self.model.memory_layers)
+            self._stats.commits += 1
+            self._stats.commit_tokens += result.tokens
+            self._stats.write_events += result.write_events * len(self.model.memory_layers)
             job.loop.call_soon_threadsafe(_set_result, job.future, CommitInfo(result.tokens, result.write_events))
 
     def _admit(self) -> None:
@@ -330,8 +363,8 @@ class TorchEngine:
                 self._rows.append(job)
             else:
                 self._solo.append(job)
-        self.stats.running = len(self._rows) + len(self._solo)
-        self.stats.waiting = len(self._waiting)
+        self._stats.running = len(self._rows) + len(self._solo)
+        self._stats.waiting = len(self._waiting)
 
     def _prefill(self, job: _Query) -> None:
         job.sampler = Sampler(job.params)
@@ -342,7 +375,7 @@ class TorchEngine:
         feed = torch.tensor([job.prompt[start:]], dtype=torch.long, device=self.device)
         out = self.model(feed, memory=memory_batch(self.model, [job.memory]), past_key_values=cache, use_cache=True, logits_to_keep=1)
         job.cache, job.fed = out.past_key_values, len(job.prompt)
-        self.stats.prompt_tokens += feed.shape[1]
+        self._stats.prompt_tokens += feed.shape[1]
         job.output.append(job.sampler(out.logits[0, -1]))
 
     def _verdict(self, job: _Query) -> tuple[str, int | None] | None:
@@ -361,7 +394,7 @@ class TorchEngine:
 
         ``cache_of_row`` produces the request's own cache when it must be retained at the end.
         """
-        self.stats.generated_tokens += 1
+        self._stats.generated_tokens += 1
         verdict = self._verdict(job)
         if verdict is None:
             job.loop.call_soon_threadsafe(job.events.put_nowait, TokenEvent(job.output[-1]))
@@ -396,7 +429,7 @@ class TorchEngine:
             self._batched_step()
         for job in list(self._solo):
             self._solo_step(job)
-        self.stats.running = len(self._rows) + len(self._solo)
+        self._stats.running = len(self._rows) + len(self._solo)
 
     def _batched_step(self) -> None:
         rows = self._rows
@@ -408,8 +441,8 @@ class TorchEngine:
             use_cache=True, attention_mask=mask, position_ids=positions, logits_to_keep=1,
         )
         self._batch_cache, self._batch_mask = out.past_key_values, mask
-        self.stats.decode_steps += 1
-        self.stats.decode_rows += len(rows)
+        self._stats.decode_steps += 1
+        self._stats.decode_rows += len(rows)
         keep, done = [], []
         for i, job in enumerate(rows):
             job.fed += 1
@@ -448,8 +481,8 @@ class TorchEngine:
         out = self.model(ids, memory=memory_batch(self.model, [job.memory]), past_key_values=job.cache, use_cache=True, logits_to_keep=1)
         job.cache = out.past_key_values
         job.fed += 1
-        self.stats.decode_steps += 1
-        self.stats.decode_rows += 1
+        self._stats.decode_steps += 1
+        self._stats.decode_rows += 1
         job.output.append(job.sampler(out.logits[0, -1]))
         if self._emit(job):
             self._solo.remove(job)

@@ -14,7 +14,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
-from memt_core.engine.torch_engine import TokenEvent, TorchEngine
+from memt_core.engine.base import Engine, TokenEvent
 from memt_core.errors import InvalidRequest, MemTError, WorkerUnavailable
 from memt_core.protocol import (
     APPLIED,
@@ -50,7 +50,7 @@ class MemTService:
 
     def __init__(
         self,
-        engine: TorchEngine,
+        engine: Engine,
         protocol: MemTProtocol,
         *,
         tokenizer=None,
@@ -63,7 +63,7 @@ class MemTService:
         self.tokenizer = tokenizer
         self.max_prefill_tokens = max_prefill_tokens
         self.context_length = context_length
-        self.vocab_size = engine.model.config.vocab_size
+        self.vocab_size = engine.vocab_size
         self.clock = clock
         self.counters = Counters()
         self.observers: list = []  # callables (kind, seconds) → None, e.g. Prometheus histograms
@@ -195,9 +195,7 @@ class MemTService:
 
     def _landed(self, ticket: Ticket) -> bool:
         """Ask the engine whether a commit that raised did in fact reach the candidate."""
-        state = self.engine.store.sessions.get(ticket.session)
-        candidate = state.candidates.get(ticket.transaction) if state else None
-        return bool(candidate and ticket.nonce in candidate.applied)
+        return self.engine.committed(ticket.session, ticket.transaction, ticket.nonce)
 
     def _observe(self, kind: str, seconds: float) -> None:
         for observer in self.observers:

@@ -96,6 +96,10 @@ def _cases(c: dict[str, Path]) -> dict[str, Case]:
         "prefill below chunk": Case(["--model-path", nano, *dry, "--max-prefill-tokens", "31"]),
         "context beyond model": Case(["--model-path", nano, *dry, "--context-length", "9000"]),
         "missing checkpoint": Case(["--model-path", str(c["cwd"] / "nowhere"), *dry]),
+        "engine unknown": Case(["--model-path", nano, *dry, "--engine", "sglang"]),
+        "engine flag unused": Case(["--model-path", nano, *dry, "--deterministic-communication"]),
+        "engine kv too small": Case(["--model-path", nano, *dry, "--max-running-requests", "1", "--context-length", "100",
+                                     "--min-kv-tokens", "101"]),
         # the start scripts
         "script nano": Case([nano, "--dry-run"], env=script_env, script="start_memt_nano.sh", unset=("CUDA_VISIBLE_DEVICES",)),
         "script flash": Case([flash, "--dry-run", "--context-length", "8192"], env=script_env, script="start_memt_flash.sh",
@@ -112,6 +116,7 @@ IN_PROCESS = {
     "merge all", "merge json", "defaults", "defaults + flags", "header overrides off", "header overrides true",
     "config merging", "override other keys", "override memt", "override not JSON", "override unknown runtime field",
     "override non-positive", "flag non-positive", "prefill below chunk", "context beyond model", "missing checkpoint",
+    "engine flag unused", "engine kv too small",
 }
 
 
@@ -176,15 +181,14 @@ def test_dry_run_prints_identity_and_engine_args(runs, checkpoints):
     engine = out["engine_args"]
     assert engine["max_prefill_tokens"] == 16384 and engine["max_sessions_per_rank"] == 64
     assert engine["host"] == "127.0.0.1" and engine["port"] == 30000 and engine["enable_streaming_session"] is False
-    sglang = out["sglang_args"]
-    assert sglang["trust_remote_code"] is False and sglang["chunked_prefill_size"] == -1
-    assert sglang["disable_radix_cache"] and sglang["disable_overlap_schedule"] and sglang["disable_cuda_graph"]
-    assert sglang["enable_dp_attention"] is False
+    assert engine["engine"] == "torch" and identity["engine"] == "memt-torch" and identity["engine_version"]
+    assert engine["min_kv_tokens"] == 256 and engine["dtype"] in ("float32", "bfloat16")
+    assert "sglang_args" not in out  # settings no engine takes are not echoed
 
     flash = runs["flash"].json()
     assert flash["launch_identity"]["model"] == "memt-flash"
     assert flash["launch_identity"]["config_sha256"] == _sha256(checkpoints["flash"])
-    assert flash["sglang_args"]["enable_dp_attention"] is True
+    assert flash["engine_args"]["engine"] == "torch"
 
 
 def test_dry_run_never_reads_weights(runs, checkpoints):
@@ -225,6 +229,9 @@ def test_runtime_merge_order(runs):
         ("prefill below chunk", "chunk_tokens"),
         ("context beyond model", "context-length"),
         ("missing checkpoint", "does not exist"),
+        ("engine unknown", "invalid choice: 'sglang'"),
+        ("engine flag unused", "deterministic-communication.*torch engine"),
+        ("engine kv too small", "min_kv_tokens \\(101\\).*--max-running-requests \\(1\\) × --context-length \\(100\\)"),
     ],
 )
 def test_refusals_exit_non_zero_naming_the_problem(runs, name, names):
