@@ -14,6 +14,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
+from memt_core.detokenize import IncrementalDecoder
 from memt_core.engine.base import Engine, TokenEvent
 from memt_core.errors import InvalidRequest, MemTError, WorkerUnavailable
 from memt_core.protocol import (
@@ -225,12 +226,26 @@ class _Generation:
         self.text = ""
         self.finish: dict | None = None
         self.started = service.clock()
+        tokenizer = service.tokenizer
+        self.decoder = IncrementalDecoder(tokenizer, skip_special_tokens=sampling.skip_special_tokens) if tokenizer else None
+        self.longest_stop = max((len(stop) for stop in sampling.stop), default=0)
 
-    def _decode(self) -> str:
-        tokenizer = self.service.tokenizer
-        if tokenizer is None:
-            return ""
-        return tokenizer.decode(self.output, skip_special_tokens=self.sampling.skip_special_tokens)
+    def _append(self, delta: str) -> bool:
+        """Add decoded text; True when a stop string now occurs (the text is then cut before it)."""
+        if not delta:
+            return False
+        searched = max(0, len(self.text) - self.longest_stop + 1)  # a stop can only end in the new text
+        self.text += delta
+        if not self.longest_stop:
+            return False
+        hits = [(at, stop) for stop in self.sampling.stop if (at := self.text.find(stop, searched)) >= 0]
+        if not hits:
+            return False
+        at, stop = min(hits)  # the stop string that occurs first in the text
+        self.text = self.text[:at]
+        self.finish = {"type": "stop", "matched": stop}
+        self.service.engine.cancel(self.rid)
+        return True
 
     def _absorb(self, event: TokenEvent) -> bool:
         """Take one engine event; returns True when the generation is over."""
@@ -238,15 +253,11 @@ class _Generation:
             raise event.error
         if event.token is not None:
             self.output.append(event.token)
-            self.text = self._decode()
-            hits = [(at, stop) for stop in self.sampling.stop if (at := self.text.find(stop)) >= 0]
-            if hits:
-                at, stop = min(hits)  # the stop string that occurs first in the text
-                self.text = self.text[:at]
-                self.finish = {"type": "stop", "matched": stop}
-                self.service.engine.cancel(self.rid)
+            if self.decoder is not None and self._append(self.decoder.push(event.token)):
                 return True
         if event.finish_reason is not None:
+            if self.decoder is not None and self._append(self.decoder.flush()):
+                return True
             if event.finish_reason == "stop":
                 self.finish = {"type": "stop", "matched": event.matched_stop}
             elif event.finish_reason == "length":
