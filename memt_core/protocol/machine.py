@@ -307,18 +307,45 @@ class MemTProtocol:
         return self._plan(a, session.id, (), apply)
 
     def _release(self, a: Release, now: float) -> Plan:
+        """Reconcile outstanding work, then release: in-flight queries are cancelled, uncertain receipts
+        resolved from the engine, the open transaction abandoned; an in-flight commit finishes into the
+        abandoned transaction's receipts (it can no longer publish)."""
         session = self._leased(a, now, allow_expired=True)
-        self._idle(session, "release")
         txn = session.transaction
-        effects = (fx.DropCandidate(session.id, transaction=txn.name),) if txn else ()
+        queries = sorted(rid for rid, kind in session.in_flight.items() if kind == "query")
+        commits = sorted(rid for rid, kind in session.in_flight.items() if kind == "commit")
+        reconcile = bool(txn and session.uncertain)
+        effects = [fx.CancelRequest(session.id, rid=rid) for rid in queries]
+        if reconcile:
+            effects.append(fx.ReconcileCommits(session.id, transaction=txn.name))
+        if txn:
+            effects.append(fx.DropCandidate(session.id, transaction=txn.name))
 
         def apply(results, now):
+            if session.uncertain:
+                self._resolve_unknown(session, txn, set(results[len(queries)]) if reconcile else None)
             if txn is not None:
                 self._archive(session, txn, "abandoned")
             session.lease = None
-            return {"session": session.id, "released": True, "abandoned_transaction": txn.name if txn else None}
+            return {
+                "session": session.id, "released": True, "abandoned_transaction": txn.name if txn else None,
+                "cancelled_requests": queries, "pending_commits": commits, "reconciled": reconcile,
+            }
 
         return self._plan(a, session.id, effects, apply)
+
+    @staticmethod
+    def _resolve_unknown(session: Session, txn: Transaction | None, landed: set[str] | None) -> None:
+        """Settle receipts of unknown outcome: from the engine's answer for the open transaction
+        (``landed``), as failed for transactions that ended (nothing of them can publish)."""
+        for receipt in txn.commits if (txn and landed is not None) else ():
+            if receipt.status == UNKNOWN:
+                receipt.status = APPLIED if receipt.nonce in landed else FAILED
+        for old in session.history.values():
+            for receipt in old.commits:
+                if receipt.status == UNKNOWN:
+                    receipt.status = FAILED
+        session.uncertain = False
 
     def _begin(self, a: Begin, now: float) -> Plan:
         session = self._leased(a, now)

@@ -448,7 +448,6 @@ def test_busy_session_answers_409_while_a_query_runs(wire, http, nano_server):
         wire.ctl("memory_read", h, enabled=False, expect=409)
         wire.ctl("reset", h, expect=409)
         wire.ctl("close", h, expect=409)
-        wire.ctl("release", h, expect=409)
         cancelled = wire.ctl("cancel", h, request_id=body["rid"])
         assert cancelled == {"session": h.session, "request_id": body["rid"], "cancelled": True}
     finally:
@@ -461,6 +460,40 @@ def test_busy_session_answers_409_while_a_query_runs(wire, http, nano_server):
     assert inspect(wire, h.session)["in_flight"] == []
     wire.ctl("abort", h, transaction="t")
     wire.query(h, PROMPT, 2)
+    wire.ctl("close", h)
+
+
+def test_release_reconciles_a_running_query_and_an_open_transaction(wire, nano_server):
+    """The spec's release: outstanding work is reconciled (the query cancelled, the transaction abandoned), then the lease goes."""
+    h = wire.open()
+    wire.ctl("begin", h, transaction="t")
+    wire.commit(h, "t", [1, 2, 3])
+    body = wire.query_body(h, PROMPT, 4000, stream=True)
+    frames: list[str] = []
+    started = threading.Event()
+
+    def stream():
+        with nano_server.client() as client, client.stream("POST", "/generate", json=body) as response:
+            for line in response.iter_lines():
+                if line.startswith("data:"):
+                    frames.append(line[5:].strip())
+                    started.set()
+
+    reader = threading.Thread(target=stream)
+    reader.start()
+    try:
+        assert started.wait(120), "no first frame"
+        released = wire.ctl("release", h)
+    finally:
+        reader.join(120)
+    assert released["released"] is True and released["abandoned_transaction"] == "t"
+    assert released["cancelled_requests"] == [body["rid"]] and released["pending_commits"] == []
+    assert parse_frames(frames)[-1]["meta_info"]["finish_reason"]["type"] == "abort"
+    assert inspect(wire, h.session)["in_flight"] == [] and inspect(wire, h.session)["leased"] is False
+    h.lease = wire.control("acquire", h.session)["lease"]
+    receipt = wire.ctl("status", h)["receipts"]["t"]
+    assert receipt["state"] == "abandoned" and [c["status"] for c in receipt["commits"]] == ["applied"]
+    assert inspect(wire, h.session)["published_version"] == 0  # nothing of the abandoned transaction was published
     wire.ctl("close", h)
 
 

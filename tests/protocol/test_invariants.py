@@ -85,6 +85,8 @@ class FakeEngine:
             self.landed = {k: v for k, v in self.landed.items() if k[0] != s}
         elif isinstance(effect, fx.ReconcileCommits):
             return list(self.landed.get((s, effect.transaction), []))
+        elif isinstance(effect, fx.CancelRequest):
+            return True
         else:
             raise AssertionError(f"unexpected effect {effect}")
         return None
@@ -395,6 +397,9 @@ class ProtocolMachine(RuleBasedStateMachine):
     @rule(**FINISH_COMMIT)
     def finish_commit(self, index, outcome, lands):
         ticket = self.commits.pop(index % len(self.commits))
+        if ticket.transaction not in self.engine.candidates.get(ticket.session, {}):
+            # released while in flight: the candidate is gone, so the engine cannot apply the commit
+            outcome, lands = (FAILED if outcome == APPLIED else outcome), False
         if outcome == APPLIED or (outcome == UNKNOWN and lands):
             label = (self.incarnation[ticket.session], ticket.transaction, ticket.nonce)
             self.engine.apply_commit(ticket.session, ticket.transaction, ticket.nonce, label)

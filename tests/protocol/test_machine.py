@@ -281,7 +281,8 @@ def test_acquire_renew_release(d):
     assert d.do("renew", session="s1", lease="tok1", ttl=300) == {"session": "s1", "lease": "tok1", "ttl": 300}
     d.advance(250)  # 450 s after acquire, 250 s after renew
     assert d.inspect()["leased"] is True
-    assert d.do("release", session="s1", lease="tok1") == {"session": "s1", "released": True, "abandoned_transaction": None}
+    assert d.do("release", session="s1", lease="tok1") == {"session": "s1", "released": True, "abandoned_transaction": None,
+                                                                 "cancelled_requests": [], "pending_commits": [], "reconciled": False}
     assert d.inspect()["leased"] is False
     d.refuse_control(LeaseConflict, 409, "renew", session="s1", lease="tok1", match="missing, wrong, or released")
     assert d.do("acquire", session="s1", ttl=10)["lease"] == "tok2"
@@ -343,12 +344,15 @@ def test_release_abandons_open_transaction_and_works_after_expiry(d):
     assert d.receipts("s1", lease2)["t1"]["state"] == "abandoned"
 
 
-def test_acquire_and_release_wait_for_requests_in_flight(d):
+def test_acquire_waits_for_requests_in_flight_and_release_cancels_them(d):
     lease = d.session()
     ticket = d.query("s1", lease, "n1")
     d.advance(301)
     d.refuse_control(SessionBusy, 409, "acquire", session="s1", match="request in flight")
-    d.refuse_control(SessionBusy, 409, "release", session="s1", lease=lease)
+    plan = d.proto.control(parse_control({"action": "release", "session": "s1", "lease": lease}), d.now)
+    assert plan.effects == (fx.CancelRequest("s1", rid=ticket.rid),)
+    assert d.run(plan)["cancelled_requests"] == [ticket.rid]
+    d.refuse_control(SessionBusy, 409, "acquire", session="s1", match="request in flight")  # until the query ends
     d.proto.finish_query(ticket, d.now)
     d.do("acquire", session="s1")
 
@@ -410,11 +414,11 @@ def test_commits_must_name_the_open_transaction(d):
     assert (ticket.kind, ticket.transaction, ticket.nonce, ticket.rid) == ("commit", "t1", "n1", "memt|s1|commit:3|n1")
 
 
-def test_publish_abort_reset_close_wait_for_a_commit(d):
+def test_publish_abort_reset_close_wait_for_a_commit_but_release_does_not(d):
     lease = d.txn()
     ticket = d.commit("s1", lease, "t1", "n1")
     for action, fields in [("publish", {"transaction": "t1"}), ("abort", {"transaction": "t1"}), ("reset", {}),
-                           ("close", {}), ("memory_read", {"enabled": False}), ("recover", {}), ("release", {}),
+                           ("close", {}), ("memory_read", {"enabled": False}), ("recover", {}),
                            ("export", {"encoding": ENCODING}), ("import", {"transaction": "t1", "file": "m.safetensors", "encoding": ENCODING})]:
         d.refuse_control(SessionBusy, 409, action, session="s1", lease=lease, match="request in flight", **fields)
     assert d.receipts("s1", lease)["t1"]["commits"][0]["status"] == "pending"
@@ -552,6 +556,33 @@ def test_recover_after_the_uncertain_transaction_ended(d):
     d.run(plan)
     assert d.receipts("s1", lease)["t1"]["commits"][0]["status"] == FAILED
     d.do("begin", session="s1", lease=lease, transaction="t2")
+
+
+def test_release_reconciles_uncertain_commits(d):
+    lease = d.txn()
+    d.committed("s1", lease, "t1", "n1", UNKNOWN)
+    d.landed = []
+    plan = d.plan("release", session="s1", lease=lease)
+    assert plan.effects == (fx.ReconcileCommits("s1", transaction="t1"), fx.DropCandidate("s1", transaction="t1"))
+    body = d.run(plan)
+    assert body["released"] is True and body["reconciled"] is True and body["abandoned_transaction"] == "t1"
+    assert d.inspect()["uncertain"] is False and d.inspect()["leased"] is False
+    lease2 = d.do("acquire", session="s1")["lease"]
+    receipt = d.receipts("s1", lease2)["t1"]
+    assert receipt["state"] == "abandoned"
+    assert [c["status"] for c in receipt["commits"]] == [FAILED]
+
+
+def test_release_during_a_commit_records_its_outcome_in_the_abandoned_transaction(d):
+    lease = d.txn()
+    ticket = d.commit("s1", lease, "t1", "n1")
+    body = d.do("release", session="s1", lease=lease)
+    assert body["pending_commits"] == [ticket.rid] and body["abandoned_transaction"] == "t1"
+    d.refuse_control(SessionBusy, 409, "acquire", session="s1", match="request in flight")
+    d.proto.finish_commit(ticket, FAILED, d.now)  # the engine found its candidate gone
+    lease2 = d.do("acquire", session="s1")["lease"]
+    assert d.receipts("s1", lease2)["t1"]["commits"] == [{"nonce": "n1", "tokens": 3, "status": FAILED}]
+    assert d.proto.inflight_commits == 0
 
 
 def test_recover_renews_an_expired_lease_and_needs_no_uncertainty(d):
