@@ -58,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--host", default="127.0.0.1", help="address to bind")
     server.add_argument("--port", type=int, default=30000, help="port to bind")
     server.add_argument("--state-directory", default=None, help="server-owned snapshot directory; required for export/import")
+    server.add_argument("--ack-timeout", type=float, default=120.0, help="seconds the engine has to acknowledge a commit or start a query before the server answers 503 (the outcome is then unknown: status/recover)")
     server.add_argument("--api-key", default=None, help="require 'Authorization: Bearer <key>' on every route but /health")
     server.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"], help="log verbosity")
     parser.add_argument("--dry-run", action="store_true", help="validate and print the launch identity and engine arguments without loading weights")
@@ -81,6 +82,7 @@ class LaunchPlan:
     host: str
     port: int
     state_directory: str | None
+    ack_timeout: float
     api_key: str | None
     log_level: str
 
@@ -139,6 +141,8 @@ def plan_launch(args: argparse.Namespace, environ=os.environ) -> LaunchPlan:
     chunk = checkpoint.memory.chunk_tokens
     if args.max_prefill_tokens < chunk:
         raise CheckpointError(f"--max-prefill-tokens ({args.max_prefill_tokens}) must be at least memt.chunk_tokens ({chunk})")
+    if not args.ack_timeout > 0:
+        raise CheckpointError("--ack-timeout must be a positive number of seconds")
     if args.max_running_requests < 1:
         raise CheckpointError("--max-running-requests must be at least 1")
     model_limit = int(checkpoint.backbone.get("max_position_embeddings") or 32768)
@@ -154,7 +158,7 @@ def plan_launch(args: argparse.Namespace, environ=os.environ) -> LaunchPlan:
         max_prefill_tokens=args.max_prefill_tokens, max_running_requests=args.max_running_requests,
         context_length=context, enable_streaming_session=args.enable_streaming_session,
         deterministic_communication=args.deterministic_communication, host=args.host, port=args.port,
-        state_directory=args.state_directory, api_key=args.api_key, log_level=args.log_level,
+        state_directory=args.state_directory, ack_timeout=args.ack_timeout, api_key=args.api_key, log_level=args.log_level,
     )
     plan.engine_class.check_options(plan.engine_options())
     return plan
@@ -197,7 +201,7 @@ def assemble(plan: LaunchPlan, engine: Engine, *, tokenizer=None):
     )
     service = MemTService(
         engine, protocol, tokenizer=tokenizer,
-        max_prefill_tokens=plan.max_prefill_tokens, context_length=plan.context_length,
+        max_prefill_tokens=plan.max_prefill_tokens, context_length=plan.context_length, ack_timeout=plan.ack_timeout,
     )
     capabilities = {
         "protocol": "memt-http-v1",
@@ -245,8 +249,13 @@ def main(argv: list[str] | None = None) -> int:
     except CheckpointError as exc:
         print(f"memt_core.launch: refused: {exc}", file=sys.stderr)
         return 2
+    if plan.checkpoint.unknown_keys:
+        logging.getLogger("memt_core.launch").warning(
+            "config.json carries keys this version does not read (kept, unused): %s", ", ".join(plan.checkpoint.unknown_keys)
+        )
     if args.dry_run:
-        print(json.dumps({"launch_identity": plan.identity(), "engine_args": plan.engine_args()}, indent=2))
+        report = {"launch_identity": plan.identity(), "engine_args": plan.engine_args(), "unknown_config_keys": plan.checkpoint.unknown_keys}
+        print(json.dumps(report, indent=2))
         return 0
     import uvicorn
 

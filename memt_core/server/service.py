@@ -57,6 +57,7 @@ class MemTService:
         tokenizer=None,
         max_prefill_tokens: int,
         context_length: int,
+        ack_timeout: float | None = None,
         clock=time.monotonic,
     ):
         self.engine = engine
@@ -64,6 +65,7 @@ class MemTService:
         self.tokenizer = tokenizer
         self.max_prefill_tokens = max_prefill_tokens
         self.context_length = context_length
+        self.ack_timeout = ack_timeout  # seconds the engine has to acknowledge a commit or a query's first token
         self.vocab_size = engine.vocab_size
         self.clock = clock
         self.counters = Counters()
@@ -146,6 +148,7 @@ class MemTService:
 
     async def _respond(self, rid, prompt, sampling, events, stream: bool, ticket: Ticket | None):
         run = _Generation(self, rid, prompt, sampling, events, ticket)
+        await run.acknowledged(self.ack_timeout)
         if stream:
             return run.stream()
         return await run.collect()
@@ -154,7 +157,16 @@ class MemTService:
         ticket = self.protocol.start_commit(request, self.clock())
         # The commit runs to its end even if the client goes away, so its receipt is always exact.
         task = asyncio.ensure_future(self._run_commit(ticket, request))
-        return await asyncio.shield(task)
+        task.add_done_callback(_retrieved)
+        try:
+            return await asyncio.wait_for(asyncio.shield(task), self.ack_timeout)
+        except asyncio.TimeoutError:
+            # the commit goes on and its receipt records the real outcome; until then the session is busy
+            self.counters.count(self.counters.requests, ("commit", 503))
+            raise WorkerUnavailable(
+                f"the engine did not acknowledge commit {request.rid.text!r} within {self.ack_timeout:g} s; its outcome is "
+                "unknown until it finishes: check the transaction's receipts with status, then recover"
+            ) from None
 
     async def _run_commit(self, ticket: Ticket, request: Commit) -> dict:
         started = self.clock()
@@ -203,6 +215,12 @@ class MemTService:
             observer(kind, seconds)
 
 
+def _retrieved(task: asyncio.Task) -> None:
+    """Consume a background commit's exception (its caller may have stopped waiting for it)."""
+    if not task.cancelled():
+        task.exception()
+
+
 def _params(sampling: Sampling) -> SamplingParams:
     return SamplingParams(
         max_new_tokens=sampling.max_new_tokens,
@@ -229,6 +247,31 @@ class _Generation:
         tokenizer = service.tokenizer
         self.decoder = IncrementalDecoder(tokenizer, skip_special_tokens=sampling.skip_special_tokens) if tokenizer else None
         self.longest_stop = max((len(stop) for stop in sampling.stop), default=0)
+        self.first: TokenEvent | None = None
+
+    async def acknowledged(self, timeout: float | None) -> None:
+        """Wait for the engine's first event; a 503 when it does not come in time (the work is then cancelled)."""
+        try:
+            self.first = await asyncio.wait_for(anext(self.events), timeout)
+        except StopAsyncIteration:
+            self.first = None
+        except asyncio.TimeoutError:
+            self.service.engine.cancel(self.rid)
+            await self.events.aclose()
+            self._close(503)
+            raise WorkerUnavailable(
+                f"the engine did not start request {self.rid!r} within {timeout:g} s; it was cancelled"
+            ) from None
+        except BaseException:
+            await self.events.aclose()
+            self._close(503)
+            raise
+
+    async def _events(self) -> AsyncIterator[TokenEvent]:
+        if self.first is not None:
+            yield self.first
+        async for event in self.events:
+            yield event
 
     def _append(self, delta: str) -> bool:
         """Add decoded text; True when a stop string now occurs (the text is then cut before it)."""
@@ -279,17 +322,19 @@ class _Generation:
             meta["memt"] = self.memt
         return {"text": self.text, "output_ids": list(self.output), "meta_info": meta}
 
-    def _close(self) -> None:
+    def _close(self, status: int = 200) -> None:
         if self.ticket is not None:
             self.service.protocol.finish_query(self.ticket, self.service.clock())
             self.ticket = None
         kind = "query" if self.rid.startswith("memt|") else "generate"
-        self.service.counters.count(self.service.counters.requests, (kind, 200))
+        self.service.counters.count(self.service.counters.requests, (kind, status))
+        if status != 200:
+            return
         self.service._observe(kind, self.service.clock() - self.started)
 
     async def collect(self) -> dict:
         try:
-            async for event in self.events:
+            async for event in self._events():
                 if self._absorb(event):
                     break
         finally:
@@ -299,7 +344,7 @@ class _Generation:
 
     async def stream(self) -> AsyncIterator[dict]:
         try:
-            async for event in self.events:
+            async for event in self._events():
                 done = self._absorb(event)
                 if event.token is not None or done:
                     yield self.body()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,6 +38,7 @@ class FakeEngine(Engine):
         self.cancelled: set[str] = set()
         self.running = False
         self.effects: list[str] = []  # names of the effects carried out, in order
+        self.hold: threading.Event | None = None  # when set to an unset Event, commits and queries wait for it (a stuck worker)
 
     @classmethod
     def check_options(cls, options: EngineOptions) -> None:
@@ -107,7 +109,12 @@ class FakeEngine(Engine):
             raise InvalidRequest("no state directory")
         return self.state_directory / check_snapshot_name(name)
 
+    async def _held(self) -> None:
+        if self.hold is not None:
+            await asyncio.to_thread(self.hold.wait)
+
     async def commit(self, session: str, transaction: str, nonce: str, ids: list[int]) -> CommitInfo:
+        await self._held()
         s = self.sessions[session]
         s.candidates[transaction].extend(ids)
         s.applied[transaction].append(nonce)
@@ -130,6 +137,7 @@ class FakeEngine(Engine):
         return self._events(rid, list(prompt), memory, params.max_new_tokens)
 
     async def _events(self, rid: str, prompt: list[int], memory: tuple[int, ...], count: int):
+        await self._held()
         for i in range(count):
             await asyncio.sleep(0)
             if rid in self.cancelled:

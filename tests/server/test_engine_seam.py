@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import threading
 import time
+from contextlib import contextmanager
+
+from pathlib import Path
 
 import httpx
 import pytest
@@ -15,7 +18,7 @@ import uvicorn
 from transformers import PreTrainedTokenizerFast
 
 from e2e.servers import free_port
-from e2e.wire import Wire, metric, parse_frames, sse_frames
+from e2e.wire import Wire, assert_error, metric, parse_frames, sse_frames
 from fake_engine import FakeEngine
 from memt_core.detokenize import decode_all
 from memt_core.engine import ENGINES
@@ -60,15 +63,29 @@ class Served:
         self.thread.join(30)
 
 
-@pytest.fixture
-def fake_server(nano_checkpoint, tmp_path):
-    args = build_parser().parse_args(["--model-path", str(nano_checkpoint), "--device", "cpu", "--state-directory", str(tmp_path)])
+@contextmanager
+def serve_fake(checkpoint, state: Path, *flags: str):
+    args = build_parser().parse_args(["--model-path", str(checkpoint), "--device", "cpu", "--state-directory", str(state), *flags])
     plan = plan_launch(args)
     engine = FakeEngine.load(plan.checkpoint, plan.engine_options())
-    tokenizer = CountingTokenizer(PreTrainedTokenizerFast.from_pretrained(str(nano_checkpoint)))
+    tokenizer = CountingTokenizer(PreTrainedTokenizerFast.from_pretrained(str(checkpoint)))
     app, _ = assemble(plan, engine, tokenizer=tokenizer)
     with Served(app) as http:
         yield Wire(http), engine, tokenizer
+
+
+@pytest.fixture
+def fake_server(nano_checkpoint, tmp_path):
+    with serve_fake(nano_checkpoint, tmp_path) as served:
+        yield served
+
+
+def until(predicate, what: str, timeout: float = 60.0) -> None:
+    """Wait for a state to be reached (polling the server), failing after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
 
 
 def test_the_native_routes_run_over_any_engine(fake_server):
@@ -118,3 +135,32 @@ def test_streaming_decodes_a_bounded_window_per_token(fake_server):
     # O(1) per token: at most two short decodes per token, never the whole answer again
     assert len(tokenizer.decoded) <= 2 * 1000 + 2
     assert max(tokenizer.decoded) <= 4
+
+
+def test_an_unacknowledged_commit_answers_503_and_its_receipt_stays_exact(nano_checkpoint, tmp_path):
+    with serve_fake(nano_checkpoint, tmp_path, "--ack-timeout", "0.3") as (wire, engine, _):
+        handle = wire.open()
+        wire.ctl("begin", handle, transaction="t")
+        engine.hold = threading.Event()  # the worker is stuck
+        body = wire.commit_body(handle, "t", [4, 5, 6])
+        assert_error(wire.post_generate(body), 503, match="did not acknowledge commit.*status, then recover")
+        assert wire.ctl("status", handle)["receipts"]["t"]["commits"][0]["status"] == "pending"
+        wire.ctl("recover", handle, expect=409)  # busy until the engine finishes the commit
+        engine.hold.set()
+        until(lambda: wire.ctl("status", handle)["in_flight"] == [], "the commit to finish")
+        assert wire.ctl("status", handle)["receipts"]["t"]["commits"][0]["status"] == "applied"
+        wire.ctl("recover", handle)
+        wire.ctl("publish", handle, transaction="t")
+        assert engine.sessions[handle.session].published == (4, 5, 6)
+
+
+def test_a_query_the_engine_does_not_start_answers_503_and_is_cancelled(nano_checkpoint, tmp_path):
+    with serve_fake(nano_checkpoint, tmp_path, "--ack-timeout", "0.3") as (wire, engine, _):
+        handle = wire.open()
+        engine.hold = threading.Event()
+        assert_error(wire.post_generate(wire.query_body(handle, [5], 3)), 503, match="did not start request")
+        status, frames = sse_frames(wire.http, wire.query_body(handle, [5], 3, stream=True))
+        assert status == 503 and "did not start request" in frames[0]
+        assert wire.ctl("status", handle)["in_flight"] == []  # nothing left running or holding the session
+        engine.hold.set()
+        assert wire.query(handle, [5], max_new_tokens=2)["output_ids"] == [6, 7]
