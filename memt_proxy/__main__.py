@@ -11,6 +11,7 @@ from pathlib import Path
 
 from memt_core.checkpoint import read_checkpoint
 from memt_core.errors import CheckpointError
+from memt_proxy.sessions import MAX_SESSIONS
 
 
 def lease_ttl(text: str) -> int:
@@ -20,6 +21,16 @@ def lease_ttl(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected whole seconds, got {text!r}") from None
     if not 3 <= value <= 3600:
         raise argparse.ArgumentTypeError(f"must be between 3 and 3600 seconds, got {value}")
+    return value
+
+
+def positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
 
 
@@ -45,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--thinking", choices=["on", "off"], default="off", help="thinking mode when a request sets neither reasoning_effort nor chat_template_kwargs.enable_thinking")
     parser.add_argument("--on-divergence", choices=["reject", "reset"], default="reject", help="when a transcript's earlier messages differ from what the session committed: reject with 409, or reset the session's memory and start over")
     parser.add_argument("--state-directory", default=None, help="keep each session's record of what its memory holds here, so that a restarted proxy still trims transcripts and continues turns waiting for tool results (default: in memory only; after a restart, resent histories count as edited)")
+    parser.add_argument("--max-sessions", type=positive, default=MAX_SESSIONS, help="session states kept in memory; beyond it the least recently used idle one is dropped (its native session and memory stay upstream; its next request re-reads its record from --state-directory, or without one counts its history as unknown); when all are busy a new session gets 429")
     parser.add_argument("--lease-wait", type=float, default=30.0, help="seconds a request waits for another request on the same session before 409")
     parser.add_argument("--lease-ttl", type=lease_ttl, default=30, help="seconds of each native session lease; renewed every third of it while a request runs, so a proxy that dies frees its sessions within this time")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the upstream server")
@@ -81,7 +93,8 @@ def build_app(args: argparse.Namespace):
     from memt_core.bundled import BUNDLED_MODEL
     from memt_proxy.app import create_app
     from memt_proxy.serving import ChatService
-    from memt_proxy.store import SessionStore
+    from memt_proxy.sessions import Sessions
+    from memt_proxy.store import SessionRecordStore
 
     path = Path(args.model_path) if args.model_path else BUNDLED_MODEL
     checkpoint = read_checkpoint(path, validate_backbone=False)
@@ -89,10 +102,13 @@ def build_app(args: argparse.Namespace):
     chat_format, parser = load_chat_format(path, tokenizer=tokenizer)
     names = args.served_model_name or [checkpoint.checkpoint_id or path.name]
     client = AsyncNativeClient(args.upstream, api_key=args.upstream_api_key, timeout=args.timeout)
+    sessions = Sessions(
+        client, identity=chat_format.identity, records=SessionRecordStore(args.state_directory), max_sessions=args.max_sessions,
+        lease_wait=args.lease_wait, lease_ttl=args.lease_ttl, native_encoding=chat_format.native_encoding,
+    )
     service = ChatService(
-        client, chat_format, parser, model_names=names, default_memory=args.default_memory,
-        default_thinking=args.thinking == "on", lease_wait=args.lease_wait, on_divergence=args.on_divergence,
-        store=SessionStore(args.state_directory), lease_ttl=args.lease_ttl,
+        sessions, chat_format, parser, model_names=names, default_memory=args.default_memory,
+        default_thinking=args.thinking == "on", on_divergence=args.on_divergence,
     )
     return create_app(service, api_keys=load_api_keys(args.api_key, args.api_keys_file)), names
 

@@ -1,4 +1,4 @@
-"""FastAPI routes of the OpenAI-compatible proxy: thin adapters over ``ChatService``."""
+"""FastAPI routes of the OpenAI-compatible proxy: thin adapters over ``ChatService`` and its session layer."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def create_app(service: ChatService, *, api_keys: dict[str, str] | None = None) 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         yield
-        await service.client.aclose()  # the upstream connections
+        await service.sessions.client.aclose()  # the upstream connections
 
     app = FastAPI(
         lifespan=lifespan,
@@ -129,25 +129,25 @@ def create_app(service: ChatService, *, api_keys: dict[str, str] | None = None) 
 
     @app.get(sessions, summary="Inspect a session", tags=["sessions"])
     async def inspect(session: str, request: Request) -> dict:
-        return await service.admin(tenant_of(request), session_of(session), "inspect")
+        return await service.sessions.admin(tenant_of(request), session_of(session), "inspect")
 
     @app.post(sessions + "/snapshots", summary="Save the session's memory as a snapshot", tags=["sessions"])
     async def save(session: str, request: Request, body: SnapshotRequest = Body(default_factory=SnapshotRequest)) -> dict:
         _snapshot_name(body.name, required=False)
-        return await service.admin(tenant_of(request), session_of(session), "save", name=body.name, overwrite=body.overwrite)
+        return await service.sessions.admin(tenant_of(request), session_of(session), "save", name=body.name, overwrite=body.overwrite)
 
     @app.post(sessions + "/restore", summary="Restore a snapshot into the session (replaces its memory)", tags=["sessions"])
     async def restore(session: str, body: RestoreRequest, request: Request) -> dict:
         _snapshot_name(body.name, required=True)
-        return await service.admin(tenant_of(request), session_of(session), "restore", name=body.name)
+        return await service.sessions.admin(tenant_of(request), session_of(session), "restore", name=body.name)
 
     @app.post(sessions + "/reset", summary="Clear the session's memory", tags=["sessions"])
     async def reset(session: str, request: Request) -> dict:
-        return await service.admin(tenant_of(request), session_of(session), "reset")
+        return await service.sessions.admin(tenant_of(request), session_of(session), "reset")
 
     @app.delete(sessions, summary="Close (delete) the session", tags=["sessions"])
     async def close(session: str, request: Request) -> dict:
-        return await service.admin(tenant_of(request), session_of(session), "close")
+        return await service.sessions.admin(tenant_of(request), session_of(session), "close")
 
     return app
 

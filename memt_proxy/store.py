@@ -22,7 +22,7 @@ from pathlib import Path
 log = logging.getLogger("memt.proxy")
 
 
-class SessionStore:
+class SessionRecordStore:
     """Per-session records under ``directory``; with ``directory=None`` nothing is kept."""
 
     def __init__(self, directory: str | Path | None):

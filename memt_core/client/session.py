@@ -43,7 +43,7 @@ DEFAULT_MAX_NEW_TOKENS = 1024
 
 
 @dataclass
-class Turn:
+class TurnRecord:
     number: int
     messages: list[dict]
     ids: list[int]
@@ -58,8 +58,8 @@ class _Uncertain:
     stage: str
     transaction: str | None
     lease: str
-    attempts: list[tuple[str, Turn | None]]  # (nonce, turn) of commits sent in the transaction, in order
-    pending: list[Turn]  # turns the transaction was meant to hold
+    attempts: list[tuple[str, TurnRecord | None]]  # (nonce, turn) of commits sent in the transaction, in order
+    pending: list[TurnRecord]  # turns the transaction was meant to hold
     documents: list[list[int]] = field(default_factory=list)
     export: dict | None = None
     import_file: str | None = None  # load_state: publish only if this file was imported
@@ -85,8 +85,8 @@ class MemTSession:
         self.system_prompt = system_prompt
         self.tools = tools
         self.memory_read = True
-        self._turns: list[Turn] = []  # unsaved turns, replayed in prompts
-        self._open: Turn | None = None  # a turn waiting for tool results
+        self._turns: list[TurnRecord] = []  # unsaved turns, replayed in prompts
+        self._open: TurnRecord | None = None  # a turn waiting for tool results
         self._count = 0
         self._uncertain: _Uncertain | None = None
         self._closed = False
@@ -189,7 +189,7 @@ class MemTSession:
         self._refuse_pending("chat")
         thinking = self.chat_format.thinking(enable_thinking)
         self._count += 1
-        turn = Turn(
+        turn = TurnRecord(
             number=self._count,
             messages=[{"role": "user", "content": message}],
             ids=self.chat_format.user_ids(message, enable_thinking=thinking),
@@ -228,7 +228,7 @@ class MemTSession:
                 turn.ids = turn.ids[: -len(self.chat_format.tool_results_ids(ordered, enable_thinking=turn.thinking))]
             raise
 
-    def _answer(self, turn: Turn) -> dict:
+    def _answer(self, turn: TurnRecord) -> dict:
         prompt = self.chat_format.prompt_ids(
             system_prompt=self.system_prompt, tools=self.tools, turns=[t.ids for t in self._turns], tail=turn.ids
         )
@@ -250,7 +250,7 @@ class MemTSession:
         except MemTClientError as exc:
             raise exc.with_context(answer=state.get("result"))
 
-    def _absorb(self, turn: Turn, body: dict) -> dict:
+    def _absorb(self, turn: TurnRecord, body: dict) -> dict:
         """Record the generated ids in the turn and build the result dict."""
         output_ids = list(body.get("output_ids", []))
         meta = body.get("meta_info", {})
@@ -294,13 +294,13 @@ class MemTSession:
     def _commit_in(
         self,
         lease: str,
-        turns: list[Turn],
+        turns: list[TurnRecord],
         *,
         documents: list[list[int]] = (),
         export: dict | None = None,
         answer=None,
         progress: Callable[[int, int], None] | None = None,
-    ) -> list[Turn]:
+    ) -> list[TurnRecord]:
         """begin → commit each turn (then each document piece) → [export] → publish, in ``lease``."""
         transaction = f"t-{uuid.uuid4().hex[:16]}"
         record = _Uncertain(stage="begin", transaction=transaction, lease=lease, attempts=[], pending=list(turns), documents=list(documents), export=export)
@@ -327,13 +327,13 @@ class MemTSession:
         self._forget(turns)
         return turns
 
-    def _send_commit(self, record: _Uncertain, ids: list[int], turn: Turn | None) -> None:
+    def _send_commit(self, record: _Uncertain, ids: list[int], turn: TurnRecord | None) -> None:
         nonce = new_nonce()
         record.stage = "commit"
         record.attempts.append((nonce, turn))
         self.client.commit(self.session_id, record.lease, record.transaction, ids, nonce=nonce)
 
-    def _forget(self, turns: list[Turn]) -> None:
+    def _forget(self, turns: list[TurnRecord]) -> None:
         """Committed turns leave the prompt: memory holds them now."""
         done = {id(t) for t in turns}
         self._turns = [t for t in self._turns if id(t) not in done]

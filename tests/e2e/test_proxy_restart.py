@@ -155,27 +155,25 @@ def test_a_killed_proxy_frees_its_sessions_within_the_lease_ttl(proxy_upstream, 
 
 
 def test_a_lease_is_renewed_while_held(proxy_upstream, nano_checkpoint):
-    """The proxy's own service against the live upstream: a lease held past its TTL stays valid, and goes on release."""
+    """The proxy's own session layer against the live upstream: a lease held past its TTL stays valid, and goes on release."""
     from memt_core.client.chat_format import load_chat_format, load_tokenizer
     from memt_core.client.native import AsyncNativeClient
-    from memt_proxy.serving import ChatService
+    from memt_proxy.sessions import Sessions
 
     chat_format, parser = load_chat_format(nano_checkpoint, tokenizer=load_tokenizer(nano_checkpoint))
 
     async def scenario():
         client = AsyncNativeClient(proxy_upstream.url)
-        service = ChatService(client, chat_format, parser, model_names=[MODEL], lease_ttl=3)
-        await service.check_upstream()
-        state = service.state("t", unique("renewed"))
-        await service._ensure(state)
-        lease = await service._acquire(state)
-        await asyncio.sleep(4.5)  # past the 3 s the lease was granted for
-        held = await client.control("inspect", state.native)
-        await service._release(state, lease)
-        released = await client.control("inspect", state.native)
-        await client.control("close", state.native, lease=(await client.control("acquire", state.native, ttl=5))["lease"])
+        sessions = Sessions(client, identity=chat_format.identity, lease_ttl=3)
+        await sessions.check_upstream()
+        async with sessions.turn("t", unique("renewed")) as held:
+            await held.start()
+            await asyncio.sleep(4.5)  # past the 3 s the lease was granted for
+            held_info = await client.control("inspect", held.state.native)
+        released = await client.control("inspect", held.state.native)
+        await client.control("close", held.state.native, lease=(await client.control("acquire", held.state.native, ttl=5))["lease"])
         await client.aclose()
-        return held, released
+        return held_info, released
 
     held, released = asyncio.run(scenario())
     assert held["leased"] is True and held["lease_expires_in"] > 0

@@ -9,6 +9,7 @@ from memt_core.client.chat_format import load_chat_format, load_tokenizer
 from memt_core.client.native import AsyncNativeClient
 from memt_proxy.protocol import ChatCompletionRequest
 from memt_proxy.serving import ChatService, Prepared, _deltas
+from memt_proxy.sessions import Sessions
 
 TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
 
@@ -16,7 +17,7 @@ TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"
 @pytest.fixture(scope="module")
 def service(nano_checkpoint):
     chat_format, parser = load_chat_format(nano_checkpoint, tokenizer=load_tokenizer(nano_checkpoint))
-    return ChatService(AsyncNativeClient("http://127.0.0.1:9"), chat_format, parser, model_names=["m"])
+    return ChatService(Sessions(AsyncNativeClient("http://127.0.0.1:9"), identity=chat_format.identity), chat_format, parser, model_names=["m"])
 
 
 def request(**fields) -> ChatCompletionRequest:
@@ -109,15 +110,15 @@ def test_a_failed_session_record_write_is_logged_and_the_change_goes_on(nano_che
     """The record is an aid for restarts: losing one must not fail the request (the history then counts as unknown)."""
     import logging
 
-    from memt_proxy.store import SessionStore
+    from memt_proxy.store import SessionRecordStore
 
     chat_format, parser = load_chat_format(nano_checkpoint, tokenizer=load_tokenizer(nano_checkpoint))
-    service = ChatService(AsyncNativeClient("http://127.0.0.1:9"), chat_format, parser, model_names=["m"],
-                          store=SessionStore(tmp_path / "state"))
-    state = service.state("tenant", "s")
+    service = ChatService(Sessions(AsyncNativeClient("http://127.0.0.1:9"), identity=chat_format.identity,
+                                   records=SessionRecordStore(tmp_path / "state")), chat_format, parser, model_names=["m"])
+    state = service.sessions.state("tenant", "s")
     (tmp_path / "state").rmdir()  # e.g. the directory was removed under the running proxy
     with caplog.at_level(logging.WARNING, logger="memt.proxy"):
-        service._changing(state, ["a" * 64])
+        service.sessions.changing(state, ["a" * 64])
     assert any("could not write the session record" in r.message for r in caplog.records)
 
 
@@ -127,19 +128,20 @@ def test_a_pending_tool_turn_is_kept_until_a_request_ends_it(nano_checkpoint, tm
     import asyncio
 
     from memt_proxy.errors import ProxyError
-    from memt_proxy.serving import PendingTurn
-    from memt_proxy.store import SessionStore
+    from memt_proxy.sessions import PendingTurn
+    from memt_proxy.store import SessionRecordStore
     from memt_proxy.transcript import message_hash
 
     chat_format, parser = load_chat_format(nano_checkpoint, tokenizer=load_tokenizer(nano_checkpoint))
-    store = SessionStore(tmp_path / "state")
-    service = ChatService(AsyncNativeClient("http://127.0.0.1:9"), chat_format, parser, model_names=["m"], store=store)
-    state = service.state("tenant", "s")
+    store = SessionRecordStore(tmp_path / "state")
+    service = ChatService(Sessions(AsyncNativeClient("http://127.0.0.1:9"), identity=chat_format.identity, records=store),
+                          chat_format, parser, model_names=["m"])
+    state = service.sessions.state("tenant", "s")
     question = {"role": "user", "content": "weather in Oslo?"}
     call = {"role": "assistant", "content": "", "tool_calls": [
         {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]}
     pending = PendingTurn([message_hash(question), message_hash(call)], chat_format._encode("the call's own tokens"), False)
-    service._set_pending(state, pending)
+    service.sessions.set_pending(state, pending)
     assert store.load_pending(state.native, 0) == {"hashes": pending.hashes, "ids": pending.ids, "thinking": False}
 
     def prepare(messages, **fields):
@@ -151,14 +153,14 @@ def test_a_pending_tool_turn_is_kept_until_a_request_ends_it(nano_checkpoint, tm
     assert state.pending is pending and store.load_pending(state.native, 0) is not None  # kept until the turn ends
     assert prepare(results).turn_ids == continued.turn_ids  # so a retry continues it the same way
 
-    service.max_prefill_tokens = len(continued.prompt) - 1
+    service.sessions.max_prefill_tokens = len(continued.prompt) - 1
     refusals = {"context_length_exceeded": results, "tool_results_missing": [question, call, {"role": "user", "content": "never mind"}]}
     for code, messages in refusals.items():
         with pytest.raises(ProxyError) as refused:
             prepare(messages)
         assert refused.value.code == code
         assert state.pending is pending and store.load_pending(state.native, 0) is not None  # refused: nothing changed
-    service.max_prefill_tokens = None
+    service.sessions.max_prefill_tokens = None
 
     prepare([{"role": "user", "content": "something else"}])  # a new question abandons it
     assert state.pending is None and store.load_pending(state.native, 0) is None

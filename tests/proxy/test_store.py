@@ -1,17 +1,17 @@
-"""SessionStore: the on-disk record of what each session's memory holds, matched by published_version."""
+"""SessionRecordStore: the on-disk record of what each session's memory holds, matched by published_version."""
 
 from __future__ import annotations
 
 import json
 import logging
 
-from memt_proxy.store import SessionStore
+from memt_proxy.store import SessionRecordStore
 
 A, B, C = "a" * 64, "b" * 64, "c" * 64
 
 
 def test_a_record_answers_for_the_current_and_the_next_version(tmp_path):
-    store = SessionStore(tmp_path / "state")
+    store = SessionRecordStore(tmp_path / "state")
     store.save("p-1", 3, [A, B], [A, B, C])
     assert store.load("p-1", 3) == [A, B]  # the change never landed (e.g. the proxy died before publish)
     assert store.load("p-1", 4) == [A, B, C]  # it landed, the proxy died before it learnt so
@@ -22,13 +22,13 @@ def test_a_record_answers_for_the_current_and_the_next_version(tmp_path):
 
 
 def test_an_unknown_current_history_is_never_answered(tmp_path):
-    store = SessionStore(tmp_path)
+    store = SessionRecordStore(tmp_path)
     store.save("p-1", 0, None, [])
     assert store.load("p-1", 0) is None and store.load("p-1", 1) == []
 
 
 def test_files_are_replaced_whole_and_deleted(tmp_path):
-    store = SessionStore(tmp_path)
+    store = SessionRecordStore(tmp_path)
     store.save("p-1", 0, [], [A])
     store.save("p-1", 1, [A], [A, B])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["p-1.json"]  # no temporary files left behind
@@ -39,7 +39,7 @@ def test_files_are_replaced_whole_and_deleted(tmp_path):
 
 
 def test_unreadable_records_count_as_unknown(tmp_path, caplog):
-    store = SessionStore(tmp_path)
+    store = SessionRecordStore(tmp_path)
     for text in ("{not json", json.dumps({"version": 1}), json.dumps({"version": 1, "committed": [1, 2], "next": {"version": 2, "committed": []}})):
         (tmp_path / "p-1.json").write_text(text)
         with caplog.at_level(logging.WARNING, logger="memt.proxy"):
@@ -48,7 +48,7 @@ def test_unreadable_records_count_as_unknown(tmp_path, caplog):
 
 
 def test_without_a_directory_nothing_is_kept(tmp_path):
-    store = SessionStore(None)
+    store = SessionRecordStore(None)
     store.save("p-1", 0, [], [A])
     assert store.load("p-1", 1) is None
     store.delete("p-1")
@@ -60,7 +60,7 @@ PENDING = {"hashes": [A, B], "ids": [5, 6, 7], "thinking": False}
 
 
 def test_a_pending_tool_turn_is_kept_at_its_version(tmp_path):
-    store = SessionStore(tmp_path)
+    store = SessionRecordStore(tmp_path)
     store.save("p-1", 2, [A], [A, B])
     store.save_pending("p-1", 3, [A, B], PENDING)
     assert store.load_pending("p-1", 3) == PENDING
@@ -74,14 +74,14 @@ def test_a_pending_tool_turn_is_kept_at_its_version(tmp_path):
 
 
 def test_a_pending_turn_of_a_session_without_commits(tmp_path):
-    store = SessionStore(tmp_path)
+    store = SessionRecordStore(tmp_path)
     store.save_pending("p-1", 0, [], PENDING)
     assert store.load("p-1", 0) == [] and store.load_pending("p-1", 0) == PENDING
     assert store.load("p-1", 1) is None
 
 
 def test_a_malformed_pending_turn_is_ignored(tmp_path, caplog):
-    store = SessionStore(tmp_path)
+    store = SessionRecordStore(tmp_path)
     for bad in ({"version": 0, "hashes": [A], "ids": ["x"], "thinking": False}, {"version": 0, "hashes": [A], "ids": [1]},
                 {"version": 0, "hashes": [1], "ids": [1], "thinking": True}):
         (tmp_path / "p-1.json").write_text(json.dumps({"version": 0, "committed": [], "next": None, "pending": bad}))
@@ -92,6 +92,6 @@ def test_a_malformed_pending_turn_is_ignored(tmp_path, caplog):
 
 
 def test_without_a_directory_no_pending_turn_is_kept(tmp_path):
-    store = SessionStore(None)
+    store = SessionRecordStore(None)
     store.save_pending("p-1", 0, [], PENDING)
     assert store.load_pending("p-1", 0) is None

@@ -1,0 +1,85 @@
+"""The proxy's bounded session table, live: a proxy with ``--max-sessions 2`` in front of a real memt_core
+server, driven by the ``openai`` SDK. Talking to a third session drops the least recently used one from
+the proxy's memory; its native session (and memory) stays upstream, unleased. When the dropped session
+comes back, the proxy adopts it again: with ``--state-directory`` it re-reads the session's record and
+still trims the resent transcript; without, the history is unknown and the resent transcript is
+refused as edited (409 ``transcript_diverged``), while new messages alone continue the same memory.
+"""
+
+from __future__ import annotations
+
+import pytest
+from e2e.proxies import MODEL, ProxyServer, assert_openai_error, completed_turn, expected_prompt, unique
+
+from memt_proxy.sessions import native_session_id
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def say(client, history: list[dict], text: str, session: str):
+    """One completed turn (a stop string ends it), appended to ``history``."""
+    history.append({"role": "user", "content": text})
+    reply = completed_turn(client, session, history)
+    history.append({"role": "assistant", "content": reply.choices[0].message.content})
+    return reply
+
+
+def upstream_inspect(server, tenant: str, session: str) -> dict:
+    """The native session behind a proxy session, as the upstream reports it."""
+    with server.client() as http:
+        epoch = http.get("/memt/capabilities").json()["epoch"]
+        response = http.post("/memt/control", json={"action": "inspect", "session": native_session_id(tenant, session), "epoch": epoch})
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def close(proxy: ProxyServer, *sessions: str) -> None:
+    with proxy.http(None) as http:
+        for session in sessions:
+            assert http.delete(f"/v1/memt/sessions/{session}").status_code == 200
+
+
+def test_an_evicted_session_continues_from_its_record(proxy_upstream, nano_checkpoint, proxy_chat_format, tmp_path):
+    args = ["--max-sessions", "2", "--state-directory", str(tmp_path / "proxy-state")]
+    a, b, c = unique("evict-a"), unique("evict-b"), unique("evict-c")
+    history: list[dict] = []
+    with ProxyServer(proxy_upstream.url, nano_checkpoint, args=args) as proxy:
+        client = proxy.openai("unused")
+        for text in ("first question", "second question"):
+            say(client, history, text, a)
+        for other in (b, c):  # two more sessions: a, the least recently used, leaves the proxy's table
+            say(client, [], "hello", other)
+        native = upstream_inspect(proxy_upstream, "default", a)
+        assert native["published_version"] == 2 and native["leased"] is False  # memory kept, lease let go
+        reply = say(client, history, "third question", a)
+        # only the new question reached the model: the record said memory holds the first four messages
+        assert reply.usage.prompt_tokens == len(expected_prompt(proxy_chat_format, history[:-1], 4))
+        info = proxy.inspect(a, None)
+        assert info["committed_messages"] == 6 and info["history_known"] is True
+        assert info["native"]["published_version"] == 3
+        close(proxy, a, b, c)
+
+
+def test_without_a_state_directory_an_evicted_session_has_an_unknown_history(proxy_upstream, nano_checkpoint, proxy_chat_format):
+    a, b, c = unique("evict-bare-a"), unique("evict-bare-b"), unique("evict-bare-c")
+    history: list[dict] = []
+    with ProxyServer(proxy_upstream.url, nano_checkpoint, args=["--max-sessions", "2"]) as proxy:
+        client = proxy.openai("unused")
+        say(client, history, "first question", a)
+        assert proxy.inspect(a, None)["history_known"] is True
+        for other in (b, c):
+            say(client, [], "hello", other)
+        assert upstream_inspect(proxy_upstream, "default", a)["leased"] is False
+        with proxy.http(None) as http:
+            resent = history + [{"role": "user", "content": "second question"}]
+            response = http.post("/v1/chat/completions", json={"model": MODEL, "messages": resent, "max_tokens": 4},
+                                 headers={"X-MemT-Session": a})
+            assert_openai_error(response, 409, code="transcript_diverged")
+        info = proxy.inspect(a, None)
+        assert info["history_known"] is False and info["native"]["published_version"] == 1  # adopted, memory intact
+        # the new message alone continues the same memory, and its turn is committed on top of it
+        only_new = [{"role": "user", "content": "second question"}]
+        reply = completed_turn(client, a, only_new)
+        assert reply.usage.prompt_tokens == len(expected_prompt(proxy_chat_format, only_new, 0))
+        assert proxy.inspect(a, None)["native"]["published_version"] == 2
+        close(proxy, a, b, c)
