@@ -166,7 +166,8 @@ def test_control_actions_success_paths(wire, nano_server):
     reset = wire.ctl("reset", h)
     assert reset == {"session": s, "reset": True, "aborted_transaction": None}
     assert wire.query(h, PROMPT, 10)["output_ids"] == empty_answer
-    assert wire.ctl("release", h) == {"session": s, "released": True, "abandoned_transaction": None}
+    assert wire.ctl("release", h) == {"session": s, "released": True, "abandoned_transaction": None,
+                                       "cancelled_requests": [], "pending_commits": [], "reconciled": False}
     assert inspect(wire, s)["leased"] is False
     h2 = Handle(s, wire.control("acquire", s)["lease"])
     assert wire.ctl("close", h2) == {"session": s, "closed": True}
