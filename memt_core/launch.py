@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     model = parser.add_argument_group("model")
-    model.add_argument("--model-path", default=None, help="local checkpoint directory (config.json, BF16 safetensors, tokenizer); default: the bundled tiny demo model")
+    model.add_argument("--model-path", default=None, help="local checkpoint directory (config.json, BF16 safetensors, tokenizer); without it the bundled tiny demo model is served, with a warning")
     model.add_argument("--json-model-override-args", default=None, help='JSON overriding runtime limits only: {"memt_runtime": {...}}')
     model.add_argument("--trust-remote-code", action="store_true", help="refused: checkpoint Python code is never executed")
     model.add_argument("--config", default=None, help="refused: configuration merging is not supported; model structure comes from config.json")
@@ -98,10 +98,29 @@ class LaunchPlan:
             deterministic_communication=self.deterministic_communication, state_directory=self.state_directory,
         )
 
+    @property
+    def bundled_demo(self) -> bool:
+        """Whether this serves the bundled demo model because no --model-path was given."""
+        return self.checkpoint.path.resolve() == BUNDLED_MODEL.resolve()
+
     def identity(self, engine: dict | None = None) -> dict:
-        """``/memt/identity``: the checkpoint's description, the engine's name and version, the runtime limits."""
+        """``/memt/identity``: the spec's fields at the top (``sglang_version`` is null: no SGLang runs
+        here), everything this server adds under ``extra``."""
         engine = engine or {"engine": f"memt-{self.engine}", "engine_version": __version__}
-        return {**self.checkpoint.describe(), **engine, "memt_runtime": asdict(self.runtime)}
+        described = self.checkpoint.describe()
+        return {
+            "model": described["model"],
+            "config_sha256": described["config_sha256"],
+            "checkpoint_id": described["checkpoint_id"],
+            "sglang_version": None,
+            "memt_runtime": asdict(self.runtime),
+            "extra": {
+                **{key: value for key, value in described.items() if key not in ("model", "config_sha256", "checkpoint_id")},
+                **engine,
+                "checkpoint_path": str(self.checkpoint.path),
+                "bundled_demo_model": self.bundled_demo,
+            },
+        }
 
     def engine_args(self) -> dict:
         return {
@@ -249,6 +268,9 @@ def main(argv: list[str] | None = None) -> int:
     except CheckpointError as exc:
         print(f"memt_core.launch: refused: {exc}", file=sys.stderr)
         return 2
+    if plan.bundled_demo:
+        print(f"memt_core.launch: WARNING: no --model-path given: using the BUNDLED TINY DEMO MODEL at {plan.checkpoint.path} "
+              "(a few MB, synthetic skills only); pass --model-path CHECKPOINT to serve a real model", file=sys.stderr, flush=True)
     if plan.checkpoint.unknown_keys:
         logging.getLogger("memt_core.launch").warning(
             "config.json carries keys this version does not read (kept, unused): %s", ", ".join(plan.checkpoint.unknown_keys)

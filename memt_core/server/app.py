@@ -33,7 +33,7 @@ def create_app(service: MemTService, *, identity: dict, capabilities: dict, api_
     no_docs = {} if api_key is None else {"docs_url": None, "redoc_url": None, "openapi_url": None}
     app = FastAPI(
         title="MemT serve — memt-http-v1",
-        version=identity.get("engine_version", ""),
+        version=identity.get("extra", {}).get("engine_version", ""),
         description="Native MemT protocol: sessions, leases, transactions and snapshots over latent memory.",
         **no_docs,
     )

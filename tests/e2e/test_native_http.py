@@ -45,11 +45,11 @@ def test_health_identity_capabilities(http, nano_checkpoint):
     assert http.get("/health").json() == {"status": "ok"}
     identity = http.get("/memt/identity").json()
     assert identity["model"] == "memt-nano"
-    assert identity["model_type"] == "memt_qwen3_5_moe"
+    assert identity["extra"]["model_type"] == "memt_qwen3_5_moe" and identity["sglang_version"] is None
     assert identity["config_sha256"] == hashlib.sha256((nano_checkpoint / "config.json").read_bytes()).hexdigest()
     assert identity["checkpoint_id"] == "tiny-random-nano"
     assert identity["memt_runtime"] == {"max_sessions_per_rank": 64, "max_inflight_commits_per_rank": 4, "min_kv_tokens": 256}
-    assert identity["engine"] and identity["engine_version"]
+    assert identity["extra"]["engine"] == "memt-torch" and identity["extra"]["engine_version"]
     caps = http.get("/memt/capabilities").json()
     assert caps["protocol"] == "memt-http-v1"
     assert caps["snapshot_format"] == "memt-memory-v1"
@@ -60,7 +60,7 @@ def test_health_identity_capabilities(http, nano_checkpoint):
     assert caps["streaming"]["done"] == "data: [DONE]"
     assert caps["retain_kv"] is False
     assert caps["native_encoding"] == "hf-chat-template"
-    assert caps["identity"] == identity["identity"]
+    assert caps["identity"] == identity["extra"]["identity"]
     assert http.get("/memt/capabilities").json()["epoch"] == caps["epoch"]  # stable while the process lives
 
 

@@ -92,7 +92,7 @@ def test_the_native_routes_run_over_any_engine(fake_server):
     wire, engine, tokenizer = fake_server
     assert "fake" not in ENGINES  # registered nowhere: the server knows only the interface
     identity = wire.http.get("/memt/identity").json()
-    assert identity["engine"] == "memt-fake"
+    assert identity["extra"]["engine"] == "memt-fake" and identity["sglang_version"] is None
     assert wire.capabilities["engine"] == {"name": "fake"}
 
     handle = wire.open()

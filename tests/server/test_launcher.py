@@ -96,6 +96,7 @@ def _cases(c: dict[str, Path]) -> dict[str, Case]:
         "prefill below chunk": Case(["--model-path", nano, *dry, "--max-prefill-tokens", "31"]),
         "context beyond model": Case(["--model-path", nano, *dry, "--context-length", "9000"]),
         "missing checkpoint": Case(["--model-path", str(c["cwd"] / "nowhere"), *dry]),
+        "bundled default": Case([*dry]),
         "engine unknown": Case(["--model-path", nano, *dry, "--engine", "sglang"]),
         "engine flag unused": Case(["--model-path", nano, *dry, "--deterministic-communication"]),
         "engine kv too small": Case(["--model-path", nano, *dry, "--max-running-requests", "1", "--context-length", "100",
@@ -116,7 +117,7 @@ IN_PROCESS = {
     "merge all", "merge json", "defaults", "defaults + flags", "header overrides off", "header overrides true",
     "config merging", "override other keys", "override memt", "override not JSON", "override unknown runtime field",
     "override non-positive", "flag non-positive", "prefill below chunk", "context beyond model", "missing checkpoint",
-    "engine flag unused", "engine kv too small",
+    "engine flag unused", "engine kv too small", "bundled default",
 }
 
 
@@ -173,15 +174,17 @@ def _sha256(path: Path) -> str:
 def test_dry_run_prints_identity_and_engine_args(runs, checkpoints):
     out = runs["nano"].json()
     identity = out["launch_identity"]
-    assert identity["model"] == "memt-nano" and identity["model_type"] == "memt_qwen3_5_moe"
+    assert identity["model"] == "memt-nano" and identity["extra"]["model_type"] == "memt_qwen3_5_moe"
     assert identity["config_sha256"] == _sha256(checkpoints["nano"])
     assert identity["checkpoint_id"] == "tiny-random-nano"
-    assert len(identity["identity"]) == 64
+    assert len(identity["extra"]["identity"]) == 64
+    assert identity["sglang_version"] is None  # the spec's field for the serving engine's version: no SGLang here
+    assert identity["extra"]["bundled_demo_model"] is False and identity["extra"]["checkpoint_path"] == str(checkpoints["nano"])
     assert identity["memt_runtime"] == {"max_sessions_per_rank": 64, "max_inflight_commits_per_rank": 4, "min_kv_tokens": 256}
     engine = out["engine_args"]
     assert engine["max_prefill_tokens"] == 16384 and engine["max_sessions_per_rank"] == 64
     assert engine["host"] == "127.0.0.1" and engine["port"] == 30000 and engine["enable_streaming_session"] is False
-    assert engine["engine"] == "torch" and identity["engine"] == "memt-torch" and identity["engine_version"]
+    assert engine["engine"] == "torch" and identity["extra"]["engine"] == "memt-torch" and identity["extra"]["engine_version"]
     assert engine["min_kv_tokens"] == 256 and engine["dtype"] in ("float32", "bfloat16")
     assert "sglang_args" not in out  # settings no engine takes are not echoed
 
@@ -189,6 +192,14 @@ def test_dry_run_prints_identity_and_engine_args(runs, checkpoints):
     assert flash["launch_identity"]["model"] == "memt-flash"
     assert flash["launch_identity"]["config_sha256"] == _sha256(checkpoints["flash"])
     assert flash["engine_args"]["engine"] == "torch"
+
+
+def test_without_model_path_the_bundled_demo_is_served_loudly(runs):
+    outcome = runs["bundled default"]
+    extra = outcome.json()["launch_identity"]["extra"]
+    assert extra["bundled_demo_model"] is True and extra["checkpoint_path"].endswith("memt-tiny-demo")
+    assert "WARNING" in outcome.stderr and "BUNDLED TINY DEMO MODEL" in outcome.stderr and "--model-path" in outcome.stderr
+    assert "WARNING" not in runs["nano"].stderr
 
 
 def test_dry_run_never_reads_weights(runs, checkpoints):
