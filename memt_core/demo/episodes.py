@@ -2,15 +2,17 @@
 
 An :class:`Episode` is what one training example (or one evaluation case) is made of: the things
 written to latent memory, in order (conversation turns, tool-calling turns, documents), and a final
-:class:`Query` whose prompt holds *only* what a client would send after trimming committed turns, with
-the answer the model should give. Every value (names, cities, foods, …) is drawn at random from
-:mod:`memt_core.demo.pools` for each episode, so the only place an episode's facts can come from is
-the memory (or, for in-context episodes, the prompt).
+:class:`EpisodeQuestion` whose prompt holds *only* what a client would send after trimming committed turns, with
+the answer the model should give. Every value (names, cities, addresses, codes, …) is drawn for each
+episode by the open-vocabulary generators of :mod:`memt_core.demo.values` (or from the word lists of
+:mod:`memt_core.demo.pools`), so the only place an episode's facts can come from is the memory (or, for
+in-context episodes, the prompt). ``EpisodeSampler(seed, heldout=True)`` draws the held-out split:
+held-out values and held-out phrasings that training never sees.
 
 Skills: (1) personal facts said in one turn and asked about later, several facts per turn and several
 turns; (2) a document ingested through memory and questions about it; (3) tool calls for
-``get_weather``, ``add`` and ``multiply`` and answers from the tool's result; (4) repeating a text
-exactly. :class:`EpisodeSampler` mixes them; :class:`Mix` says in what proportions, with a
+``get_weather``, ``add`` and ``multiply`` and answers from the tool's result, given as JSON or as plain
+text; (4) repeating or typing a text exactly. :class:`EpisodeSampler` mixes them; :class:`Mix` says in what proportions, with a
 curriculum from a warm-up on single facts to the full mix with many facts and distractor commits.
 Turning an episode into token ids is :mod:`memt_core.demo.format`'s job.
 """
@@ -21,22 +23,23 @@ import json
 import random
 import re
 from dataclasses import dataclass, field
-from typing import Union
+from typing import Callable, Union
 
-from memt_core.demo import pools
+from memt_core.demo import pools, values
+from memt_core.demo.values import DemoRandom, phrasing
 
 # --------------------------------------------------------------------------------------------------
 # Data model
 
 
 @dataclass(frozen=True)
-class ToolCall:
+class EpisodeToolCall:
     name: str
     arguments: dict
 
 
 @dataclass
-class Turn:
+class EpisodeTurn:
     """A conversation turn: the user's message and the assistant's reply (``values``: words to stress)."""
 
     user: str
@@ -46,11 +49,11 @@ class Turn:
 
 @dataclass
 class ToolTurn:
-    """A turn that calls a tool: user message, the call, the tool's result (JSON text), the final reply."""
+    """A turn that calls a tool: user message, the call, the tool's result (JSON or plain text), the final reply."""
 
     user: str
     tools: list[dict]
-    call: ToolCall
+    call: EpisodeToolCall
     result: str
     reply: str
     values: tuple[str, ...] = ()
@@ -64,11 +67,11 @@ class Document:
 
 
 #: One commit: several turns concatenated, or a document (which becomes one commit per piece).
-Commit = Union[list[Union[Turn, ToolTurn]], Document]
+Commit = Union[list[Union[EpisodeTurn, ToolTurn]], Document]
 
 
 @dataclass
-class Query:
+class EpisodeQuestion:
     """The request after the commits: chat messages (+ tools) and the expected answer text."""
 
     messages: list[dict]
@@ -83,7 +86,7 @@ class Query:
 class Episode:
     kind: str
     commits: list[Commit]
-    query: Query
+    query: EpisodeQuestion
 
 
 # --------------------------------------------------------------------------------------------------
@@ -92,114 +95,176 @@ class Episode:
 
 @dataclass(frozen=True)
 class Attribute:
-    """A kind of personal fact: its values, how the user states and asks it, how the assistant says it.
+    """A kind of personal fact: how its values are drawn, how the user states and asks it, how it is said back.
 
-    Templates use ``{v}`` for the value and ``{a}`` for its article ("a"/"an"); statements are sentence
-    fragments (lower-case unless they start with "I") so they can be joined with "and".
+    Templates use ``{v}`` for the value, ``{a}`` for its article ("a"/"an") and ``{animal}`` for a pet's
+    kind; statements are sentence fragments (lower-case unless they start with "I") so they can be joined
+    with "and". :func:`~memt_core.demo.values.phrasing` holds out ~20 % of each template tuple.
     """
 
     key: str
-    pool: tuple[str, ...]
+    draw: Callable[[random.Random], str]
     statements: tuple[str, ...]
     questions: tuple[str, ...]
     clause: str  # second person, e.g. "you live in {v}": used in replies and answers
     unknown: str  # "I don't know ...": e.g. "where you live"
 
 
+def _from(pool: tuple[str, ...]) -> Callable[[random.Random], str]:
+    return lambda rng: rng.choice(pool)
+
+
 ATTRIBUTES: dict[str, Attribute] = {
     a.key: a
     for a in (
         Attribute(
-            "name", pools.NAMES,
-            ("my name is {v}", "I am {v}", "I'm {v}", "call me {v}", "my name's {v}"),
-            ("What is my name?", "What's my name?", "Do you remember my name?", "Who am I?",
-             "What am I called?", "Can you tell me my name?"),
+            "name", values.person_name,
+            ("my name is {v}", "I am {v}", "I'm {v}", "call me {v}", "my name's {v}", "everyone knows me as {v}",
+             "my friends know me as {v}", "the name is {v}"),
+            ("What is my name?", "What's my name?", "Do you remember my name?", "Who am I?", "What am I called?",
+             "Can you tell me my name?", "What did I say my name was?", "Do you know my name?"),
             "your name is {v}", "your name",
         ),
         Attribute(
-            "age", pools.AGES,
-            ("I am {v} years old", "I'm {v} years old", "my age is {v}", "I just turned {v}"),
-            ("How old am I?", "What is my age?", "What's my age?", "Do you know how old I am?"),
+            "age", lambda rng: str(rng.randint(16, 90)),
+            ("I am {v} years old", "I'm {v} years old", "my age is {v}", "I just turned {v}",
+             "I turned {v} this year"),
+            ("How old am I?", "What is my age?", "What's my age?", "Do you know how old I am?",
+             "How many years old am I?"),
             "you are {v} years old", "how old you are",
         ),
         Attribute(
-            "city", pools.CITIES,
-            ("I live in {v}", "I'm from {v}", "my home town is {v}", "I am living in {v}", "my city is {v}"),
+            "city", values.city,
+            ("I live in {v}", "I'm from {v}", "my home town is {v}", "I am living in {v}", "my city is {v}",
+             "I moved to {v} last year", "home for me is {v}", "I grew up in {v} and still live there"),
             ("Where do I live?", "Which city do I live in?", "Where am I from?", "What is my home town?",
-             "What city am I from?"),
+             "What city am I from?", "In which city is my home?", "Remind me where I live."),
             "you live in {v}", "where you live",
         ),
         Attribute(
-            "food", pools.FOODS,
-            ("my favourite food is {v}", "my favorite food is {v}", "I love eating {v}", "I really like {v}"),
+            "food", values.food,
+            ("my favourite food is {v}", "my favorite food is {v}", "I love eating {v}", "I really like {v}",
+             "nothing beats {v} for me", "I could eat {v} every day"),
             ("What is my favourite food?", "What's my favorite food?", "What food do I like?",
-             "What do I love eating?"),
+             "What do I love eating?", "Which food do I like best?"),
             "your favourite food is {v}", "your favourite food",
         ),
         Attribute(
-            "pet", pools.ANIMALS,
-            ("I have a pet {v}", "I have {a} {v} at home", "my pet is {a} {v}"),
-            ("What pet do I have?", "What kind of pet do I have?", "What animal do I have at home?"),
+            "pet", _from(pools.ANIMALS),
+            ("I have a pet {v}", "I have {a} {v} at home", "my pet is {a} {v}", "I own {a} {v}",
+             "there is {a} {v} living with me"),
+            ("What pet do I have?", "What kind of pet do I have?", "What animal do I have at home?",
+             "Which animal lives with me?", "What is my pet?"),
             "you have {a} {v}", "what pet you have",
         ),
         Attribute(
-            "pet_name", pools.NAMES,
-            ("my pet is called {v}", "my pet's name is {v}"),
-            ("What is my pet called?", "What is my pet's name?", "What's the name of my pet?"),
-            "your pet is called {v}", "your pet's name",
+            "pet_name", values.pet_name,
+            ("I have {a} {animal} named {v}", "my {animal} is called {v}", "my {animal}'s name is {v}",
+             "I have a three-month-old {animal} named {v} who loves eating small shrimp",
+             "we adopted {a} {animal} and called it {v}", "I have a little {animal} called {v} who loves to play",
+             "my pet {animal} is named {v}"),
+            ("What is my {animal}'s name?", "What is my {animal} called?", "What's the name of my {animal}?",
+             "What is my pet's name?", "Do you remember what my {animal} is called?", "What's my {animal}'s name?"),
+            "your {animal} is called {v}", "your pet's name",
         ),
         Attribute(
-            "job", pools.JOBS,
-            ("I work as {a} {v}", "I'm {a} {v} by trade", "by profession I am {a} {v}"),
-            ("What is my job?", "What do I do for a living?", "What is my profession?", "What do I work as?"),
+            "job", _from(pools.JOBS),
+            ("I work as {a} {v}", "I'm {a} {v} by trade", "by profession I am {a} {v}", "I earn my living as {a} {v}",
+             "I have been {a} {v} for years"),
+            ("What is my job?", "What do I do for a living?", "What is my profession?", "What do I work as?",
+             "What kind of work do I do?"),
             "you work as {a} {v}", "your job",
         ),
         Attribute(
-            "trait", pools.TRAITS,
-            ("I am very {v}", "people say I am {v}", "my friends think I am {v}"),
-            ("How would you describe me?", "What kind of person am I?", "What is my personality like?"),
+            "company", values.company,
+            ("I work for {v}", "my employer is {v}", "I have a job at {v}", "my company is called {v}",
+             "I am employed by {v}"),
+            ("Where do I work?", "Which company do I work for?", "Who is my employer?",
+             "What is the name of my company?", "Which firm employs me?"),
+            "you work for {v}", "where you work",
+        ),
+        Attribute(
+            "trait", _from(pools.TRAITS),
+            ("I am very {v}", "people say I am {v}", "my friends think I am {v}", "everyone says I'm {v}",
+             "I would describe myself as {v}"),
+            ("How would you describe me?", "What kind of person am I?", "What is my personality like?",
+             "What am I like?", "How do my friends describe me?"),
             "you are {v}", "what you are like",
         ),
         Attribute(
-            "colour", pools.COLOURS,
-            ("my favourite colour is {v}", "my favorite color is {v}", "I like the colour {v} best"),
-            ("What is my favourite colour?", "What's my favorite color?", "Which colour do I like best?"),
+            "colour", _from(pools.COLOURS),
+            ("my favourite colour is {v}", "my favorite color is {v}", "I like the colour {v} best",
+             "the colour I love most is {v}", "I always wear {v} because it is my favourite colour"),
+            ("What is my favourite colour?", "What's my favorite color?", "Which colour do I like best?",
+             "What colour do I love most?", "Do you remember my favourite colour?"),
             "your favourite colour is {v}", "your favourite colour",
         ),
         Attribute(
-            "hobby", pools.HOBBIES,
-            ("my hobby is {v}", "I enjoy {v} in my free time", "in my free time I love {v}"),
-            ("What is my hobby?", "What do I do in my free time?", "What's my hobby?"),
+            "hobby", _from(pools.HOBBIES),
+            ("my hobby is {v}", "I enjoy {v} in my free time", "in my free time I love {v}",
+             "I spend my weekends on {v}", "my favourite pastime is {v}"),
+            ("What is my hobby?", "What do I do in my free time?", "What's my hobby?", "What is my favourite pastime?",
+             "How do I spend my free time?"),
             "your hobby is {v}", "your hobby",
         ),
         Attribute(
-            "friend", pools.NAMES,
-            ("my best friend is {v}", "my best friend is called {v}"),
-            ("Who is my best friend?", "What is my best friend's name?"),
+            "friend", values.person_name,
+            ("my best friend is {v}", "my best friend is called {v}", "my closest friend is {v}",
+             "I have a best friend named {v}", "my best friend's name is {v}"),
+            ("Who is my best friend?", "What is my best friend's name?", "What's my best friend called?",
+             "Who is my closest friend?", "Do you remember my best friend's name?"),
             "your best friend is {v}", "who your best friend is",
         ),
         Attribute(
-            "month", pools.MONTHS,
-            ("I was born in {v}", "my birthday is in {v}"),
-            ("When was I born?", "In which month was I born?", "When is my birthday?"),
-            "you were born in {v}", "when you were born",
+            "birthday", values.date,
+            ("my birthday is on {v}", "I was born on {v}", "I celebrate my birthday on {v}", "my date of birth is {v}",
+             "I came into the world on {v}"),
+            ("When is my birthday?", "When was I born?", "What is my date of birth?", "On which day is my birthday?",
+             "When do I celebrate my birthday?"),
+            "your birthday is on {v}", "when your birthday is",
+        ),
+        Attribute(
+            "address", values.address,
+            ("I live at {v}", "my address is {v}", "my home address is {v}", "you can find me at {v}",
+             "send letters to me at {v}"),
+            ("What is my address?", "Where exactly do I live?", "What's my home address?", "At which address do I live?",
+             "Where should letters to me be sent?"),
+            "your address is {v}", "your address",
+        ),
+        Attribute(
+            "code", values.code,
+            ("my door code is {v}", "my booking code is {v}", "the code for my locker is {v}",
+             "my membership code is {v}", "my secret code is {v}"),
+            ("What is my code?", "What was my code?", "Which code did I give you?", "Can you tell me my code?",
+             "Remind me of my code."),
+            "your code is {v}", "your code",
         ),
     )
 }
+
+#: Attributes that are never told together (both would be about "my pet").
+EXCLUSIVE = {"pet": "pet_name", "pet_name": "pet"}
 
 
 @dataclass(frozen=True)
 class Fact:
     attribute: str
     value: str
+    animal: str = ""  # the pet's kind, for ``pet_name``
 
 
 def article(word: str) -> str:
     return "an" if word[:1].lower() in "aeiou" else "a"
 
 
-def fill(template: str, value: str) -> str:
-    return template.replace("{a}", article(value)).replace("{v}", value)
+def fill(template: str, value: str, animal: str = "") -> str:
+    """A template with ``{v}``, ``{animal}`` and ``{a}`` (the article of the word after it) filled in."""
+    text = template.replace("{a} {v}", f"{article(value)} {value}").replace("{a} {animal}", f"{article(animal)} {animal}")
+    return text.replace("{v}", value).replace("{animal}", animal)
+
+
+def _fill_fact(template: str, fact: Fact) -> str:
+    return fill(template, fact.value, fact.animal)
 
 
 def capitalise(text: str) -> str:
@@ -219,23 +284,34 @@ def join_clauses(clauses: list[str]) -> str:
     return ", ".join(clauses[:-1]) + " and " + clauses[-1]
 
 
+def make_fact(rng: random.Random, key: str) -> Fact:
+    animal = rng.choice(pools.ANIMALS) if key == "pet_name" else ""
+    return Fact(key, ATTRIBUTES[key].draw(rng), animal)
+
+
 def sample_facts(rng: random.Random, count: int, *, exclude: tuple[str, ...] = (), used: set[str] | None = None) -> list[Fact]:
-    """``count`` facts about distinct attributes, values distinct from ``used`` (names share one pool)."""
+    """``count`` facts about distinct, compatible attributes, with values distinct from ``used``."""
     keys = [k for k in ATTRIBUTES if k not in exclude]
-    chosen = rng.sample(keys, count)
+    chosen: list[str] = []
+    while len(chosen) < count:
+        key = rng.choice(keys)
+        if key not in chosen and EXCLUSIVE.get(key) not in chosen:
+            chosen.append(key)
     used = set() if used is None else used
     facts = []
     for key in chosen:
-        value = rng.choice([v for v in ATTRIBUTES[key].pool if v not in used])
-        used.add(value)
-        facts.append(Fact(key, value))
+        fact = make_fact(rng, key)
+        while fact.value in used:
+            fact = make_fact(rng, key)
+        used.add(fact.value)
+        facts.append(fact)
     return facts
 
 
 def acknowledgement(facts: list[Fact]) -> str:
     """The assistant's reply to a turn that tells facts: it restates them (a second write to memory)."""
     name = next((f.value for f in facts if f.attribute == "name"), None)
-    rest = [fill(ATTRIBUTES[f.attribute].clause, f.value) for f in facts if f.attribute != "name"]
+    rest = [_fill_fact(ATTRIBUTES[f.attribute].clause, f) for f in facts if f.attribute != "name"]
     parts = []
     if name is not None:
         parts.append(f"Nice to meet you, {name}!")
@@ -244,12 +320,12 @@ def acknowledgement(facts: list[Fact]) -> str:
     return " ".join(parts)
 
 
-GREETINGS = ("", "", "", "Hi, ", "Hello! ", "Hey, ", "Hi there. ", "Good morning! ")
+GREETINGS = ("", "", "", "Hi, ", "Hello! ", "Hey, ", "Hi there. ", "Good morning! ", "Hello, ", "Good evening! ")
 
 
 def statement_message(rng: random.Random, facts: list[Fact]) -> str:
     """A user message telling ``facts``, e.g. "Hi, my name is Alice and I live in Lisbon. I'm a chef." """
-    fragments = [fill(rng.choice(ATTRIBUTES[f.attribute].statements), f.value) for f in facts]
+    fragments = [_fill_fact(phrasing(rng, ATTRIBUTES[f.attribute].statements), f) for f in facts]
     sentences, i = [], 0
     while i < len(fragments):
         if i + 1 < len(fragments) and rng.random() < 0.4:
@@ -263,28 +339,30 @@ def statement_message(rng: random.Random, facts: list[Fact]) -> str:
     return greeting + ". ".join([first] + [capitalise(s) for s in sentences[1:]]) + "."
 
 
-QUESTION_PREFIXES = ("", "", "", "", "By the way, ", "Quick question: ", "Tell me, ", "Hey, ")
+QUESTION_PREFIXES = ("", "", "", "", "", "", "By the way, ", "Quick question: ", "Tell me, ", "Hey, ", "Remind me: ",
+                     "One more thing: ")
 
 
-def question_message(rng: random.Random, attributes: list[str]) -> str:
-    questions = [rng.choice(ATTRIBUTES[a].questions) for a in attributes]
+def question_message(rng: random.Random, asked: list[Fact]) -> str:
+    """A question about the facts ``asked`` (a ``Fact`` with an empty value asks about an untold one)."""
+    questions = [_fill_fact(phrasing(rng, ATTRIBUTES[f.attribute].questions), f) for f in asked]
     text = questions[0]
     if len(questions) > 1:
         text = text[:-1] + " and " + lower_first(questions[1])
-    prefix = rng.choice(QUESTION_PREFIXES)
+    prefix = phrasing(rng, QUESTION_PREFIXES)
     return prefix + (lower_first(text) if prefix else text)
 
 
 def fact_answer(facts: list[Fact]) -> str:
-    return capitalise(join_clauses([fill(ATTRIBUTES[f.attribute].clause, f.value) for f in facts])) + "."
+    return capitalise(join_clauses([_fill_fact(ATTRIBUTES[f.attribute].clause, f) for f in facts])) + "."
 
 
 def unknown_answer(attribute: str) -> str:
     return f"I don't know {ATTRIBUTES[attribute].unknown}."
 
 
-def fact_turn(rng: random.Random, facts: list[Fact]) -> Turn:
-    return Turn(statement_message(rng, facts), acknowledgement(facts), tuple(f.value for f in facts))
+def fact_turn(rng: random.Random, facts: list[Fact]) -> EpisodeTurn:
+    return EpisodeTurn(statement_message(rng, facts), acknowledgement(facts), tuple(f.value for f in facts))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -310,23 +388,23 @@ SMALL_TALK = (
 )
 
 
-def small_talk_turn(rng: random.Random) -> Turn:
+def small_talk_turn(rng: random.Random) -> EpisodeTurn:
     """A distractor turn; some mention names, cities or foods that are *not* the user's own."""
     kind = rng.random()
     if kind < 0.6:
         user, reply = rng.choice(SMALL_TALK)
-        return Turn(user, reply)
+        return EpisodeTurn(user, reply)
     if kind < 0.7:
         animal = rng.choice(pools.ANIMALS)
-        return Turn(f"I watched a film about {animal}s yesterday.", "That sounds fun!")
+        return EpisodeTurn(f"I watched a film about {animal}s yesterday.", "That sounds fun!")
     if kind < 0.8:
-        city = rng.choice(pools.CITIES)
-        return Turn(f"I am going to {city} next week.", f"Have a great trip to {city}!", (city,))
+        city = values.city(rng)
+        return EpisodeTurn(f"I am going to {city} next week.", f"Have a great trip to {city}!", (city,))
     if kind < 0.9:
-        name = rng.choice(pools.NAMES)
-        return Turn(f"My neighbour {name} is visiting me today.", f"That sounds nice! Say hello to {name}.", (name,))
-    food = rng.choice(pools.FOODS)
-    return Turn(f"I ate {food} for lunch today.", "Sounds tasty!")
+        name = values.person_name(rng)
+        return EpisodeTurn(f"My neighbour {name} is visiting me today.", f"That sounds nice! Say hello to {name}.", (name,))
+    food = values.food(rng)
+    return EpisodeTurn(f"I ate {food} for lunch today.", "Sounds tasty!")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -343,48 +421,66 @@ class DocumentFact:
 
 
 def _org_facts(rng: random.Random) -> list[DocumentFact]:
-    founder = rng.choice(pools.NAMES)
     return [
-        DocumentFact("city", rng.choice(pools.CITIES), ("{org} is a company based in {v}.",),
-                     ("Where is {org} based?", "In which city is {org} based?"), "{org} is based in {v}."),
-        DocumentFact("founder", founder, ("It was founded by {v}.", "The company was started by {v}."),
-                     ("Who founded {org}?", "Who started {org}?"), "{org} was founded by {v}."),
-        DocumentFact("year", str(rng.randint(1900, 2020)), ("It was founded in {v}.", "The company started in {v}."),
-                     ("When was {org} founded?", "In which year was {org} founded?"), "{org} was founded in {v}."),
-        DocumentFact("product", rng.choice(pools.PRODUCTS), ("The company makes {v}.", "{org} is known for its {v}."),
-                     ("What does {org} make?", "What does {org} produce?"), "{org} makes {v}."),
-        DocumentFact("employees", str(rng.randint(10, 990)), ("It has {v} employees.", "About {v} people work there."),
-                     ("How many employees does {org} have?", "How many people work at {org}?"),
-                     "{org} has {v} employees."),
-        DocumentFact("colour", rng.choice(pools.COLOURS), ("Its logo is {v}.", "The logo of the company is {v}."),
-                     ("What colour is the logo of {org}?", "What colour is the {org} logo?"),
-                     "The logo of {org} is {v}."),
+        DocumentFact("city", values.city(rng), ("{org} is a company based in {v}.", "{org} has its head office in {v}.",
+                                                 "{org} is a firm from {v}."),
+                     ("Where is {org} based?", "In which city is {org} based?", "Where is the head office of {org}?",
+                      "Which city is {org} from?", "Where can I find {org}?"), "{org} is based in {v}."),
+        DocumentFact("founder", values.person_name(rng), ("It was founded by {v}.", "The company was started by {v}.",
+                                                          "Its founder is {v}."),
+                     ("Who founded {org}?", "Who started {org}?", "Who is the founder of {org}?",
+                      "Which person founded {org}?", "Who set up {org}?"), "{org} was founded by {v}."),
+        DocumentFact("year", str(rng.randint(1900, 2024)), ("It was founded in {v}.", "The company started in {v}.",
+                                                            "It opened its doors in {v}."),
+                     ("When was {org} founded?", "In which year was {org} founded?", "When did {org} start?",
+                      "What year was {org} set up?", "How long ago, in which year, did {org} open?"),
+                     "{org} was founded in {v}."),
+        DocumentFact("product", rng.choice(pools.PRODUCTS), ("The company makes {v}.", "{org} is known for its {v}.",
+                                                             "Its main product is {v}."),
+                     ("What does {org} make?", "What does {org} produce?", "What is {org} known for?",
+                      "What is the main product of {org}?", "Which products does {org} sell?"), "{org} makes {v}."),
+        DocumentFact("employees", str(rng.randint(10, 9990)), ("It has {v} employees.", "About {v} people work there.",
+                                                               "Its staff counts {v} people."),
+                     ("How many employees does {org} have?", "How many people work at {org}?",
+                      "How big is the staff of {org}?", "How many workers does {org} employ?",
+                      "What is the number of employees at {org}?"), "{org} has {v} employees."),
+        DocumentFact("colour", rng.choice(pools.COLOURS), ("Its logo is {v}.", "The logo of the company is {v}.",
+                                                           "The company logo is painted {v}."),
+                     ("What colour is the logo of {org}?", "What colour is the {org} logo?",
+                      "Which colour does the logo of {org} have?", "How does the {org} logo look, what colour?",
+                      "What is the colour of the {org} logo?"), "The logo of {org} is {v}."),
+        DocumentFact("code", values.code(rng), ("Its stock code is {v}.", "The company is listed under the code {v}.",
+                                                "Its trading code is {v}."),
+                     ("What is the stock code of {org}?", "Under which code is {org} listed?", "What is {org}'s code?",
+                      "Which trading code does {org} have?", "What code is {org} listed under?"),
+                     "The code of {org} is {v}."),
     ]
 
 
 def document(rng: random.Random, *, fillers: int | None = None) -> tuple[str, str, list[DocumentFact]]:
     """A company profile: ``(org, text, facts)``; the first sentence names the company and its city."""
-    org = f"{rng.choice(pools.ORG_WORDS)} {rng.choice(pools.ORG_KINDS)}"
+    org = values.company(rng)
     facts = _org_facts(rng)
     intro, others = facts[0], facts[1:]
     rng.shuffle(others)
-    keep = others[: rng.randint(2, len(others))]
-    sentences = [rng.choice(f.sentences).replace("{v}", f.value) for f in keep]
+    keep = others[: rng.randint(2, 5)]
+    sentences = [phrasing(rng, f.sentences).replace("{v}", f.value) for f in keep]
     count = rng.choice((0, 0, 1, 2, 3, 6)) if fillers is None else fillers
     for filler in rng.sample(pools.FILLER_SENTENCES, count):
         sentences.insert(rng.randint(0, len(sentences)), filler)
-    text = " ".join([intro.sentences[0].replace("{v}", intro.value)] + sentences).replace("{org}", org)
+    text = " ".join([phrasing(rng, intro.sentences).replace("{v}", intro.value)] + sentences).replace("{org}", org)
     if rng.random() < 0.3:
         text = f"About {org}\n" + text
     return org, text, [intro] + keep
 
 
-DOCUMENT_PREFIXES = ("", "", "According to the document, ", "From the document: ", "In the text you read, ")
+DOCUMENT_PREFIXES = ("", "", "", "", "According to the document, ", "From the document: ", "In the text you read, ",
+                     "Based on what you read, ", "From the profile: ")
 
 
 def document_question(rng: random.Random, org: str, fact: DocumentFact) -> tuple[str, str]:
-    question = rng.choice(fact.questions).replace("{org}", org)
-    prefix = rng.choice(DOCUMENT_PREFIXES)
+    question = phrasing(rng, fact.questions).replace("{org}", org)
+    prefix = phrasing(rng, DOCUMENT_PREFIXES)
     if prefix:
         question = prefix + (question if prefix.endswith(": ") else lower_first(question))
     return question, fact.answer.replace("{org}", org).replace("{v}", fact.value)
@@ -413,14 +509,22 @@ TOOLS = {
 }
 
 WEATHER_REQUESTS = ("What is the weather in {c}?", "What's the weather like in {c}?", "How is the weather in {c} today?",
-                    "Tell me the weather in {c}.", "Is it raining in {c}?", "Weather in {c}, please.")
-WEATHER_AT_HOME = ("What is the weather where I live?", "How is the weather in my city?", "What's the weather like at home?")
+                    "Tell me the weather in {c}.", "Is it raining in {c}?", "Weather in {c}, please.",
+                    "Can you check the weather in {c}?", "I'm going to {c} today. What's the weather there?",
+                    "Is it warm in {c} right now?", "What's the forecast for {c}?")
+WEATHER_AT_HOME = ("What is the weather where I live?", "How is the weather in my city?", "What's the weather like at home?",
+                   "Is it cold in my home town today?", "Check the weather in my city, please.",
+                   "What's the weather like where I live?")
 ADD_REQUESTS = ("What is {a} plus {b}?", "Add {a} and {b}.", "What is {a} + {b}?", "Can you add {a} and {b}?",
-                "How much is {a} plus {b}?")
-MULTIPLY_REQUESTS = ("What is {a} times {b}?", "Multiply {a} by {b}.", "What is {a} * {b}?", "How much is {a} times {b}?")
+                "How much is {a} plus {b}?", "What do {a} and {b} add up to?", "Sum {a} and {b}, please.")
+MULTIPLY_REQUESTS = ("What is {a} times {b}?", "Multiply {a} by {b}.", "What is {a} * {b}?", "How much is {a} times {b}?",
+                     "What do you get if you multiply {a} and {b}?", "Can you multiply {a} by {b}?")
+WEATHER_TEXT_RESULTS = ("{t} degrees and {c}", "{c}, {t} degrees", "It is {c} with {t} degrees.",
+                        "Currently {t} degrees and {c} in {city}.", "{city}: {c}, {t} degrees", "Temperature {t}, {c}")
+NUMBER_TEXT_RESULTS = ("{r}", "The result is {r}.", "result: {r}", "= {r}", "Answer: {r}")
 
 
-def tool_call_text(call: ToolCall) -> str:
+def tool_call_text(call: EpisodeToolCall) -> str:
     """A tool call exactly as the Nano chat template renders one (and as the model must write it)."""
     return '<tool_call>\n{"name": "' + call.name + '", "arguments": ' + json.dumps(call.arguments, ensure_ascii=False) + "}\n</tool_call>"
 
@@ -429,31 +533,49 @@ def _number(rng: random.Random) -> int:
     return rng.choice((rng.randint(0, 20), rng.randint(0, 100), rng.randint(0, 999)))
 
 
-def tool_turn(rng: random.Random, *, tool: str | None = None, home_city: str | None = None, tools: list[str] | None = None) -> ToolTurn:
-    """A tool-calling turn; with ``home_city`` the weather request may say "where I live" (from memory)."""
+def weather_result(rng: random.Random, city: str, temperature: int, condition: str, *, text: bool | None = None) -> str:
+    """What ``get_weather`` returns: JSON, or (``text``) plain text such as "17 degrees and sunny"."""
+    if text if text is not None else rng.random() < 0.5:
+        form = phrasing(rng, WEATHER_TEXT_RESULTS)
+        return form.replace("{t}", str(temperature)).replace("{c}", condition).replace("{city}", city)
+    return json.dumps({"city": city, "temperature": temperature, "condition": condition}, ensure_ascii=False)
+
+
+def number_result(rng: random.Random, value: int, *, text: bool | None = None) -> str:
+    if text if text is not None else rng.random() < 0.5:
+        return phrasing(rng, NUMBER_TEXT_RESULTS).replace("{r}", str(value))
+    return json.dumps({"result": value})
+
+
+def tool_turn(rng: random.Random, *, tool: str | None = None, home_city: str | None = None, tools: list[str] | None = None,
+              text: bool | None = None) -> ToolTurn:
+    """A tool-calling turn; with ``home_city`` the weather request may say "where I live" (from memory).
+
+    ``text``: the result is plain text (``True``), JSON (``False``) or either (``None``).
+    """
     tool = tool or rng.choice(("get_weather", "get_weather", "add", "multiply"))
     offered = tools if tools is not None else _offered_tools(rng, tool)
     if tool == "get_weather":
         if home_city is not None and rng.random() < 0.5:
-            city, user = home_city, rng.choice(WEATHER_AT_HOME)
+            city, user = home_city, phrasing(rng, WEATHER_AT_HOME)
         else:
-            city = rng.choice(pools.CITIES)
-            user = rng.choice(WEATHER_REQUESTS).replace("{c}", city)
+            city = values.city(rng)
+            user = phrasing(rng, WEATHER_REQUESTS).replace("{c}", city)
         temperature, condition = rng.randint(-10, 40), rng.choice(pools.CONDITIONS)
-        call = ToolCall("get_weather", {"city": city})
-        result = json.dumps({"city": city, "temperature": temperature, "condition": condition})
+        call = EpisodeToolCall("get_weather", {"city": city})
+        result = weather_result(rng, city, temperature, condition, text=text)
         reply = f"It is {condition} and {temperature} degrees in {city}."
-        values = (city, condition, str(temperature))
+        found = (city, condition, str(temperature))
     else:
         a, b = _number(rng), _number(rng)
         add = tool == "add"
-        user = rng.choice(ADD_REQUESTS if add else MULTIPLY_REQUESTS).replace("{a}", str(a)).replace("{b}", str(b))
+        user = phrasing(rng, ADD_REQUESTS if add else MULTIPLY_REQUESTS).replace("{a}", str(a)).replace("{b}", str(b))
         value = a + b if add else a * b
-        call = ToolCall(tool, {"a": a, "b": b})
-        result = json.dumps({"result": value})
+        call = EpisodeToolCall(tool, {"a": a, "b": b})
+        result = number_result(rng, value, text=text)
         reply = f"{a} {'plus' if add else 'times'} {b} is {value}."
-        values = (str(value),)
-    return ToolTurn(user, [TOOLS[name] for name in offered], call, result, reply, values)
+        found = (str(value),)
+    return ToolTurn(user, [TOOLS[name] for name in offered], call, result, reply, found)
 
 
 def _offered_tools(rng: random.Random, needed: str | None) -> list[str]:
@@ -468,27 +590,36 @@ def _offered_tools(rng: random.Random, needed: str | None) -> list[str]:
 # Repetition
 
 REPEAT_REQUESTS = ("Repeat exactly:\n{t}", "Repeat after me: {t}", "Please repeat this text exactly: {t}",
-                   "Say this back to me word for word:\n{t}", "Repeat this: {t}", "Copy this text:\n{t}")
+                   "Say this back to me word for word:\n{t}", "Repeat this: {t}", "Copy this text:\n{t}",
+                   "Type '{t}' exactly.", "Type exactly: {t}", "Please write exactly this: {t}", 'Say "{t}"',
+                   "Echo this back: {t}", "Write '{t}' and nothing else.", 'Type "{t}" and nothing more.',
+                   "Can you repeat this for me? {t}", "Copy exactly: {t}")
 
 
 def repeat_text(rng: random.Random) -> str:
+    """A text to repeat: a short phrase ("hello world"), a sentence, or a bare value such as a code."""
+    kind = rng.random()
+    if kind < 0.2:
+        return " ".join(rng.choice(pools.COMMON_WORDS) for _ in range(rng.randint(1, 4)))
+    if kind < 0.3:
+        return values.generic(rng)
     words = [rng.choice(pools.STARTERS)]
-    for _ in range(rng.randint(2, 14)):
+    for _ in range(rng.randint(2, 12)):
         r = rng.random()
-        if r < 0.7:
+        if r < 0.65:
             words.append(rng.choice(pools.COMMON_WORDS))
         elif r < 0.8:
-            words.append(rng.choice(pools.NAMES))
+            words.append(values.person_name(rng))
         elif r < 0.9:
-            words.append(rng.choice(pools.CITIES + pools.FOODS + pools.HOBBIES))
+            words.append(rng.choice((values.city, values.food, values.generic))(rng))
         else:
             words.append(str(_number(rng)))
     return " ".join(words) + rng.choice((".", ".", "!", "?", ""))
 
 
-def repeat_turn(rng: random.Random, text: str | None = None) -> Turn:
+def repeat_turn(rng: random.Random, text: str | None = None) -> EpisodeTurn:
     text = text or repeat_text(rng)
-    return Turn(rng.choice(REPEAT_REQUESTS).replace("{t}", text), text)
+    return EpisodeTurn(phrasing(rng, REPEAT_REQUESTS).replace("{t}", text), text)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -520,14 +651,14 @@ def _group_commits(rng: random.Random, turns: list, merge: float) -> list[Commit
 class Mix:
     """What an :class:`EpisodeSampler` draws: kind weights and the difficulty of fact episodes."""
 
-    facts: float = 0.55
+    facts: float = 0.50
     unknown: float = 0.05
     document: float = 0.10
-    tool_call: float = 0.07
-    tool_answer: float = 0.05
-    repeat: float = 0.08
+    tool_call: float = 0.08
+    tool_answer: float = 0.08
+    repeat: float = 0.10
     statement: float = 0.04
-    context: float = 0.04
+    context: float = 0.03
     small_talk: float = 0.02
     max_facts: int = 5  # facts told in one episode
     max_turns: int = 3  # turns they are spread over
@@ -546,7 +677,7 @@ class Mix:
         distractor commits from the start train far more slowly.
         """
         return cls(
-            facts=0.85, unknown=0.0, document=0.0, tool_call=0.0, tool_answer=0.0, repeat=0.0, statement=0.05,
+            facts=0.8, unknown=0.0, document=0.0, tool_call=0.0, tool_answer=0.0, repeat=0.05, statement=0.05,
             context=0.1, small_talk=0.0, max_facts=1, max_turns=1, max_distractors=1, distractor_p=0.0,
             merge=0.0, system=0.0, thinking=0.0, extra_tools=0.0,
         )
@@ -567,12 +698,12 @@ class Mix:
 class EpisodeSampler:
     """Draws random episodes of every kind; seeded, so a run is reproducible."""
 
-    def __init__(self, seed: int = 0):
-        self.rng = random.Random(seed)
+    def __init__(self, seed: int = 0, *, heldout: bool = False):
+        self.rng = DemoRandom(seed, heldout_values=heldout, heldout_templates=heldout)
 
     # -- building blocks -------------------------------------------------------------------------
 
-    def distractor(self, mix: Mix, *, home_city: str | None = None, exclude_documents: bool = False) -> Turn | ToolTurn | Document:
+    def distractor(self, mix: Mix, *, home_city: str | None = None, exclude_documents: bool = False) -> EpisodeTurn | ToolTurn | Document:
         rng = self.rng
         r = rng.random()
         if r < 0.5:
@@ -583,7 +714,7 @@ class EpisodeSampler:
             return tool_turn(rng, home_city=home_city)
         return Document(document(rng)[1])
 
-    def _finish(self, kind: str, items: list, query: Query, mix: Mix, *, tools_needed: bool = False) -> Episode:
+    def _finish(self, kind: str, items: list, query: EpisodeQuestion, mix: Mix, *, tools_needed: bool = False) -> Episode:
         rng = self.rng
         if not tools_needed and query.tools is None and rng.random() < mix.extra_tools:
             query.tools = [TOOLS[name] for name in _offered_tools(rng, None)]
@@ -591,7 +722,7 @@ class EpisodeSampler:
             query.thinking = True
         return Episode(kind, _group_commits(rng, items, mix.merge), query)
 
-    def _fact_turns(self, mix: Mix, count: int, turns: int, used: set[str]) -> tuple[list[Fact], list[Turn]]:
+    def _fact_turns(self, mix: Mix, count: int, turns: int, used: set[str]) -> tuple[list[Fact], list[EpisodeTurn]]:
         rng = self.rng
         facts = sample_facts(rng, count, used=used)
         turns = min(turns, count)
@@ -622,8 +753,8 @@ class EpisodeSampler:
         items = self._with_distractors(mix, items, home_city=home)
         ask = ask or (2 if count > 1 and rng.random() < 0.1 else 1)
         asked = rng.sample(facts, ask)
-        query = Query(
-            _system(rng, mix.system) + [_user(question_message(rng, [f.attribute for f in asked]))],
+        query = EpisodeQuestion(
+            _system(rng, mix.system) + [_user(question_message(rng, asked))],
             fact_answer(asked),
             values=tuple(f.value for f in asked),
             meta={"facts": facts, "asked": asked},
@@ -639,7 +770,8 @@ class EpisodeSampler:
             told, items = self._fact_turns(mix, rng.randint(1, mix.max_facts), 1, set())
         items = self._with_distractors(mix, items) if rng.random() < 0.5 else items
         attribute = rng.choice([k for k in ATTRIBUTES if k not in {f.attribute for f in told}])
-        query = Query(_system(rng, mix.system) + [_user(question_message(rng, [attribute]))], unknown_answer(attribute),
+        asked = Fact(attribute, "", rng.choice(pools.ANIMALS) if attribute == "pet_name" else "")
+        query = EpisodeQuestion(_system(rng, mix.system) + [_user(question_message(rng, [asked]))], unknown_answer(attribute),
                       meta={"attribute": attribute})
         return self._finish("unknown", items, query, mix)
 
@@ -653,7 +785,7 @@ class EpisodeSampler:
             items.append(self.distractor(mix, exclude_documents=True))
         fact = rng.choice(facts)
         question, answer = document_question(rng, org, fact)
-        query = Query(_system(rng, mix.system) + [_user(question)], answer, values=(fact.value,), meta={"fact": fact, "org": org})
+        query = EpisodeQuestion(_system(rng, mix.system) + [_user(question)], answer, values=(fact.value,), meta={"fact": fact, "org": org})
         return self._finish("document", items, query, mix)
 
     def _memory_background(self, mix: Mix) -> tuple[list, list[Fact]]:
@@ -670,7 +802,7 @@ class EpisodeSampler:
         items, facts = self._memory_background(mix)
         home = next((f.value for f in facts if f.attribute == "city"), None)
         turn = tool_turn(rng, home_city=home)
-        query = Query(_system(rng, mix.system) + [_user(turn.user)], tool_call_text(turn.call), tools=turn.tools,
+        query = EpisodeQuestion(_system(rng, mix.system) + [_user(turn.user)], tool_call_text(turn.call), tools=turn.tools,
                       values=tuple(str(v) for v in turn.call.arguments.values()), meta={"turn": turn})
         return self._finish("tool_call", items, query, mix, tools_needed=True)
 
@@ -681,14 +813,14 @@ class EpisodeSampler:
         home = next((f.value for f in facts if f.attribute == "city"), None)
         turn = tool_turn(rng, home_city=home)
         messages = _system(rng, mix.system) + tool_messages(turn)
-        query = Query(messages, turn.reply, tools=turn.tools, values=turn.values, meta={"turn": turn})
+        query = EpisodeQuestion(messages, turn.reply, tools=turn.tools, values=turn.values, meta={"turn": turn})
         return self._finish("tool_answer", items, query, mix, tools_needed=True)
 
     def repeat(self, mix: Mix) -> Episode:
         rng = self.rng
         items, _ = self._memory_background(mix)
         turn = repeat_turn(rng)
-        query = Query(_system(rng, mix.system) + [_user(turn.user)], turn.reply, meta={"text": turn.reply})
+        query = EpisodeQuestion(_system(rng, mix.system) + [_user(turn.user)], turn.reply, meta={"text": turn.reply})
         return self._finish("repeat", items, query, mix)
 
     def statement(self, mix: Mix) -> Episode:
@@ -698,7 +830,7 @@ class EpisodeSampler:
         used = {f.value for f in facts}
         new = sample_facts(rng, rng.randint(1, min(3, mix.max_facts)), used=used)
         turn = fact_turn(rng, new)
-        query = Query(_system(rng, mix.system) + [_user(turn.user)], turn.reply, values=turn.values)
+        query = EpisodeQuestion(_system(rng, mix.system) + [_user(turn.user)], turn.reply, values=turn.values)
         return self._finish("statement", items, query, mix)
 
     def context(self, mix: Mix) -> Episode:
@@ -710,7 +842,7 @@ class EpisodeSampler:
         for turn in turns + ([small_talk_turn(rng)] if rng.random() < 0.5 else []):
             history += [_user(turn.user), {"role": "assistant", "content": turn.reply}]
         asked = rng.choice(facts)
-        query = Query(_system(rng, mix.system) + history + [_user(question_message(rng, [asked.attribute]))],
+        query = EpisodeQuestion(_system(rng, mix.system) + history + [_user(question_message(rng, [asked]))],
                       fact_answer([asked]), values=(asked.value,), meta={"asked": [asked]})
         return self._finish("context", [], query, mix)
 
@@ -718,7 +850,7 @@ class EpisodeSampler:
         rng = self.rng
         items, _ = self._memory_background(mix)
         turn = small_talk_turn(rng)
-        return self._finish("small_talk", items, Query(_system(rng, mix.system) + [_user(turn.user)], turn.reply), mix)
+        return self._finish("small_talk", items, EpisodeQuestion(_system(rng, mix.system) + [_user(turn.user)], turn.reply), mix)
 
     KINDS = ("facts", "unknown", "document", "tool_call", "tool_answer", "repeat", "statement", "context", "small_talk")
 
@@ -759,9 +891,9 @@ def corpus(seed: int = 0, episodes: int = 20000) -> list[str]:
         texts.append(episode.query.answer)
         if episode.query.tools:
             texts += [json.dumps(t["function"]) for t in episode.query.tools]
-    every_word = (pools.NAMES + pools.CITIES + pools.FOODS + pools.ANIMALS + pools.JOBS + pools.TRAITS + pools.COLOURS
-                  + pools.HOBBIES + pools.MONTHS + pools.AGES + pools.ORG_WORDS + pools.ORG_KINDS + pools.PRODUCTS
-                  + pools.CONDITIONS + pools.STARTERS + pools.COMMON_WORDS)
+    # Closed-class words become whole tokens; names, cities and other open values stay split into pieces.
+    every_word = (pools.FOODS + pools.ANIMALS + pools.JOBS + pools.TRAITS + pools.COLOURS + pools.HOBBIES + pools.MONTHS
+                  + pools.ORG_KINDS + pools.PRODUCTS + pools.CONDITIONS + pools.STARTERS + pools.COMMON_WORDS)
     for _ in range(20):
         texts.append(" ".join(" " + w for w in every_word))
     return texts

@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from memt_core.demo.episodes import Document, Episode, Query, ToolTurn, Turn, tool_call_text, tool_messages
+from memt_core.demo.episodes import Document, Episode, EpisodeQuestion, EpisodeTurn, ToolTurn, tool_call_text, tool_messages
 
 THINK_EMPTY = "<think>\n\n</think>\n\n"
 
@@ -40,7 +40,7 @@ class TokenEpisode:
     query: Segment
 
 
-class ChatFormat:
+class DemoChatFormat:
     """Encodes prompts, committed turns, documents and answers with a Nano tokenizer."""
 
     def __init__(self, tokenizer, *, value_weight: float = 1.0):
@@ -108,7 +108,7 @@ class ChatFormat:
                 weights = split_weights
         return Segment(ids + [self.im_end], weights + [weight])
 
-    def turn(self, turn: Turn | ToolTurn, *, reply_weight: float = 1.0) -> Segment:
+    def turn(self, turn: EpisodeTurn | ToolTurn, *, reply_weight: float = 1.0) -> Segment:
         """A committed turn; the reply is weighted only for plain turns (a tool turn's prompt had the tools)."""
         prompt = self.turn_prompt(turn.user)
         segment = Segment(prompt, [0.0] * len(prompt))
@@ -120,7 +120,7 @@ class ChatFormat:
             return segment + Segment(rest, [0.0] * len(rest))
         return segment + self.weighted(turn.reply, turn.values, weight=reply_weight)
 
-    def query(self, query: Query) -> Segment:
+    def query(self, query: EpisodeQuestion) -> Segment:
         prompt = self.prompt(query.messages, tools=query.tools, thinking=query.thinking)
         answer = self.weighted(query.answer, query.values)
         if query.thinking:

@@ -166,3 +166,29 @@ SYSTEM_PROMPTS = (
     "You are a friendly assistant. Keep answers short.",
     "Be concise and polite.",
 )
+
+FOOD_ADJECTIVES = _words("small fresh spicy sweet grilled fried baked cold warm crispy roasted tiny salty smoked")
+
+# Held out: real names and cities that training never draws (the evaluation's held-out split uses them).
+HELDOUT_NAMES = _words(
+    """
+    Siobhan Bartholomew Xiomara Quentin Ottilie Ximena Joaquin Dagny Radomir Wojciech Aoife Thandiwe
+    Oluwaseun Beatrix Cosima Leopold Svetlana Yevgenia Anneliese Bogdan Zbigniew Mireille Ignatius Philippa
+    Horatio Evangeline Cuthbert Gwendolyn Thaddeus Ludmila Casimir Florentina Desmond Henrietta Kazimierz
+    Aurelio Brunhilde Cressida Eustace Fenella Gideon Imogen Jolanta Lysander Marisol Nikodem Octavia
+    Peregrine Rosalba Sigrun Tancredi Wilhelmina Yolanda Zenobia Anastasio Bronwyn Crispin Dolores Ebenezer
+    """
+)
+HELDOUT_CITIES = _words(
+    """
+    Ouagadougou Valparaiso Thessaloniki Antananarivo Chisinau Ulaanbaatar Paramaribo Nouakchott Bujumbura
+    Timbuktu Samarkand Bukhara Trondheim Tromso Innsbruck Salzburg Ljubinje Maastricht Groningen Antwerp
+    Bruges Ghent Coimbra Braga Cordoba Granada Bilbao Toulouse Bordeaux Strasbourg Nantes Dresden Leipzig
+    Heidelberg Wroclaw Gdansk Poznan Brno Debrecen Szeged Plovdiv Varna Podgorica Sarajevo Skopje Tirana
+    Windhoek Gaborone Maputo Lilongwe Asmara Djibouti Mogadishu Kinshasa Brazzaville Yaounde Niamey
+    Bamako Conakry Freetown Monrovia Mendoza Rosario Cusco Arequipa Medellin Cali Guayaquil Asuncion
+    """
+)
+_overlap = (set(HELDOUT_NAMES) | set(HELDOUT_CITIES)) & (set(NAMES) | set(CITIES) | set(ORG_WORDS) | set(COMMON_WORDS))
+if _overlap:
+    raise ValueError(f"held-out words also in training pools: {sorted(_overlap)}")
