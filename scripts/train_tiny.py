@@ -49,28 +49,53 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eval-episodes", type=int, default=200, help="episodes of the final recall eval (0: skip)")
     parser.add_argument("--eval-seed", type=int, default=1234, help="seed of the eval's fresh episodes")
     parser.add_argument("--log-every", type=int, default=defaults.log_every, help="steps between progress lines")
+    parser.add_argument("--time-limit-min", type=float, default=None,
+                        help="safety stop: save and stop after this many minutes even if steps remain")
+    parser.add_argument("--warm-up", type=float, default=0.2, help="fraction of training on single facts (curriculum)")
+    parser.add_argument("--full-mix", type=float, default=0.5, help="fraction of training where the full mix is reached")
+    shape = defaults.shape
+    parser.add_argument("--vocab-size", type=int, default=shape.vocab_size, help="tokenizer vocabulary target")
+    parser.add_argument("--hidden-size", type=int, default=shape.hidden_size, help="backbone width")
+    parser.add_argument("--memory-heads", type=int, default=shape.memory_heads, help="memory heads per memory layer")
+    parser.add_argument("--key-dim", type=int, default=shape.key_dim, help="memory key dimension")
+    parser.add_argument("--value-dim", type=int, default=shape.value_dim, help="memory value dimension")
     args = parser.parse_args(argv)
 
     from memt_core.demo.eval import evaluate, format_report
     from memt_core.demo.train import train
 
+    shape = replace(defaults.shape, vocab_size=args.vocab_size, hidden_size=args.hidden_size, memory_heads=args.memory_heads,
+                    key_dim=args.key_dim, value_dim=args.value_dim)
     config = replace(defaults, steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
-                     threads=args.threads, log_every=args.log_every)
+                     threads=args.threads, log_every=args.log_every, shape=shape)
     print(f"training the demo model into {args.out} ({config.steps} steps × {config.batch_size} episodes, "
           f"{config.threads} thread(s), seed {config.seed})", flush=True)
     started = time.time()
-    train(config, args.out, log=lambda line: print(line, flush=True))
+    curve: list[str] = []
+
+    def log(line: str) -> None:
+        print(line, flush=True)
+        if line.startswith(("step ", "time limit")):
+            curve.append(line)
+
+    from memt_core.demo.episodes import Mix
+
+    def mix_for(progress: float) -> Mix:
+        return Mix.curriculum(progress, warm=args.warm_up, full=args.full_mix)
+
+    train(config, args.out, log=log, mix_for=mix_for, time_limit_s=args.time_limit_min * 60 if args.time_limit_min else None)
     minutes = (time.time() - started) / 60
     size = sum(p.stat().st_size for p in args.out.iterdir() if p.is_file())
     print(f"trained in {minutes:.1f} min; checkpoint {args.out} ({size / 1e6:.1f} MB)", flush=True)
     record = {"command": "python scripts/train_tiny.py " + " ".join(sys.argv[1:] if argv is None else argv),
-              "minutes": round(minutes, 1), "config": asdict(config)}
+              "minutes": round(minutes, 1), "config": asdict(config), "learning_curve": curve}
     (args.out / "training.json").write_text(json.dumps(record, indent=2) + "\n")
     if args.eval_episodes:
         report = evaluate(args.out, args.eval_episodes, args.eval_seed, threads=args.threads)
         report["command"] = f"python scripts/eval_tiny.py --episodes {args.eval_episodes} --seed {args.eval_seed}"
         print(format_report(report), flush=True)
-        record = {k: report[k] for k in ("command", "figures", "counts", "targets", "seconds")}
+        record = {"command": report["command"], "seconds": report["seconds"], "targets": report["targets"],
+                  "splits": {name: {k: split[k] for k in ("figures", "counts")} for name, split in report["splits"].items()}}
         (args.out / "eval.json").write_text(json.dumps(record, indent=2) + "\n")
         (args.out / "README.md").write_text(model_card(report, minutes, config))
     return 0

@@ -1,16 +1,23 @@
-"""Evaluation of the demo model through the in-process API, on fresh random episodes.
+"""Evaluation of the demo model through the in-process API: in-distribution beside held-out figures.
 
 Every case runs the real flow of a memory session: the model *generates* its reply to each earlier
 turn (greedy), the turn — the user message's prompt ids followed by the generated ids — is committed
 with :meth:`LocalSession.commit`, and the question is asked with a prompt that holds only the new user
-message, so the answer can come from latent memory alone. The same question is asked again after the
+message, so the answer can come from latent memory alone. Recall questions are asked again after the
 memory is reset (control) and after the memory is saved as a ``memt-memory-v1`` snapshot and loaded
 into a fresh session (the answer must be identical, token for token).
 
+Each case runs twice: on the *in-distribution* split (fresh random episodes drawn like the training
+data) and on the *held-out* split (values from held-out syllables/letters and real names/cities that
+training never draws, phrased with the held-out ~20 % of each skill's templates; see
+:mod:`memt_core.demo.values`). The issue's targets are checked on the held-out split.
+
 Cases: ``fact1`` (one fact told, asked a turn later), ``facts3`` (three facts in one turn, then a
-distractor turn, each fact asked), ``document`` (a company profile ingested piece by piece), ``tools``
-(well-formed tool call with the right arguments, and a final answer that uses the tool's result) and
-``repeat`` (exact repetition of a random text).
+distractor turn, each fact asked), ``phrasing`` (two facts with in-distribution values, statement and
+questions phrased from the split's templates: on the held-out split this isolates new phrasings),
+``document`` (a company profile ingested piece by piece), ``tools`` (tool call with the right name and
+arguments; final answers from a JSON and from a plain-text result), ``tool_from_memory`` (weather "where
+I live" after the city was told) and ``repeat`` (repeat / type a text exactly).
 """
 
 from __future__ import annotations
@@ -24,10 +31,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from memt_core.demo import episodes as ep
-from memt_core.demo.format import ChatFormat
+from memt_core.demo import values
+from memt_core.demo.format import DemoChatFormat
 from memt_core.sampling import SamplingParams
 
-TARGETS = {"fact1": 0.95, "facts3": 0.85, "reset_max": 0.10}
+SPLITS = ("in_distribution", "heldout")
+#: The issue's targets (held-out split): ``(figure, "min" | "max", bound)``.
+TARGETS = (
+    ("fact1", "min", 0.90),
+    ("fact1_reset", "max", 0.05),
+    ("facts3", "min", 0.80),
+    ("facts3_reset", "max", 0.05),
+    ("phrasing", "min", 0.80),
+    ("document", "min", 0.85),
+    ("tool_call_correct", "min", 0.90),
+    ("tool_answer_json", "min", 0.90),
+    ("tool_answer_text", "min", 0.90),
+    ("tool_from_memory", "min", 0.70),
+    ("repeat_exact", "min", 0.90),
+    ("fact1_loaded_identical", "min", 1.0),
+    ("facts3_loaded_identical", "min", 1.0),
+)
 TOOL_CALL = re.compile(r"^<tool_call>\n(\{.*\})\n</tool_call>$", re.S)
 
 
@@ -36,7 +60,7 @@ def mentions(text: str, value: str) -> bool:
     return re.search(r"(?<![\w])" + re.escape(value) + r"(?![\w])", text) is not None
 
 
-def parse_tool_call(text: str) -> ep.ToolCall | None:
+def parse_tool_call(text: str) -> ep.EpisodeToolCall | None:
     """The tool call in a generated reply, or ``None`` when it is not exactly one well-formed call."""
     match = TOOL_CALL.match(text.strip())
     if not match:
@@ -49,17 +73,17 @@ def parse_tool_call(text: str) -> ep.ToolCall | None:
         return None
     if not isinstance(obj["name"], str):
         return None
-    return ep.ToolCall(obj["name"], obj["arguments"])
+    return ep.EpisodeToolCall(obj["name"], obj["arguments"])
 
 
-def run_tool(call: ep.ToolCall, rng: random.Random) -> str | None:
-    """Execute one of the demo tools; ``None`` if the call names no known tool or has bad arguments."""
+def run_tool(call: ep.EpisodeToolCall, rng: random.Random, *, text: bool = False) -> str | None:
+    """Execute one of the demo tools (JSON or plain-text result); ``None`` for an unknown tool or bad arguments."""
     args = call.arguments
     if call.name == "get_weather" and isinstance(args.get("city"), str) and set(args) == {"city"}:
-        return json.dumps({"city": args["city"], "temperature": rng.randint(-10, 40), "condition": rng.choice(ep.pools.CONDITIONS)})
+        return ep.weather_result(rng, args["city"], rng.randint(-10, 40), rng.choice(ep.pools.CONDITIONS), text=text)
     if call.name in ("add", "multiply") and set(args) == {"a", "b"} and all(isinstance(args[k], (int, float)) for k in "ab"):
         value = args["a"] + args["b"] if call.name == "add" else args["a"] * args["b"]
-        return json.dumps({"result": value})
+        return ep.number_result(rng, value, text=text)
     return None
 
 
@@ -79,18 +103,19 @@ class Tally:
 
 @dataclass
 class Evaluator:
-    """Runs evaluation cases on a loaded :class:`~memt_core.inference.MemTRuntime`."""
+    """Runs evaluation cases on a loaded :class:`~memt_core.inference.MemTRuntime`, on one split."""
 
     runtime: object
     tokenizer: object
     seed: int = 1234
+    heldout: bool = False
     tallies: dict[str, Tally] = field(default_factory=dict)
     examples: dict[str, list[str]] = field(default_factory=dict)
 
     def __post_init__(self):
-        self.fmt = ChatFormat(self.tokenizer)
-        self.rng = random.Random(self.seed)
-        self.greedy = SamplingParams(temperature=0, max_new_tokens=48)
+        self.fmt = DemoChatFormat(self.tokenizer)
+        self.rng = values.DemoRandom(self.seed, heldout_values=self.heldout, heldout_templates=self.heldout)
+        self.greedy = SamplingParams(temperature=0, max_new_tokens=64)
         self.chunk = self.runtime.checkpoint.memory.chunk_tokens
         self.scratch = Path(tempfile.mkdtemp(prefix="memt-eval-"))
 
@@ -111,7 +136,7 @@ class Evaluator:
         prompt = self.fmt.prompt(messages, tools=tools)
         return session.generate(prompt, self.greedy, read_memory=read_memory).output_ids
 
-    def tell(self, session, turn: ep.Turn | ep.ToolTurn) -> str:
+    def tell(self, session, turn: ep.EpisodeTurn | ep.ToolTurn) -> str:
         """One earlier turn, as a client runs it: generate the reply (and any tool chain), then commit the turn."""
         user = {"role": "user", "content": turn.user}
         tools = turn.tools if isinstance(turn, ep.ToolTurn) else None
@@ -120,7 +145,7 @@ class Evaluator:
         ids += generated
         text = self.decode(generated)
         call = parse_tool_call(text) if tools else None
-        result = run_tool(call, self.rng) if call else None
+        result = run_tool(call, self.rng, text=self.rng.random() < 0.5) if call else None
         if call is not None and result is not None:
             tool_turn = ep.ToolTurn(turn.user, tools, call, result, "")
             ids += self.fmt.tool_results(tool_turn)
@@ -143,31 +168,37 @@ class Evaluator:
         reset = self.generate(fresh, messages)
         return self.decode(with_memory), self.decode(reset), with_memory, loaded
 
-    def _recall(self, name: str, session, facts: list[ep.Fact]) -> None:
+    def _recall(self, name: str, session, facts: list[ep.Fact], *, controls: bool = True) -> None:
         for fact in facts:
-            question = ep.question_message(self.rng, [fact.attribute])
-            answer, reset, with_memory, loaded = self.ask_three_ways(session, question)
+            question = ep.question_message(self.rng, [fact])
+            if controls:
+                answer, reset, with_memory, loaded = self.ask_three_ways(session, question)
+                self.tally(name + "_reset", mentions(reset, fact.value))
+                self.tally(name + "_loaded_identical", with_memory == loaded)
+            else:
+                answer, reset = self.decode(self.generate(session, [{"role": "user", "content": question}])), "-"
             ok = mentions(answer, fact.value)
             self.tally(name, ok)
             self.tally(name + "_exact", answer == ep.fact_answer([fact]))
-            self.tally(name + "_reset", mentions(reset, fact.value))
-            self.tally(name + "_loaded_identical", with_memory == loaded)
             self.example(name if ok else name + "_wrong", f"{question!r} → {answer!r} (after reset: {reset!r}; value {fact.value})")
+
+    def _told(self, session, facts: list[ep.Fact], name: str) -> None:
+        reply = self.tell(session, ep.EpisodeTurn(ep.statement_message(self.rng, facts), ""))
+        self.example(name + "_reply", reply, limit=2)
 
     # -- cases -----------------------------------------------------------------------------------
 
     def fact1(self) -> None:
         session = self.runtime.open_session()
         facts = ep.sample_facts(self.rng, 1)
-        self.tell(session, ep.Turn(ep.statement_message(self.rng, facts), ""))
+        self._told(session, facts, "fact1")
         self._recall("fact1", session, facts)
 
     def facts3(self) -> None:
         """Three facts in one turn, then a distractor turn (small talk, a repetition or a tool call)."""
         session = self.runtime.open_session()
         facts = ep.sample_facts(self.rng, 3)
-        reply = self.tell(session, ep.Turn(ep.statement_message(self.rng, facts), ""))
-        self.example("facts3_reply", reply)
+        self._told(session, facts, "facts3")
         r = self.rng.random()
         if r < 0.5:
             distractor = ep.small_talk_turn(self.rng)
@@ -177,6 +208,18 @@ class Evaluator:
             distractor = ep.tool_turn(self.rng)
         self.tell(session, distractor)
         self._recall("facts3", session, facts)
+
+    def phrasing(self) -> None:
+        """Two facts whose values are in-distribution; statement and questions use the split's phrasings."""
+        session = self.runtime.open_session()
+        held = self.rng.heldout_values
+        self.rng.heldout_values = False
+        try:
+            facts = ep.sample_facts(self.rng, 2)
+        finally:
+            self.rng.heldout_values = held
+        self._told(session, facts, "phrasing")
+        self._recall("phrasing", session, facts, controls=False)
 
     def document(self) -> None:
         session = self.runtime.open_session()
@@ -191,36 +234,46 @@ class Evaluator:
         self.example("document" if mentions(answer, fact.value) else "document_wrong", f"{question!r} → {answer!r} (value {fact.value})")
 
     def tools(self) -> None:
+        """A tool call (name and arguments), then answers from the reference call's JSON and plain-text results."""
         session = self.runtime.open_session()
         turn = ep.tool_turn(self.rng)
         generated = self.decode(self.generate(session, [{"role": "user", "content": turn.user}], tools=turn.tools))
         call = parse_tool_call(generated)
         self.tally("tool_call_wellformed", call is not None)
         self.tally("tool_call_correct", call == turn.call)
-        if call is None:
+        if call != turn.call:
             self.example("tool_call_wrong", f"{turn.user!r} → {generated!r}")
-            return
-        result = run_tool(call, self.rng)
-        if result is None:
-            self.tally("tool_answer_uses_result", False)
-            return
-        done = ep.ToolTurn(turn.user, turn.tools, call, result, "")
-        final = self.decode(self.generate(session, ep.tool_messages(done), tools=turn.tools))
-        values = [str(v) for v in json.loads(result).values()]
-        used = all(mentions(final, v) for v in values)
-        self.tally("tool_answer_uses_result", used)
-        self.example("tool" if used else "tool_wrong", f"{turn.user!r} → {generated!r} → {result} → {final!r}")
+        for kind, text in (("json", False), ("text", True)):
+            result = run_tool(turn.call, self.rng, text=text)
+            done = ep.ToolTurn(turn.user, turn.tools, turn.call, result, "")
+            final = self.decode(self.generate(session, ep.tool_messages(done), tools=turn.tools))
+            found = self._result_values(turn.call, result)
+            used = all(mentions(final, v) for v in found)
+            self.tally(f"tool_answer_{kind}", used)
+            self.example(f"tool_answer_{kind}" if used else f"tool_answer_{kind}_wrong", f"{turn.user!r} → {result!r} → {final!r}")
+
+    @staticmethod
+    def _result_values(call: ep.EpisodeToolCall, result: str) -> list[str]:
+        """The values a final answer must mention: the numbers and words the tool returned (plus the city)."""
+        if call.name == "get_weather":
+            words = re.findall(r"-?\d+|[a-z]+", result)
+            condition = next(w for w in words if w in ep.pools.CONDITIONS)
+            temperature = next(w for w in words if re.fullmatch(r"-?\d+", w))
+            return [condition, temperature, call.arguments["city"]]
+        return [re.findall(r"-?\d+", result)[-1]]
 
     def tool_from_memory(self) -> None:
         """"What is the weather where I live?" after the city was told: the argument comes from memory."""
         session = self.runtime.open_session()
-        facts = [ep.Fact("city", self.rng.choice(ep.pools.CITIES))]
-        self.tell(session, ep.Turn(ep.statement_message(self.rng, facts), ""))
+        facts = [ep.Fact("city", values.city(self.rng))]
+        self._told(session, facts, "tool_from_memory")
         tools = [ep.TOOLS["get_weather"]]
-        question = self.rng.choice(ep.WEATHER_AT_HOME)
+        question = values.phrasing(self.rng, ep.WEATHER_AT_HOME)
         generated = self.decode(self.generate(session, [{"role": "user", "content": question}], tools=tools))
         call = parse_tool_call(generated)
-        self.tally("tool_from_memory", call == ep.ToolCall("get_weather", {"city": facts[0].value}))
+        ok = call == ep.EpisodeToolCall("get_weather", {"city": facts[0].value})
+        self.tally("tool_from_memory", ok)
+        self.example("tool_from_memory" if ok else "tool_from_memory_wrong", f"{question!r} → {generated!r} (city {facts[0].value})")
 
     def repeat(self) -> None:
         session = self.runtime.open_session()
@@ -243,16 +296,17 @@ class Evaluator:
 
 
 def default_cases(episodes: int) -> dict[str, int]:
-    return {"fact1": episodes, "facts3": episodes, "document": episodes // 2, "tools": episodes // 2,
-            "tool_from_memory": episodes // 4, "repeat": episodes // 2}
+    return {"fact1": episodes, "facts3": episodes // 2, "phrasing": episodes // 2, "document": episodes // 2,
+            "tools": episodes // 2, "tool_from_memory": episodes // 2, "repeat": episodes // 2}
 
 
 def evaluate(model_path: str | Path, episodes: int = 200, seed: int = 1234, *, cases: dict[str, int] | None = None,
-             threads: int | None = None) -> dict:
-    """Load the checkpoint at ``model_path`` and run the evaluation; returns figures, counts and examples.
+             threads: int | None = None, splits: tuple[str, ...] = SPLITS) -> dict:
+    """Load the checkpoint at ``model_path`` and run the evaluation on each split; figures per split.
 
-    ``episodes`` is the number of ``fact1`` and ``facts3`` episodes (each ``facts3`` episode asks three
-    questions); the other cases run on fractions of it unless ``cases`` gives counts.
+    ``episodes`` is the number of ``fact1`` episodes per split; the other cases run on half of it unless
+    ``cases`` gives counts. Returns ``{"splits": {split: {"figures", "counts", "examples", "seconds"}},
+    "targets": {...}}``, the targets checked on the held-out split when it ran.
     """
     import torch
     from transformers import PreTrainedTokenizerFast
@@ -263,22 +317,26 @@ def evaluate(model_path: str | Path, episodes: int = 200, seed: int = 1234, *, c
         torch.set_num_threads(threads)
     runtime = MemTRuntime.load(model_path)
     tokenizer = PreTrainedTokenizerFast.from_pretrained(str(model_path))
-    report = Evaluator(runtime, tokenizer, seed=seed).run(cases or default_cases(episodes))
-    report["targets"] = check_targets(report["figures"])
+    report: dict = {"splits": {}}
+    for split in splits:
+        evaluator = Evaluator(runtime, tokenizer, seed=seed, heldout=split == "heldout")
+        report["splits"][split] = evaluator.run(cases or default_cases(episodes))
+    report["targets"] = check_targets(report["splits"]["heldout"]["figures"]) if "heldout" in report["splits"] else {}
+    report["seconds"] = round(sum(r["seconds"] for r in report["splits"].values()), 1)
     return report
 
 
+def target_name(name: str, kind: str, bound: float) -> str:
+    return f"{name}{'>=' if kind == 'min' else '<='}{bound:g}"
+
+
 def check_targets(figures: dict) -> dict[str, bool]:
-    """Which issue targets the figures meet."""
+    """Which of the issue's targets the (held-out) figures meet; targets whose case did not run are left out."""
     out = {}
-    if "fact1" in figures:
-        out["fact1>=0.95"] = figures["fact1"] >= TARGETS["fact1"]
-        out["fact1_reset<=0.10"] = figures["fact1_reset"] <= TARGETS["reset_max"]
-        out["fact1_loaded_identical"] = figures["fact1_loaded_identical"] == 1.0
-    if "facts3" in figures:
-        out["facts3>=0.85"] = figures["facts3"] >= TARGETS["facts3"]
-        out["facts3_reset<=0.10"] = figures["facts3_reset"] <= TARGETS["reset_max"]
-        out["facts3_loaded_identical"] = figures["facts3_loaded_identical"] == 1.0
+    for name, kind, bound in TARGETS:
+        if name in figures:
+            value = figures[name]
+            out[target_name(name, kind, bound)] = value >= bound if kind == "min" else value <= bound
     return out
 
 
@@ -291,24 +349,35 @@ LABELS = {
     "facts3_exact": "3 facts + distractor, exact expected answer",
     "facts3_reset": "3 facts + distractor, after memory reset (control)",
     "facts3_loaded_identical": "3 facts + distractor, identical after save → load",
+    "phrasing": "statement/question phrasings of the split, recalled",
+    "phrasing_exact": "phrasings of the split, exact expected answer",
     "document": "document ingested through memory, question answered",
     "document_reset": "document, after memory reset (control)",
     "tool_call_wellformed": "tool call well-formed",
     "tool_call_correct": "tool call with the right name and arguments",
-    "tool_answer_uses_result": "final answer uses the tool's result",
+    "tool_answer_json": "final answer uses a JSON tool result",
+    "tool_answer_text": "final answer uses a plain-text tool result",
     "tool_from_memory": "weather 'where I live': city argument from memory",
-    "repeat_exact": "text repeated exactly",
+    "repeat_exact": "text repeated / typed exactly",
 }
 
 
 def format_report(report: dict) -> str:
-    """A plain-text table of the figures, the targets and a few examples."""
-    lines = [f"evaluation ({report['seconds']} s, fresh random episodes, memory only — no transcript in prompts):"]
-    for name, value in report["figures"].items():
-        lines.append(f"  {LABELS.get(name, name):55s} {value:6.1%}  (n={report['counts'][name]})")
+    """A plain-text table: each figure in distribution beside held out, then the targets and a few examples."""
+    splits = report["splits"]
+    names = sorted({name for r in splits.values() for name in r["figures"]}, key=lambda n: list(LABELS).index(n) if n in LABELS else 99)
+    lines = [f"evaluation ({report['seconds']} s, fresh random episodes, greedy, memory only — no transcript in prompts):",
+             f"  {'case':55s} " + " ".join(f"{s:>17s}" for s in splits)]
+    for name in names:
+        cells = []
+        for r in splits.values():
+            value, count = r["figures"].get(name), r["counts"].get(name)
+            cells.append(f"{value:6.1%} (n={count:4d})" if value is not None else f"{'-':>17s}")
+        lines.append(f"  {LABELS.get(name, name):55s} " + " ".join(f"{c:>17s}" for c in cells))
     if report.get("targets"):
-        lines.append("targets: " + ", ".join(f"{k} {'met' if ok else 'NOT met'}" for k, ok in report["targets"].items()))
-    for name, shown in report.get("examples", {}).items():
-        for text in shown[:2]:
-            lines.append(f"  e.g. [{name}] {text}")
+        lines.append("targets (held-out split): " + ", ".join(f"{k} {'met' if ok else 'NOT met'}" for k, ok in report["targets"].items()))
+    for split, r in splits.items():
+        for name, shown in r.get("examples", {}).items():
+            for text in shown[:2]:
+                lines.append(f"  e.g. [{split}/{name}] {text}")
     return "\n".join(lines)

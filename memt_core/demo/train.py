@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from memt_core.checkpoint import read_checkpoint
 from memt_core.demo.episodes import EpisodeSampler, Mix, corpus
-from memt_core.demo.format import ChatFormat, Segment, TokenEpisode
+from memt_core.demo.format import DemoChatFormat, Segment, TokenEpisode
 from memt_core.inference import commit_batch, memory_batch
 from memt_core.memory.state import MemoryState
 from memt_core.models.memt import MemTForCausalLM
@@ -36,7 +36,7 @@ CHECKPOINT_ID = "memt-tiny-demo"
 class ModelShape:
     """The demo model's geometry (Nano architecture: Qwen3.5-MoE backbone + memory)."""
 
-    vocab_size: int = 3072  # tokenizer target; every pool word is one token at this size
+    vocab_size: int = 2048  # tokenizer target; closed-class words are whole tokens, open values split into pieces
     hidden_size: int = 128
     layers: int = 4  # all full_attention: legal for Nano, and faster on CPU than linear attention
     heads: int = 4
@@ -48,8 +48,8 @@ class ModelShape:
     shared_expert_size: int = 256
     memory_layers: tuple[int, ...] = (1, 2, 3)
     memory_heads: int = 4
-    key_dim: int = 32
-    value_dim: int = 32
+    key_dim: int = 64  # a larger memory than the closed-vocabulary model's 32 × 32: values are copied piece by piece
+    value_dim: int = 64
     chunk_tokens: int = 128
 
 
@@ -313,7 +313,7 @@ def train(
     model.train()
     params = sum(p.numel() for p in model.parameters())
     log(f"model: {params / 1e6:.2f}M parameters, vocabulary {len(tokenizer)}, memory layers {list(model.memory_layers)}")
-    fmt = ChatFormat(tokenizer, value_weight=config.value_weight)
+    fmt = DemoChatFormat(tokenizer, value_weight=config.value_weight)
     sampler = EpisodeSampler(config.seed)
     chunk = model.checkpoint.memory.chunk_tokens
     decay, no_decay = [], []

@@ -1,8 +1,8 @@
 """The bundled demo checkpoint: it loads like a real Nano checkpoint and recalls from latent memory.
 
-The recall test runs the evaluation of ``scripts/eval_tiny.py`` on fresh random episodes (a seed the
-training never used): facts are told in an earlier turn that is committed, and the question's prompt
-holds only the question, so the answer can only come from memory.
+The recall test runs the evaluation of ``scripts/eval_tiny.py`` on the held-out split (values and
+phrasings training never drew, a seed it never used): a fact is told in an earlier turn that is
+committed, and the question's prompt holds only the question, so the answer can only come from memory.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 
 from memt_core.checkpoint import NANO, read_checkpoint
 from memt_core.demo import BUNDLED_MODEL
-from memt_core.demo.eval import TARGETS, evaluate
+from memt_core.demo.eval import SPLITS, TARGETS, evaluate
 from memt_core.models.weights import load_model, scan_weights
 
 
@@ -39,7 +39,7 @@ def test_loads_through_the_normal_loader(checkpoint, tokenizer):
     assert all(kind == "full_attention" for kind in model.config.layer_types)
     assert all(dtype == "BF16" for dtype, _ in scan_weights(checkpoint).values())
     size = sum(p.stat().st_size for p in BUNDLED_MODEL.iterdir() if p.is_file())
-    assert size < 10_000_000  # a few MB, shipped inside the package
+    assert size <= 30_000_000  # the issue's limit for a checkpoint shipped inside the package
     assert model.config.eos_token_id == tokenizer.convert_tokens_to_ids("<|im_end|>")
 
 
@@ -60,31 +60,35 @@ def test_identity_and_template(checkpoint, tokenizer):
     )
     assert prompt.endswith("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n")
     recorded = json.loads((BUNDLED_MODEL / "eval.json").read_text())
-    assert recorded["targets"] and all(recorded["targets"].values())
+    # every figure is recorded for both splits, and the targets were checked on the held-out one
+    assert set(recorded["splits"]) == set(SPLITS)
+    assert set(recorded["splits"]["heldout"]["figures"]) == set(recorded["splits"]["in_distribution"]["figures"])
+    assert {name for name, _, _ in TARGETS} <= set(recorded["splits"]["heldout"]["figures"])
+    assert len(recorded["targets"]) == len(TARGETS)
 
 
-def test_recall_from_memory_meets_the_targets():
-    """≥ 200 fresh episodes: 200 with one fact, 70 with three facts and a distractor turn (210 questions)."""
-    report = evaluate(BUNDLED_MODEL, seed=20260, cases={"fact1": 200, "facts3": 70})
-    figures = report["figures"]
-    assert report["counts"]["fact1"] == 200 and report["counts"]["facts3"] == 210
-    assert figures["fact1"] >= TARGETS["fact1"], report["examples"]
-    assert figures["facts3"] >= TARGETS["facts3"], report["examples"]
-    assert figures["fact1_reset"] <= TARGETS["reset_max"]
-    assert figures["facts3_reset"] <= TARGETS["reset_max"]
-    assert figures["fact1_loaded_identical"] == 1.0 and figures["facts3_loaded_identical"] == 1.0
+def test_held_out_recall_from_memory_meets_the_targets():
+    """200 held-out episodes with one never-seen value each: recalled ≥ 90 %, after a reset ≤ 5 %."""
+    bounds = {name: bound for name, _, bound in TARGETS}
+    report = evaluate(BUNDLED_MODEL, seed=20260, cases={"fact1": 200}, splits=("heldout",))
+    result = report["splits"]["heldout"]
+    figures = result["figures"]
+    assert result["counts"]["fact1"] == 200
+    assert figures["fact1"] >= bounds["fact1"], (figures, result["examples"])
+    assert figures["fact1_reset"] <= bounds["fact1_reset"], (figures, result["examples"])
+    assert figures["fact1_loaded_identical"] == 1.0
 
 
 def test_training_backpropagates_through_the_memory_write(tokenizer):
     """k_proj is used only by writes: its gradient proves the loss reaches the commit through memory."""
     from memt_core.demo.episodes import EpisodeSampler, Mix
-    from memt_core.demo.format import ChatFormat
+    from memt_core.demo.format import DemoChatFormat
     from memt_core.demo.train import TrainConfig, episode_loss, init_model
 
     torch.manual_seed(0)
     model = init_model(BUNDLED_MODEL, TrainConfig())
     model.train()
-    fmt = ChatFormat(tokenizer)
+    fmt = DemoChatFormat(tokenizer)
     sampler = EpisodeSampler(0)
     batch = [fmt.episode(sampler.facts(Mix(), count=2, turns=2), model.checkpoint.memory.chunk_tokens) for _ in range(3)]
     loss, stats = episode_loss(model, batch)

@@ -13,7 +13,7 @@ import pytest
 
 from memt_core.client.chat_format import load_chat_format, load_tokenizer
 from memt_core.demo import episodes as ep
-from memt_core.demo.format import ChatFormat
+from memt_core.demo.format import DemoChatFormat
 from memt_core.bundled import BUNDLED_MODEL
 
 
@@ -21,7 +21,7 @@ from memt_core.bundled import BUNDLED_MODEL
 def formats():
     tokenizer = load_tokenizer(BUNDLED_MODEL)
     serving, _ = load_chat_format(BUNDLED_MODEL, tokenizer=tokenizer, chat_template_kwargs={"enable_thinking": False})
-    return ChatFormat(tokenizer), serving
+    return DemoChatFormat(tokenizer), serving
 
 
 def test_turn_start_matches_the_client(formats):

@@ -1,0 +1,140 @@
+"""The held-out split of the demo data: training never draws held-out values or phrasings.
+
+The evaluation's held-out figures mean something only if training cannot have seen what they test:
+real names and cities of the held-out lists, generated values with held-out syllables or letters, and
+the held-out ~20 % of every skill's templates. These tests render many training episodes and look for
+any of them, and check that the held-out sampler does draw them.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from memt_core.demo import episodes as ep
+from memt_core.demo import pools, values
+
+
+def _episode_text(episode: ep.Episode) -> str:
+    parts = []
+    for commit in episode.commits:
+        if isinstance(commit, ep.Document):
+            parts.append(commit.text)
+        else:
+            for turn in commit:
+                parts += [turn.user, turn.reply] + ([turn.result] if isinstance(turn, ep.ToolTurn) else [])
+    parts += [m["content"] for m in episode.query.messages if isinstance(m.get("content"), str)]
+    return "\n".join(parts + [episode.query.answer])
+
+
+@pytest.fixture(scope="module")
+def training_text() -> str:
+    sampler = ep.EpisodeSampler(11)
+    return "\n".join(_episode_text(sampler.sample(ep.Mix())) for _ in range(3000))
+
+
+def _fixed_templates() -> list[tuple[str, ...]]:
+    """Template tuples of every skill (statements, questions, requests, tool results, document phrasings)."""
+    tuples = [a.statements for a in ep.ATTRIBUTES.values()] + [a.questions for a in ep.ATTRIBUTES.values()]
+    tuples += [ep.WEATHER_REQUESTS, ep.WEATHER_AT_HOME, ep.ADD_REQUESTS, ep.MULTIPLY_REQUESTS, ep.REPEAT_REQUESTS,
+               ep.WEATHER_TEXT_RESULTS, ep.NUMBER_TEXT_RESULTS]
+    return tuples
+
+
+def test_about_a_fifth_of_every_skills_templates_is_held_out():
+    for templates in _fixed_templates():
+        train, held = values.template_split(templates)
+        assert held and train, templates
+        assert set(train) | set(held) == set(templates) and not set(train) & set(held)
+        assert 0.1 <= len(held) / len(templates) <= 0.34, templates
+
+
+def test_training_never_shows_held_out_real_names_or_cities(training_text):
+    words = set(re.findall(r"[A-Z][a-z]+", training_text))
+    assert not words & set(pools.HELDOUT_NAMES)
+    assert not words & set(pools.HELDOUT_CITIES)
+
+
+def _pattern(template: str) -> re.Pattern:
+    """A template as a regular expression: placeholders match any value, the first letter either case."""
+    pieces = [re.escape(p) for p in re.split(r"\{\w+\}", template)]
+    text = "[^\\n]{1,60}?".join(pieces)
+    if template[:1].isalpha():
+        text = f"[{template[0].lower()}{template[0].upper()}]" + text[1:]
+    return re.compile(text)
+
+
+def _rendered_training_templates() -> list[str]:
+    fills = {"{v}": "Zed", "{a}": "a", "{animal}": "cat", "{c}": "Oslo", "{t}": "hi", "{r}": "5", "{city}": "Oslo", "{b}": "2"}
+    out = []
+    for templates in _fixed_templates():
+        for template in values.template_split(templates)[0]:
+            for key, value in fills.items():
+                template = template.replace(key, value)
+            out.append(template)
+    return out
+
+
+def test_training_never_shows_held_out_phrasings(training_text):
+    """Held-out templates never occur in training text (those that a training template also matches excepted)."""
+    rendered = _rendered_training_templates()
+    checked = skipped = 0
+    for templates in _fixed_templates():
+        for template in values.template_split(templates)[1]:
+            pattern = _pattern(template)
+            if len(template) < 10 or any(pattern.search(t) for t in rendered):
+                skipped += 1  # e.g. "I'm {v}" also matches the training "I'm {a} {v} by trade"
+                continue
+            checked += 1
+            match = pattern.search(training_text)
+            assert match is None, (template, match and training_text[max(0, match.start() - 80) : match.end() + 40])
+    assert checked >= 4 * skipped
+
+
+def test_generated_training_values_avoid_held_out_syllables_and_letters():
+    rng = values.DemoRandom(5)
+    for _ in range(2000):
+        word = values.pronounceable(rng)
+        assert not values.HELDOUT_LETTERS & set(word.lower()), word
+        assert not values.HELDOUT_LETTERS & set(values.random_string(rng).lower())
+        assert not values.HELDOUT_LETTERS & set(values.code(rng).lower())
+
+
+def test_held_out_draws_are_new():
+    rng = values.DemoRandom(5, heldout_values=True)
+    train_rng = values.DemoRandom(5)
+    seen = {values.person_name(train_rng) for _ in range(5000)} | {values.city(train_rng) for _ in range(5000)}
+    drawn = [values.person_name(rng) for _ in range(500)] + [values.city(rng) for _ in range(500)]
+    assert sum(d in seen for d in drawn) / len(drawn) < 0.05
+    for _ in range(300):
+        word = values.pronounceable(rng).lower()
+        # a held-out syllable: one with a held-out letter or one of the held-out fifth
+        assert any(s in word for s in values.HELDOUT_SYLLABLES)
+        assert values.HELDOUT_LETTERS & set(values.random_string(rng).lower())
+
+
+def test_held_out_sampler_uses_held_out_phrasings():
+    sampler = ep.EpisodeSampler(3, heldout=True)
+    held_questions = {q for a in ep.ATTRIBUTES.values() for q in values.template_split(a.questions)[1]}
+    asked = []
+    for _ in range(200):
+        episode = sampler.facts(ep.Mix(), count=1)
+        asked.append(episode.query.messages[-1]["content"])
+    fixed = [q for q in held_questions if "{" not in q]
+    assert any(any(q in text or ep.lower_first(q) in text for q in fixed) for text in asked)
+    train_questions = {q for a in ep.ATTRIBUTES.values() for q in values.template_split(a.questions)[0] if "{" not in q}
+    assert not any(text in train_questions for text in asked)
+
+
+def test_values_split_into_known_pieces():
+    """The byte-level BPE is open: an unseen value encodes to several pieces and decodes back exactly."""
+    from memt_core.demo import BUNDLED_MODEL
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(str(BUNDLED_MODEL))
+    rng = values.DemoRandom(9, heldout_values=True)
+    for value in ["Belkavo", "Rue des Lilas 12", "New Amsterdam"] + [values.person_name(rng) for _ in range(50)]:
+        ids = tokenizer.encode(" " + value, add_special_tokens=False)
+        assert tokenizer.decode(ids) == " " + value
+    assert len(tokenizer.encode(" Belkavo", add_special_tokens=False)) > 1
