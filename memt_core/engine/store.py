@@ -7,14 +7,12 @@ reading exactly that memory whatever happens afterwards.
 
 from __future__ import annotations
 
-import re
-import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from memt_core.errors import BadGeneration
-from memt_core.memory.snapshot import load_snapshot, save_snapshot, snapshot_path
+from memt_core.memory.snapshot import load_snapshot, save_content_addressed, save_snapshot, snapshot_path
 from memt_core.memory.state import MemoryState
 from memt_core.protocol import effects as fx
 
@@ -103,18 +101,12 @@ class MemoryStore:
     def _ExportSnapshot(self, e: fx.ExportSnapshot) -> str:
         memory = self.get(e.session)
         state = memory.published if e.transaction is None else self.candidate(e.session, e.transaction).memory
-        name = e.file or (self._new_name(e.session) if self.state_directory is not None else None)
-        path = snapshot_path(self.state_directory, name)  # no state directory: InvalidRequest
+        if e.file is None and self.state_directory is not None:
+            # the server picks the name: the content's hash, so equal memories share one file
+            return save_content_addressed(self.state_directory, state, identity=self.identity).name
+        path = snapshot_path(self.state_directory, e.file)  # no state directory: InvalidRequest
         save_snapshot(path, state, identity=self.identity, overwrite=e.overwrite)
-        return name
-
-    def _new_name(self, session: str) -> str:
-        # session IDs may start with '.' or '-' or hold '..'; a snapshot name may not (check_snapshot_name)
-        stem = re.sub(r"\.{2,}", ".", session[:80]).lstrip(".-") or "session"
-        while True:
-            name = f"{stem}-{secrets.token_hex(6)}.safetensors"
-            if not (self.state_directory / name).exists():
-                return name
+        return e.file
 
     def _ClearMemory(self, e: fx.ClearMemory) -> None:
         memory = self.get(e.session)

@@ -4,10 +4,15 @@ A file holds one FP32 tensor ``memory.<layer>`` of shape ``[1, H, K, V]`` per me
 metadata ``format=memt-memory-v1`` and ``identity=<model identity>``. An empty memory has no
 tensors. Files are written to a temporary name, fsynced and renamed, so a reader never sees a
 partial file under its final name; an existing file is replaced only when asked.
+
+The bytes are canonical (the same memory and identity always give the same file), so a snapshot can
+be named by its content: ``sha256-<hex>.safetensors``. Loading a file so named checks the hash.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 import tempfile
@@ -24,6 +29,7 @@ from memt_core.memory.state import MemoryState
 from memt_core.names import check_snapshot_name
 
 TENSOR_NAME = re.compile(r"^memory\.(0|[1-9][0-9]*)$")
+CONTENT_NAME = re.compile(r"^sha256-([0-9a-f]{64})\.safetensors$")
 
 
 def snapshot_path(directory: str | Path | None, name: object) -> Path:
@@ -38,16 +44,58 @@ def snapshot_path(directory: str | Path | None, name: object) -> Path:
     return path
 
 
-def save_snapshot(path: str | Path, state: MemoryState, *, identity: str, overwrite: bool = False) -> Path:
-    """Write ``state`` atomically: temporary file in the same folder, fsync, rename."""
-    path = Path(path)
+def snapshot_bytes(state: MemoryState, *, identity: str) -> bytes:
+    """The file for ``state``, byte for byte the same whenever memory and identity are the same."""
     tensors = {f"memory.{layer}": state.get(layer).detach().to("cpu", torch.float32).contiguous() for layer in state.layers()}
     for name, tensor in tensors.items():
         if not torch.isfinite(tensor).all():
             raise SnapshotError(f"memory tensor {name} has non-finite values; refusing to save it")
-    data = safetensors_bytes(tensors, metadata={"format": SNAPSHOT_FORMAT, "identity": identity})
+    return _canonical(safetensors_bytes(tensors, metadata={"format": SNAPSHOT_FORMAT, "identity": identity}))
+
+
+def _canonical(data: bytes) -> bytes:
+    # safetensors keeps metadata in a hash map, so the header's key order varies from call to call;
+    # rewrite the JSON header with sorted keys (offsets are relative to the data, which is unchanged)
+    size = int.from_bytes(data[:8], "little")
+    header = json.dumps(json.loads(data[8 : 8 + size]), sort_keys=True, separators=(",", ":")).encode()
+    header += b" " * (-len(header) % 8)
+    return len(header).to_bytes(8, "little") + header + data[8 + size :]
+
+
+def content_name(data: bytes) -> str:
+    """The content-addressed name of a snapshot file's bytes."""
+    return f"sha256-{hashlib.sha256(data).hexdigest()}.safetensors"
+
+
+def save_snapshot(path: str | Path, state: MemoryState, *, identity: str, overwrite: bool = False) -> Path:
+    """Write ``state`` atomically: temporary file in the same folder, fsync, rename."""
+    path = Path(path)
+    data = snapshot_bytes(state, identity=identity)
     if path.exists() and not overwrite:
         raise Conflict(f"snapshot {path.name!r} already exists; pass overwrite: true to replace it")
+    _write(path, data, overwrite=overwrite)
+    return path
+
+
+def save_content_addressed(directory: str | Path, state: MemoryState, *, identity: str) -> Path:
+    """Write ``state`` under its content name; an intact file of that name already holds these bytes."""
+    data = snapshot_bytes(state, identity=identity)
+    path = Path(directory) / content_name(data)
+    if path.is_file() and not path.is_symlink() and _sha256(path) == hashlib.sha256(data).hexdigest():
+        return path
+    _write(path, data, overwrite=True)  # absent, or damaged: replace atomically
+    return path
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _write(path: Path, data: bytes, *, overwrite: bool) -> None:
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".partial", dir=path.parent)
     try:
         os.fchmod(fd, 0o644)
@@ -68,7 +116,6 @@ def save_snapshot(path: str | Path, state: MemoryState, *, identity: str, overwr
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
-    return path
 
 
 def load_snapshot(
@@ -84,6 +131,9 @@ def load_snapshot(
         raise SnapshotError(f"snapshot {path.name!r} does not exist")
     if path.is_symlink():
         raise SnapshotError(f"snapshot {path.name!r} is a symbolic link; links are refused")
+    named = CONTENT_NAME.match(path.name)
+    if named and _sha256(path) != named.group(1):
+        raise SnapshotError(f"snapshot {path.name!r} does not hold the content its name hashes (damaged or altered)")
     try:
         with safe_open(str(path), framework="pt") as handle:
             metadata = handle.metadata() or {}

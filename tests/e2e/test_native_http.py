@@ -876,3 +876,28 @@ def test_stream_client_going_away_frees_the_session(wire, nano_server):
         time.sleep(0.05)
     assert wire.query(h, PROMPT, 2)["meta_info"]["completion_tokens"] == 2
     wire.ctl("close", h)
+
+
+def test_server_chosen_names_are_content_addressed(wire, nano_server):
+    """Export without a name: the file is named by its SHA-256, so equal memories give one file, byte for byte."""
+    a, b = wire.open(), wire.open()
+    for handle in (a, b):
+        wire.write(handle, [5, 6, 7], [8, 9])
+    first, again, twin = wire.export(a)["file"], wire.export(a)["file"], wire.export(b)["file"]
+    assert first == again == twin and first.startswith("sha256-")
+    data = (nano_server.state_directory / first).read_bytes()
+    assert first == f"sha256-{hashlib.sha256(data).hexdigest()}.safetensors"
+    wire.write(a, [10])
+    assert wire.export(a)["file"] != first
+    # import checks the hash: an altered file is refused and nothing changes
+    damaged = nano_server.state_directory / first
+    damaged.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+    wire.ctl("begin", b, transaction="t-import")
+    assert_error(wire.post_control({"action": "import", "session": b.session, "lease": b.lease, "epoch": wire.epoch,
+                                    "transaction": "t-import", "file": first, "encoding": wire.encoding}),
+                 400, match="does not hold the content")
+    damaged.write_bytes(data)
+    wire.ctl("import", b, transaction="t-import", file=first, encoding=wire.encoding)
+    wire.ctl("publish", b, transaction="t-import")
+    for handle in (a, b):
+        wire.ctl("close", handle)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 
 import pytest
@@ -12,7 +13,7 @@ from safetensors.torch import save_file
 from memt_core.checkpoint import SNAPSHOT_FORMAT, read_checkpoint
 from memt_core.errors import Conflict, InvalidRequest, SnapshotError
 from memt_core.inference import MemTRuntime, memory_batch
-from memt_core.memory.snapshot import load_snapshot, save_snapshot, snapshot_path
+from memt_core.memory.snapshot import content_name, load_snapshot, save_content_addressed, save_snapshot, snapshot_bytes, snapshot_path
 from memt_core.memory.state import MemoryState
 from memt_core.sampling import SamplingParams
 
@@ -243,3 +244,34 @@ def test_local_session_refuses_a_snapshot_of_another_model(tmp_path, nano_model,
     with pytest.raises(SnapshotError, match="another model/tokenizer identity"):
         session.load(path)
     assert session.memory is before  # a refused import leaves the session as it was
+
+
+# ---------------------------------------------------------------------- deterministic, content-addressed files
+
+
+def test_the_same_memory_always_gives_the_same_bytes(tmp_path, geometry):
+    identity, layers, shape = geometry
+    first = {save_snapshot(tmp_path / f"a{i}.safetensors", random_state(layers, shape), identity=identity).read_bytes() for i in range(8)}
+    assert len(first) == 1  # safetensors alone orders its metadata differently from call to call
+    assert snapshot_bytes(random_state(layers, shape, seed=5), identity=identity) not in first
+    assert snapshot_bytes(random_state(layers, shape), identity="another") not in first
+    assert load(tmp_path / "a0.safetensors", geometry).equal(random_state(layers, shape))
+
+
+def test_content_addressed_names_are_the_hash_and_are_checked_on_load(tmp_path, geometry):
+    identity, layers, shape = geometry
+    state = random_state(layers, shape)
+    path = save_content_addressed(tmp_path, state, identity=identity)
+    data = path.read_bytes()
+    assert path.name == content_name(data) == f"sha256-{hashlib.sha256(data).hexdigest()}.safetensors"
+    assert save_content_addressed(tmp_path, state, identity=identity) == path  # equal memories share one file
+    assert load(path, geometry).equal(state)
+    other = save_content_addressed(tmp_path, random_state(layers, shape, seed=9), identity=identity)
+    assert other != path
+    damaged = bytearray(data)
+    damaged[-1] ^= 0x01
+    path.write_bytes(bytes(damaged))
+    with pytest.raises(SnapshotError, match="does not hold the content its name hashes"):
+        load(path, geometry)
+    assert save_content_addressed(tmp_path, state, identity=identity) == path  # a damaged file is replaced
+    assert path.read_bytes() == data and leftovers(tmp_path) == []
