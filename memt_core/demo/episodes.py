@@ -548,7 +548,7 @@ def number_result(rng: random.Random, value: int, *, text: bool | None = None) -
 
 
 def tool_turn(rng: random.Random, *, tool: str | None = None, home_city: str | None = None, tools: list[str] | None = None,
-              text: bool | None = None) -> ToolTurn:
+              text: bool | None = None, home_p: float = 0.5) -> ToolTurn:
     """A tool-calling turn; with ``home_city`` the weather request may say "where I live" (from memory).
 
     ``text``: the result is plain text (``True``), JSON (``False``) or either (``None``).
@@ -556,7 +556,7 @@ def tool_turn(rng: random.Random, *, tool: str | None = None, home_city: str | N
     tool = tool or rng.choice(("get_weather", "get_weather", "add", "multiply"))
     offered = tools if tools is not None else _offered_tools(rng, tool)
     if tool == "get_weather":
-        if home_city is not None and rng.random() < 0.5:
+        if home_city is not None and rng.random() < home_p:
             city, user = home_city, phrasing(rng, WEATHER_AT_HOME)
         else:
             city = values.city(rng)
@@ -799,9 +799,15 @@ class EpisodeSampler:
     def tool_call(self, mix: Mix) -> Episode:
         """The query asks for something a tool provides; the answer is the call (then ``<|im_end|>``)."""
         rng = self.rng
-        items, facts = self._memory_background(mix)
-        home = next((f.value for f in facts if f.attribute == "city"), None)
-        turn = tool_turn(rng, home_city=home)
+        if rng.random() < 0.3:  # "the weather where I live": the city argument comes from memory
+            facts = [Fact("city", values.city(rng))] + sample_facts(rng, rng.randint(0, 2), exclude=("city",))
+            rng.shuffle(facts)
+            items = self._with_distractors(mix, [fact_turn(rng, facts)], home_city=facts[0].value)
+            turn = tool_turn(rng, tool="get_weather", home_city=next(f.value for f in facts if f.attribute == "city"), home_p=1.0)
+        else:
+            items, facts = self._memory_background(mix)
+            home = next((f.value for f in facts if f.attribute == "city"), None)
+            turn = tool_turn(rng, home_city=home)
         query = EpisodeQuestion(_system(rng, mix.system) + [_user(turn.user)], tool_call_text(turn.call), tools=turn.tools,
                       values=tuple(str(v) for v in turn.call.arguments.values()), meta={"turn": turn})
         return self._finish("tool_call", items, query, mix, tools_needed=True)
