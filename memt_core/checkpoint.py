@@ -1,8 +1,11 @@
 """MemT checkpoint directories: which model, its memory fields, runtime limits and identities.
 
 A checkpoint is a local directory with ``config.json``, BF16 safetensors and tokenizer files. The
-top-level ``model_type`` selects the family; nothing in the directory is ever executed here. This
-module imports neither torch nor transformers at import time, so the client can use it.
+top-level ``model_type`` selects the family (:mod:`memt_core.families`), which reads the backbone's
+part; this module checks what all families share. Validation pins only the fields that choose the
+algorithm and the BF16 serving path: keys of ``memt`` / ``memt_runtime`` it does not know are kept
+(``Checkpoint.extra``) and reported (``Checkpoint.unknown_keys``), not refused. Nothing in the
+directory is ever executed here. No torch or transformers at import time, so the client can use it.
 """
 
 from __future__ import annotations
@@ -13,31 +16,17 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
+from memt_core import families
 from memt_core.errors import CheckpointError
-
-NANO = "memt-nano"
-FLASH = "memt-flash"
-
-#: model_type → (public model name, architectures entry, backbone model_type)
-MODEL_TYPES = {
-    "memt_qwen3_5_moe": (NANO, "MemTQwen3_5MoeForCausalLM", "qwen3_5_moe"),
-    "memt_deepseek_v4": (FLASH, "MemTDeepseekV4ForCausalLM", "deepseek_v4"),
-}
-
-#: Attention layer types of each backbone that may carry a memory module.
-NATIVE_ATTENTION_TYPES = {
-    NANO: {"full_attention"},
-    FLASH: {"sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"},
-}
-
-#: Top-level keys that belong to MemT rather than to the Flash backbone's flat config.
-MEMT_KEYS = ("memt", "memt_runtime", "memt_checkpoint_id")
+from memt_core.families.base import Family, refuse_quantized
 
 #: Prefix of memory-module tensors in the safetensors files; backbone tensors keep their own names.
 MEMORY_PREFIX = "memt.layers."
 
 SNAPSHOT_FORMAT = "memt-memory-v1"
-ENCODER_FILENAMES = ("encoding_dsv4.py", "encoding/encoding_dsv4.py")
+
+#: The fields of ``memt`` this code reads; others are kept and reported.
+MEMORY_FIELDS = ("chunk_tokens", "memory_layers", "num_heads", "key_dim", "value_dim", "update_rule", "state_dtype")
 
 
 @dataclass(frozen=True)
@@ -54,12 +43,9 @@ class MemoryConfig:
 
     @classmethod
     def from_json(cls, obj: Any) -> "MemoryConfig":
+        """Validate the fields it knows (``MEMORY_FIELDS``); other keys are the caller's to keep."""
         if not isinstance(obj, dict):
             raise CheckpointError("config.json: 'memt' must be an object")
-        known = {"chunk_tokens", "memory_layers", "num_heads", "key_dim", "value_dim", "update_rule", "state_dtype"}
-        unknown = sorted(set(obj) - known)
-        if unknown:
-            raise CheckpointError(f"config.json: unknown field(s) in 'memt': {', '.join(unknown)}")
         for name in ("chunk_tokens", "num_heads", "key_dim", "value_dim"):
             if name not in obj:
                 raise CheckpointError(f"config.json: 'memt.{name}' is required")
@@ -110,19 +96,25 @@ class RuntimeConfig:
     min_kv_tokens: int = 1
 
     @staticmethod
-    def parse(obj: Any, where: str) -> dict[str, int]:
-        """Validate a partial ``memt_runtime`` object; ``where`` names its source in errors."""
+    def split(obj: Any, where: str) -> tuple[dict[str, int], dict[str, Any]]:
+        """A ``memt_runtime`` object as (validated known fields, unknown keys untouched)."""
         if not isinstance(obj, dict):
             raise CheckpointError(f"{where}: 'memt_runtime' must be an object")
-        unknown = sorted(set(obj) - set(RUNTIME_FIELDS))
+        known = {name: value for name, value in obj.items() if name in RUNTIME_FIELDS}
+        for name, value in known.items():
+            _positive_int(value, f"memt_runtime.{name}", where=where)
+        return known, {name: value for name, value in obj.items() if name not in RUNTIME_FIELDS}
+
+    @classmethod
+    def parse(cls, obj: Any, where: str) -> dict[str, int]:
+        """Validate a partial ``memt_runtime`` from an operator (``where`` names it): unknown keys are refused."""
+        known, unknown = cls.split(obj, where)
         if unknown:
             raise CheckpointError(
-                f"{where}: unknown field(s) in 'memt_runtime': {', '.join(unknown)}; "
+                f"{where}: unknown field(s) in 'memt_runtime': {', '.join(sorted(unknown))}; "
                 f"allowed: {', '.join(RUNTIME_FIELDS)}"
             )
-        for name, value in obj.items():
-            _positive_int(value, f"memt_runtime.{name}", where=where)
-        return dict(obj)
+        return known
 
     @classmethod
     def merge(
@@ -168,13 +160,20 @@ class Checkpoint:
 
     path: Path
     model_type: str
-    model: str  # "memt-nano" | "memt-flash"
+    model: str  # the family's public name
     config: dict = field(repr=False)
     config_sha256: str = ""
     checkpoint_id: str | None = None
     memory: MemoryConfig | None = None
     runtime: dict = field(default_factory=dict)  # the checkpoint's own memt_runtime values
     backbone: dict = field(default_factory=dict, repr=False)  # backbone config as transformers reads it
+    family: Family | None = field(default=None, repr=False, compare=False)
+    extra: dict = field(default_factory=dict)  # unknown keys kept: {"memt": {...}, "memt_runtime": {...}}
+
+    @property
+    def unknown_keys(self) -> list[str]:
+        """Keys of ``memt`` / ``memt_runtime`` this version does not read, as ``section.key``."""
+        return sorted(f"{section}.{key}" for section, keys in self.extra.items() for key in keys)
 
     @property
     def hidden_size(self) -> int:
@@ -185,19 +184,8 @@ class Checkpoint:
         return int(self.backbone["num_hidden_layers"])
 
     def native_encoding(self) -> dict:
-        """How prompts are encoded: the HF chat template (Nano) or the checkpoint's DSV4 encoder (Flash)."""
-        if self.model == NANO:
-            return {"name": "hf-chat-template"}
-        encoder = self.encoder_path()
-        digest = _sha256_file(encoder) if encoder else None
-        return {"name": "encoding_dsv4", "sha256": digest}
-
-    def encoder_path(self) -> Path | None:
-        for name in ENCODER_FILENAMES:
-            candidate = self.path / name
-            if candidate.is_file():
-                return candidate
-        return None
+        """How prompts are encoded, as the family defines it (template or encoder script, with its digest)."""
+        return self.family.native_encoding(self.path)
 
     def chat_template(self) -> str | None:
         """The chat template text, from ``chat_template.jinja`` or ``tokenizer_config.json``."""
@@ -227,7 +215,7 @@ class Checkpoint:
                 "format": SNAPSHOT_FORMAT,
                 "model": self.model,
                 "backbone": self.backbone,
-                "memt": self.memory.to_json() if self.memory else None,
+                "memt": {**self.memory.to_json(), **self.extra.get("memt", {})} if self.memory else None,
                 "native_encoding": self.native_encoding(),
                 "chat_template": self.chat_template(),
                 "vocabulary": self.vocabulary_sha256(),
@@ -269,16 +257,16 @@ def read_checkpoint(path: str | Path, *, validate_backbone: bool = True) -> Chec
         raise CheckpointError("config.json must hold a JSON object")
 
     model_type = config.get("model_type")
-    if model_type not in MODEL_TYPES:
+    family = families.by_model_type(model_type)
+    if family is None:
         raise CheckpointError(
-            f"config.json: unknown model_type {model_type!r}; expected one of {', '.join(sorted(MODEL_TYPES))}"
+            f"config.json: unknown model_type {model_type!r}; expected one of {', '.join(sorted(families.model_types()))}"
         )
-    model, architecture, backbone_type = MODEL_TYPES[model_type]
     _refuse_remote_code(config)
-    _refuse_quantized(config)
+    refuse_quantized(config)
     architectures = config.get("architectures")
-    if architectures is not None and architectures != [architecture]:
-        raise CheckpointError(f"config.json: 'architectures' must be [{architecture!r}] for {model_type}")
+    if architectures is not None and architectures != [family.architecture]:
+        raise CheckpointError(f"config.json: 'architectures' must be [{family.architecture!r}] for {model_type}")
 
     checkpoint_id = config.get("memt_checkpoint_id")
     if checkpoint_id is not None and (not isinstance(checkpoint_id, str) or not checkpoint_id.strip()):
@@ -287,15 +275,11 @@ def read_checkpoint(path: str | Path, *, validate_backbone: bool = True) -> Chec
     if "memt" not in config:
         raise CheckpointError("config.json: the 'memt' object is required")
     memory = MemoryConfig.from_json(config["memt"])
-    runtime = RuntimeConfig.parse(config["memt_runtime"], "config.json") if "memt_runtime" in config else {}
+    extra = {"memt": {k: v for k, v in config["memt"].items() if k not in MEMORY_FIELDS}}
+    runtime, extra["memt_runtime"] = RuntimeConfig.split(config.get("memt_runtime", {}), "config.json")
+    extra = {section: keys for section, keys in extra.items() if keys}
 
-    if model == NANO:
-        backbone = _nano_backbone(config, backbone_type)
-    else:
-        if "backbone_configs" in config:
-            raise CheckpointError("config.json: Flash (memt_deepseek_v4) must not contain 'backbone_configs'")
-        backbone = {k: v for k, v in config.items() if k not in MEMT_KEYS and k not in ("architectures",)}
-        backbone["model_type"] = backbone_type
+    backbone = family.backbone(config)
     for name in ("hidden_size", "num_hidden_layers"):
         if name not in backbone:
             raise CheckpointError(f"config.json: backbone field {name!r} is required")
@@ -303,13 +287,15 @@ def read_checkpoint(path: str | Path, *, validate_backbone: bool = True) -> Chec
     checkpoint = Checkpoint(
         path=root,
         model_type=model_type,
-        model=model,
+        model=family.name,
         config=config,
         config_sha256=hashlib.sha256(raw).hexdigest(),
         checkpoint_id=checkpoint_id,
         memory=memory,
         runtime=runtime,
         backbone=backbone,
+        family=family,
+        extra=extra,
     )
     if validate_backbone:
         check_memory_layers(checkpoint, backbone_config(checkpoint).layer_types)
@@ -317,23 +303,13 @@ def read_checkpoint(path: str | Path, *, validate_backbone: bool = True) -> Chec
 
 
 def backbone_config(checkpoint: Checkpoint):
-    """The transformers config object of the backbone (Qwen3.5-MoE text, or DeepSeek-V4)."""
-    from huggingface_hub.errors import StrictDataclassFieldValidationError
-
-    if checkpoint.model == NANO:
-        from transformers import Qwen3_5MoeTextConfig as config_class
-    else:
-        from transformers import DeepseekV4Config as config_class
-    fields = {k: v for k, v in checkpoint.backbone.items() if k not in ("model_type", "architectures")}
-    try:
-        return config_class(**fields)
-    except (StrictDataclassFieldValidationError, TypeError, ValueError) as exc:
-        raise CheckpointError(f"config.json: invalid backbone configuration: {exc}") from exc
+    """The transformers config object of the checkpoint's backbone, built by its family."""
+    return checkpoint.family.backbone_config(checkpoint.backbone)
 
 
 def check_memory_layers(checkpoint: Checkpoint, layer_types: list[str]) -> None:
     """Each memory layer must exist and be a native attention layer of the backbone."""
-    allowed = NATIVE_ATTENTION_TYPES[checkpoint.model]
+    allowed = checkpoint.family.native_attention
     for index in checkpoint.memory.memory_layers:
         if index >= len(layer_types):
             raise CheckpointError(
@@ -347,24 +323,6 @@ def check_memory_layers(checkpoint: Checkpoint, layer_types: list[str]) -> None:
             )
 
 
-def _nano_backbone(config: dict, backbone_type: str) -> dict:
-    backbone = config.get("backbone_configs")
-    if backbone is None:
-        raise CheckpointError("config.json: Nano (memt_qwen3_5_moe) requires 'backbone_configs'")
-    if not isinstance(backbone, dict):
-        raise CheckpointError("config.json: 'backbone_configs' must be an object")
-    if backbone.get("model_type") != backbone_type:
-        raise CheckpointError(
-            f"config.json: 'backbone_configs.model_type' must be {backbone_type!r}, got {backbone.get('model_type')!r}"
-        )
-    text = backbone.get("text_config")
-    if not isinstance(text, dict):
-        raise CheckpointError("config.json: 'backbone_configs.text_config' must be an object")
-    _refuse_quantized(backbone, "backbone_configs.")
-    _refuse_quantized(text, "backbone_configs.text_config.")
-    return dict(text)
-
-
 def _refuse_remote_code(config: dict) -> None:
     if "auto_map" in config:
         raise CheckpointError(
@@ -372,15 +330,6 @@ def _refuse_remote_code(config: dict) -> None:
         )
     if config.get("trust_remote_code"):
         raise CheckpointError("config.json: 'trust_remote_code' is refused; checkpoint code is never executed")
-
-
-def _refuse_quantized(config: dict, prefix: str = "") -> None:
-    if config.get("quantization_config") is not None:
-        raise CheckpointError(f"config.json: '{prefix}quantization_config' is set; only unquantized BF16 weights are served")
-    for key in ("torch_dtype", "dtype"):
-        value = config.get(key)
-        if value is not None and value != "bfloat16":
-            raise CheckpointError(f"config.json: '{prefix}{key}' is {value!r}; weights must be bfloat16")
 
 
 def _positive_int(value: Any, name: str, where: str = "config.json") -> None:
@@ -393,6 +342,8 @@ def _sha256_json(value: Any) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def _sha256_file(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
+def __getattr__(name: str):
+    """Transitional: the family-name constants moved to :mod:`memt_core.families`; old imports resolve there."""
+    if name in families.__all__ and name.isupper():
+        return getattr(families, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from memt_core.checkpoint import FLASH, NANO
+from memt_core.families import FLASH, NANO
 
 # The tiny models gain nothing from intra-op threads, and on a small shared machine OpenMP threads
 # spinning against other work make the suite several times slower. Set before torch is imported;

@@ -17,13 +17,12 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from memt_core.checkpoint import (
-    FLASH,
-    NANO,
     RuntimeConfig,
     parse_override_args,
     read_checkpoint,
 )
 from memt_core.errors import CheckpointError
+from memt_core.families import FLASH, NANO
 from memt_core.models.weights import INDEX_FILE, SINGLE_FILE, load_model
 
 
@@ -182,7 +181,6 @@ def test_memory_layer_out_of_range(nano_copy, flash_copy, family):
         (lambda m: m.update(value_dim=True), "memt.value_dim"),
         (lambda m: m.update(update_rule="delta"), "memt.update_rule"),
         (lambda m: m.update(state_dtype="bfloat16"), "memt.state_dtype"),
-        (lambda m: m.update(window=4), "window"),
     ],
 )
 def test_bad_memt_fields(nano_copy, edit, field):
@@ -258,11 +256,61 @@ def test_trust_remote_code_is_refused(nano_copy):
     assert "'trust_remote_code' is refused" in refusal(nano_copy)
 
 
-def test_unknown_memt_runtime_key(nano_copy):
+# --------------------------------------------------------------------------- unknown keys: kept and reported
+
+
+def test_unknown_memt_and_memt_runtime_keys_are_kept_and_reported(nano_checkpoint, nano_copy):
+    """Released checkpoints may carry more than this version reads: kept, reported, never refused."""
+    assert read_checkpoint(nano_checkpoint).unknown_keys == [] and read_checkpoint(nano_checkpoint).extra == {}
+
+    def edit(config):
+        config["memt"].update(window=4, notes={"trained_on": "web"})
+        config["memt_runtime"].update(max_batch=8)
+
+    edit_config(nano_copy, edit)
+    checkpoint = read_checkpoint(nano_copy)
+    assert checkpoint.unknown_keys == ["memt.notes", "memt.window", "memt_runtime.max_batch"]
+    assert checkpoint.extra == {"memt": {"window": 4, "notes": {"trained_on": "web"}}, "memt_runtime": {"max_batch": 8}}
+    # what this version reads is unchanged
+    assert checkpoint.memory == read_checkpoint(nano_checkpoint).memory
+    assert checkpoint.runtime == {"max_sessions_per_rank": 64, "max_inflight_commits_per_rank": 4, "min_kv_tokens": 256}
+    assert RuntimeConfig.merge(checkpoint.runtime) == RuntimeConfig(64, 4, 256)
+
+
+def test_known_fields_are_still_checked_beside_unknown_keys(nano_copy):
+    edit_config(nano_copy, lambda c: c["memt"].update(window=4, update_rule="delta"))
+    assert "memt.update_rule" in refusal(nano_copy)
+    edit_config(nano_copy, lambda c: c["memt"].update(update_rule="gated_delta") or c["memt_runtime"].update(max_batch=0, min_kv_tokens=0))
+    assert "'memt_runtime.min_kv_tokens' must be a positive integer" in refusal(nano_copy)
+
+
+def test_a_checkpoint_with_unknown_keys_loads(nano_copy, nano_model):
+    edit_config(nano_copy, lambda c: c["memt"].update(window=4))
+    ids = torch.randint(0, 500, (1, 12), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        assert torch.equal(load_model(nano_copy)(ids).logits, nano_model(ids).logits)
+
+
+def test_unknown_memt_keys_enter_the_identity_and_runtime_keys_do_not(nano_checkpoint, nano_copy):
+    """An unknown ``memt`` key may change the memory's meaning, so snapshots must not cross it."""
+    plain = read_checkpoint(nano_checkpoint).identity()
     edit_config(nano_copy, lambda c: c["memt_runtime"].update(max_batch=8))
-    message = refusal(nano_copy)
-    assert "unknown field(s) in 'memt_runtime': max_batch" in message
-    assert "max_sessions_per_rank" in message  # lists what is allowed
+    assert read_checkpoint(nano_copy).identity() == plain
+    edit_config(nano_copy, lambda c: c["memt"].update(window=4))
+    with_window = read_checkpoint(nano_copy).identity()
+    edit_config(nano_copy, lambda c: c["memt"].update(window=5))
+    assert len({plain, with_window, read_checkpoint(nano_copy).identity()}) == 3
+
+
+def test_dry_run_reports_unknown_keys(nano_checkpoint, nano_copy, capsys, caplog):
+    from memt_core.launch import main
+
+    assert main(["--model-path", str(nano_checkpoint), "--dry-run"]) == 0
+    assert json.loads(capsys.readouterr().out)["unknown_config_keys"] == []
+    edit_config(nano_copy, lambda c: c["memt"].update(window=4) or c["memt_runtime"].update(max_batch=8))
+    assert main(["--model-path", str(nano_copy), "--dry-run"]) == 0
+    assert json.loads(capsys.readouterr().out)["unknown_config_keys"] == ["memt.window", "memt_runtime.max_batch"]
+    assert "memt.window, memt_runtime.max_batch" in caplog.text
 
 
 @pytest.mark.parametrize("value", [0, -1, 1.5, "2", True, None])
@@ -315,6 +363,7 @@ def test_runtime_merge_with_the_checkpoint_values(nano_checkpoint):
 
 
 def test_runtime_merge_refuses_bad_values():
+    """Values an operator passes (flags, JSON overrides) are refused when unknown, unlike a checkpoint's."""
     with pytest.raises(CheckpointError, match="unknown runtime field 'max_batch'"):
         RuntimeConfig.merge(explicit={"max_batch": 3})
     with pytest.raises(CheckpointError, match="--min-kv-tokens: 'min_kv_tokens' must be a positive integer"):

@@ -9,6 +9,8 @@ commit writes to memory, so memory holds exactly what the conversation contained
 * Nano renders pieces with the checkpoint's Hugging Face chat template.
 * Flash renders them with the checkpoint's ``encoding_dsv4.py``, which this module executes
   explicitly, on the client only (the server never runs checkpoint code).
+
+Which format (and output parser) a checkpoint gets is its family's choice (:mod:`memt_core.families`).
 """
 
 from __future__ import annotations
@@ -18,20 +20,19 @@ import json
 from pathlib import Path
 from typing import Any
 
-from memt_core.checkpoint import FLASH, NANO, read_checkpoint
-from memt_core.client.parsers import OutputParser, parser_for
+from memt_core.checkpoint import read_checkpoint
+from memt_core.client.parsers import OutputParser
 
 
 class ChatFormat:
     """Encodes conversation pieces for one checkpoint's tokenizer and prompt format."""
-
-    family: str
 
     def __init__(self, path: str | Path, tokenizer, chat_template_kwargs: dict | None = None):
         self.path = Path(path)
         self.tokenizer = tokenizer
         self.template_kwargs = dict(chat_template_kwargs or {})
         checkpoint = read_checkpoint(self.path, validate_backbone=False)
+        self.family = checkpoint.model  # the family's public name
         self.identity = checkpoint.identity()
         self.native_encoding = checkpoint.native_encoding()["name"]
         self.chunk_tokens = checkpoint.memory.chunk_tokens
@@ -116,7 +117,6 @@ class ChatFormat:
 class NanoChatFormat(ChatFormat):
     """Qwen-style ChatML through the checkpoint's own Hugging Face chat template."""
 
-    family = NANO
     default_thinking = True  # the template's own default when enable_thinking is not given
 
     def _render(self, messages: list[dict], *, tools: list | None = None, generation: bool, thinking: bool | None = None) -> str:
@@ -167,13 +167,11 @@ class NanoChatFormat(ChatFormat):
 
 
 class FlashChatFormat(ChatFormat):
-    """DeepSeek-V4 style prompts through the checkpoint's ``encoding_dsv4.py``."""
+    """DeepSeek-V4 style prompts through an ``encoding_dsv4.py`` (the checkpoint's, or one the caller names)."""
 
-    family = FLASH
-
-    def __init__(self, path, tokenizer, chat_template_kwargs=None, *, encoder_path: str | Path | None = None):
+    def __init__(self, path, tokenizer, chat_template_kwargs=None, *, encoder_path: str | Path):
         super().__init__(path, tokenizer, chat_template_kwargs)
-        self.encoder = load_encoder(encoder_path or _find_encoder(self.path))
+        self.encoder = load_encoder(encoder_path)
 
     def _render(self, messages: list[dict], *, thinking: bool) -> str:
         return self.encoder.encode_messages(messages, thinking_mode="thinking" if thinking else "chat", add_default_bos_token=False)
@@ -218,13 +216,6 @@ class FlashChatFormat(ChatFormat):
     @property
     def end_ids(self) -> set[int]:
         return {self.tokenizer.eos_token_id} if self.tokenizer.eos_token_id is not None else set()
-
-
-def _find_encoder(path: Path) -> Path:
-    for candidate in (path / "encoding_dsv4.py", path / "encoding" / "encoding_dsv4.py"):
-        if candidate.is_file():
-            return candidate
-    raise FileNotFoundError(f"{path} has no encoding_dsv4.py; pass its location as deepseek_encoder")
 
 
 def load_encoder(path: str | Path):
@@ -275,10 +266,11 @@ def load_chat_format(
     chat_template_kwargs: dict | None = None,
     deepseek_encoder: str | Path | None = None,
 ) -> tuple[ChatFormat, OutputParser]:
-    """``(chat_format, parser)`` for a local checkpoint: Nano's HF template or Flash's DSV4 encoder."""
-    checkpoint = read_checkpoint(path, validate_backbone=False)
-    if checkpoint.model == NANO:
-        chat_format: ChatFormat = NanoChatFormat(path, tokenizer, chat_template_kwargs)
-    else:
-        chat_format = FlashChatFormat(path, tokenizer, chat_template_kwargs, encoder_path=deepseek_encoder)
-    return chat_format, parser_for(checkpoint.model)
+    """``(chat_format, parser)`` for a local checkpoint, as its family defines them.
+
+    ``deepseek_encoder`` names the encoder script to execute for families whose prompts come from one
+    (Flash); other families ignore it.
+    """
+    family = read_checkpoint(path, validate_backbone=False).family
+    chat_format = family.chat_format(path, tokenizer, chat_template_kwargs, encoder=deepseek_encoder)
+    return chat_format, family.parser()

@@ -15,12 +15,12 @@ import sys
 from pathlib import Path
 from typing import Callable, TextIO
 
-from memt_core.client.chat_format import load_chat_format, load_tokenizer
+from memt_core import families
+from memt_core.client.chat_format import load_chat_format
 from memt_core.client.errors import MemTClientError
 from memt_core.client.native import NativeClient
 from memt_core.client.session import MemTSession
 
-MODELS = ("memt-nano", "memt-flash")
 DEFAULT_URL = "http://127.0.0.1:30000"
 #: Tool rounds the CLI answers itself (it has no tools) before leaving a turn pending.
 MAX_TOOL_ROUNDS = 3
@@ -53,13 +53,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--tokenizer", required=True, metavar="PATH",
                         help="local checkpoint directory of the served model (tokenizer, chat template or encoding_dsv4.py, config.json)")
-    parser.add_argument("--model", required=True, choices=MODELS,
+    parser.add_argument("--model", required=True, choices=families.names(),
                         help="model family; must match the checkpoint at --tokenizer and the server's model")
     parser.add_argument("--url", default=DEFAULT_URL, help=f"server address (default: {DEFAULT_URL})")
     parser.add_argument("--enable-memory", action="store_true",
                         help="after each completed answer, commit the unsaved past turns and the current one to memory")
+    encoder_families = ", ".join(f.name for f in map(families.get, families.names()) if f.takes_encoder)
     parser.add_argument("--deepseek-encoder", metavar="PATH", default=None,
-                        help="memt-flash only: the encoding_dsv4.py to execute for prompts (default: the one in --tokenizer)")
+                        help=f"{encoder_families} only: the encoding_dsv4.py to execute for prompts (default: the one in --tokenizer)")
     parser.add_argument("--system", metavar="PROMPT", default=None, help="system prompt for the conversation")
     parser.add_argument("--max-new-tokens", type=int, default=1024, metavar="N",
                         help="most tokens generated per reply (default: 1024); longer replies are truncated and not auto-committed")
@@ -281,20 +282,20 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from memt_core.checkpoint import read_checkpoint
 
-        family = read_checkpoint(path, validate_backbone=False).model
+        family = read_checkpoint(path, validate_backbone=False).family
     except Exception as exc:  # noqa: BLE001 — any unreadable checkpoint is a usage error here
         print(f"error: cannot read the checkpoint at {path}: {exc}", file=sys.stderr)
         return 2
-    if family != args.model:
-        print(f"error: --model {args.model} does not match the checkpoint at {path}, which is {family}", file=sys.stderr)
+    if family.name != args.model:
+        print(f"error: --model {args.model} does not match the checkpoint at {path}, which is {family.name}", file=sys.stderr)
         return 2
-    if args.deepseek_encoder and family != "memt-flash":
-        print("error: --deepseek-encoder applies to memt-flash checkpoints only", file=sys.stderr)
+    if args.deepseek_encoder and not family.takes_encoder:
+        print(f"error: --deepseek-encoder does not apply to {family.name} checkpoints (their prompts use no encoder script)", file=sys.stderr)
         return 2
 
     _quiet_transformers()
     try:
-        tokenizer = load_tokenizer(path)
+        tokenizer = family.load_tokenizer(path)
         chat_format, parser = load_chat_format(path, tokenizer=tokenizer, deepseek_encoder=args.deepseek_encoder)
     except Exception as exc:  # noqa: BLE001
         print(f"error: cannot load the tokenizer or prompt format from {path}: {exc}", file=sys.stderr)

@@ -6,6 +6,8 @@ tests hold them to that). Text that could still become a tag is held back until 
 
 * Nano (ChatML): ``<think>…</think>`` reasoning, ``<tool_call>{"name", "arguments"}</tool_call>`` calls.
 * Flash (DeepSeek-V4 style): reasoning ends at ``</think>``; calls in a ``<｜DSML｜tool_calls>`` block.
+
+Each family (:mod:`memt_core.families`) names its parser class; ``parser_for`` asks the registry.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import re
 import uuid
 from dataclasses import dataclass, field
 
-from memt_core.checkpoint import FLASH, NANO
+from memt_core import families
 
 
 @dataclass
@@ -48,11 +50,13 @@ class Delta:
 class OutputParser:
     """Shared machinery; subclasses give the family's markers and tool-call grammar."""
 
-    family: str
     think_open = "<think>"
     think_close = "</think>"
     call_open: str
     call_close: str
+
+    def __init__(self, family: str):
+        self.family = family  # public name of the family this parser serves
 
     def _calls(self, block: str) -> list[ToolCall] | None:
         """Tool calls in the text between ``call_open`` and ``call_close``; None if malformed."""
@@ -169,7 +173,8 @@ def hold_partial(text: str, tags: tuple[str, ...]) -> str:
 
 
 class NanoParser(OutputParser):
-    family = NANO
+    """ChatML output: ``<tool_call>`` blocks of one JSON object each."""
+
     call_open = "<tool_call>"
     call_close = "</tool_call>"
 
@@ -195,7 +200,8 @@ _PARAMETER = re.compile(rf'<{DSML}parameter name="([^"]+)" string="(true|false)"
 
 
 class FlashParser(OutputParser):
-    family = FLASH
+    """DeepSeek-V4 output: one ``tool_calls`` block of ``invoke`` elements with typed parameters."""
+
     call_open = f"<{DSML}tool_calls>"
     call_close = f"</{DSML}tool_calls>"
 
@@ -215,12 +221,6 @@ class FlashParser(OutputParser):
         return calls or None
 
 
-PARSERS: dict[str, type[OutputParser]] = {NANO: NanoParser, FLASH: FlashParser}
-
-
 def parser_for(family: str) -> OutputParser:
-    """The registered output parser of a model family ("memt-nano" or "memt-flash")."""
-    try:
-        return PARSERS[family]()
-    except KeyError:
-        raise ValueError(f"no output parser for model family {family!r}") from None
+    """A fresh output parser of the registered model family named ``family`` (e.g. "memt-nano")."""
+    return families.get(family).parser()

@@ -1,7 +1,7 @@
 """A MemT causal LM: a transformers backbone, unchanged, with a memory module beside chosen attention layers.
 
-The backbone is transformers' own class (Qwen3.5-MoE text model for Nano, DeepSeek-V4 for Flash).
-Each memory layer's attention module gets a forward hook that sees the attention's normed input and
+The backbone is transformers' own class, chosen by the checkpoint's family (Qwen3.5-MoE text model
+for Nano, DeepSeek-V4 for Flash; see :mod:`memt_core.families`). Each memory layer's attention module gets a forward hook that sees the attention's normed input and
 adds the memory read to the attention output, so the residual stream receives it exactly as DESIGN
 §4 describes, and parameter names of the backbone stay its own.
 """
@@ -64,8 +64,8 @@ class MemTForCausalLM(nn.Module):
             self.attention(layer).register_forward_hook(self._memory_hook(layer), with_kwargs=True)
 
     def attention(self, layer: int) -> nn.Module:
-        """The native attention module of backbone layer ``layer``."""
-        return self.backbone.model.layers[layer].self_attn
+        """The native attention module of backbone layer ``layer``, where its family says it sits."""
+        return self.checkpoint.family.attention(self.backbone, layer)
 
     def memory_module(self, layer: int) -> MemoryModule:
         return self.memt.layers[str(layer)]

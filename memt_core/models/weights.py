@@ -18,7 +18,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from memt_core.checkpoint import MEMORY_PREFIX, Checkpoint, backbone_config, read_checkpoint, NANO
+from memt_core.checkpoint import MEMORY_PREFIX, Checkpoint, read_checkpoint
 from memt_core.errors import CheckpointError
 from memt_core.models.memt import MemTForCausalLM
 
@@ -110,21 +110,8 @@ def check_weights(checkpoint: Checkpoint, header: dict[str, tuple[str, tuple[int
 
 
 def build_backbone(checkpoint: Checkpoint) -> torch.nn.Module:
-    """A randomly initialised backbone of transformers' own class for this checkpoint."""
-    config = backbone_config(checkpoint)
-    if checkpoint.model == NANO:
-        from transformers import Qwen3_5MoeForCausalLM as backbone_class
-        from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe
-
-        from memt_core.models.kernels import route_by_device
-
-        route_by_device(modeling_qwen3_5_moe)  # FLA / causal-conv1d kernels for CUDA tensors only
-        config._attn_implementation = "sdpa"
-    else:
-        from transformers import DeepseekV4ForCausalLM as backbone_class
-
-        config._attn_implementation = "eager"  # transformers offers no SDPA path for DeepSeek-V4
-    return backbone_class(config)
+    """A randomly initialised backbone of transformers' own class for this checkpoint (its family's choice)."""
+    return checkpoint.family.build_backbone(checkpoint)
 
 
 def load_model(

@@ -14,7 +14,7 @@ from e2e.servers import MemTServer
 
 from client.scripted import make_scripted_checkpoint
 from client.support import API_KEY, ENCODER_MARKER_CODE, ENCODER_MARKER_ENV, Live
-from memt_core.checkpoint import FLASH, NANO
+from memt_core.families import FLASH, NANO
 
 
 def _scripted(tmp_path_factory, family: str) -> Path:

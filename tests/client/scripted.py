@@ -28,7 +28,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from memt_core.checkpoint import NANO
+from memt_core.families import NANO
 
 MARGIN = 12.0  # logit lead of every scripted token over the best other token
 HIDDEN = 256  # hidden size: more dimensions than scripted positions
@@ -125,17 +125,15 @@ def make_scripted_checkpoint(directory: str | Path, family: str, *, seed: int = 
     from memt_core.client import load_chat_format, load_tokenizer
     from memt_core.models.memt import MemTForCausalLM
     from memt_core.models.weights import build_backbone, load_model, save_weights
-    from memt_core.tiny import CORPUS, build_tokenizer, flash_config, nano_config
+    from memt_core import families
+    from memt_core.tiny import CORPUS, build_tokenizer
 
     # memt_core.tiny.make_tiny_checkpoint, with a wider hidden size (room for every scripted position
     # to get its own direction) and the scripted replies in the tokenizer's corpus.
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(directory, family, corpus=list(CORPUS) + scripted_texts(family) * 20)
-    if family == NANO:
-        config = nano_config(len(tokenizer), tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.pad_token_id, hidden_size=HIDDEN)
-    else:
-        config = flash_config(len(tokenizer), tokenizer.eos_token_id, tokenizer.bos_token_id, hidden_size=HIDDEN)
+    config = families.get(family).tiny_config(tokenizer, hidden_size=HIDDEN)
     config["memt_checkpoint_id"] = f"scripted-{family}"
     (directory / "config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     torch.manual_seed(seed)

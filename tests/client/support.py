@@ -12,7 +12,7 @@ from typing import Callable
 import httpx
 from e2e.servers import MemTServer
 
-from memt_core.checkpoint import NANO
+from memt_core.families import NANO
 from memt_core.client import MemTSession, NativeClient, load_chat_format, load_tokenizer
 
 API_KEY = "client-test-key"  # the Bearer key of the keyed test server

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from client.support import ENCODER_MARKER_ENV
-from memt_core.checkpoint import FLASH, NANO
+from memt_core.families import FLASH, NANO
 from memt_core.client import FlashChatFormat, NanoChatFormat, load_chat_format, load_tokenizer, parser_for
 from memt_core.client.parsers import DSML
 
@@ -228,6 +228,14 @@ def test_server_code_never_executes_checkpoint_encoders():
             assert needle not in text, f"{path} contains {needle!r}"
         if path.name != "checkpoint.py":
             assert "encoding_dsv4" not in text, f"{path} refers to encoding_dsv4"
+    # The families, which the server reads checkpoints with, name the client's formats (imported on use
+    # by clients) and hash the encoder, but never load or run it themselves.
+    family_files = list((REPO / "memt_core" / "families").rglob("*.py"))
+    assert family_files
+    for path in family_files:
+        text = path.read_text(encoding="utf-8")
+        for needle in ("spec_from_file_location", "exec_module", "load_encoder", "runpy", "exec(", "import encoding_dsv4"):
+            assert needle not in text, f"{path} contains {needle!r}"
 
 
 def test_live_flash_server_does_not_execute_the_encoder(live_flash, encoder_marker):

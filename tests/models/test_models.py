@@ -12,7 +12,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from memt_core.checkpoint import FLASH, MEMORY_PREFIX, NANO, backbone_config, read_checkpoint
+from memt_core.checkpoint import MEMORY_PREFIX, backbone_config, read_checkpoint
+from memt_core.families import FLASH, NANO
 from memt_core.inference import commit_tokens, memory_batch
 from memt_core.memory.state import MemoryState
 from memt_core.models.memory import MemoryModule, WriteInputs

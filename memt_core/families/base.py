@@ -1,0 +1,140 @@
+"""``Family``: everything that differs between MemT model families, as one object per family.
+
+A family says how its ``config.json`` holds the backbone, which transformers classes build it, where
+the memory modules sit in it, how prompts are encoded and outputs parsed, how its tokenizer loads
+and what a tiny random checkpoint of it looks like. Code outside :mod:`memt_core.families` asks a
+family object and never branches on a family's name.
+
+Imports stay light: no torch, transformers or client code at import time (the client extra has no
+PyTorch and the server extra has no HTTP client); methods import what they build.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from memt_core.errors import CheckpointError
+
+if TYPE_CHECKING:  # annotations only
+    from memt_core.checkpoint import Checkpoint
+
+#: Top-level keys of config.json that belong to MemT, not to any backbone.
+MEMT_KEYS = ("memt", "memt_runtime", "memt_checkpoint_id")
+
+
+class Family:
+    """One model family. Subclasses set the class attributes and override what their format needs."""
+
+    name: str  # public model name, reported as "model" (e.g. in /memt/identity)
+    model_type: str  # config.json's top-level model_type that selects this family
+    architecture: str  # the one accepted entry of config.json's "architectures"
+    backbone_type: str  # model_type of the backbone as transformers knows it
+    backbone_config_class: str  # transformers config class of the backbone
+    backbone_model_class: str  # transformers causal-LM class of the backbone
+    attn_implementation: str = "sdpa"  # transformers attention implementation the backbone runs with
+    native_attention: frozenset[str] = frozenset()  # backbone layer types a memory module may sit beside
+    attention_path: str = "model.layers.{layer}.self_attn"  # the attention module of a backbone layer
+    encoding: str  # name of the native prompt encoding, part of the snapshot identity
+    takes_encoder: bool = False  # prompts come from an encoder script a client may name explicitly
+    special_tokens: tuple[str, ...] = ()  # special tokens of a tiny checkpoint's tokenizer
+
+    def __repr__(self) -> str:
+        return f"<family {self.name} ({self.model_type})>"
+
+    # ------------------------------------------------------------------ config.json
+
+    def backbone(self, config: dict) -> dict:
+        """The backbone's configuration as transformers reads it, taken out of a validated config.json."""
+        raise NotImplementedError
+
+    def backbone_config(self, backbone: dict):
+        """The transformers config object of the backbone; a field transformers refuses is a CheckpointError."""
+        import transformers
+        from huggingface_hub.errors import StrictDataclassFieldValidationError
+
+        config_class = getattr(transformers, self.backbone_config_class)
+        fields = {k: v for k, v in backbone.items() if k not in ("model_type", "architectures")}
+        try:
+            return config_class(**fields)
+        except (StrictDataclassFieldValidationError, TypeError, ValueError) as exc:
+            raise CheckpointError(f"config.json: invalid backbone configuration: {exc}") from exc
+
+    # ------------------------------------------------------------------ model
+
+    def build_backbone(self, checkpoint: "Checkpoint"):
+        """A randomly initialised backbone of transformers' own class for ``checkpoint``."""
+        import transformers
+
+        config = self.backbone_config(checkpoint.backbone)
+        config._attn_implementation = self.attn_implementation
+        return getattr(transformers, self.backbone_model_class)(config)
+
+    def attention(self, backbone, layer: int):
+        """The native attention module of backbone layer ``layer``: the memory module's neighbour."""
+        return backbone.get_submodule(self.attention_path.format(layer=layer))
+
+    # ------------------------------------------------------------------ prompts and outputs
+
+    def native_encoding(self, root: Path) -> dict:
+        """How prompts become tokens, as it enters the snapshot identity."""
+        return {"name": self.encoding}
+
+    def chat_format(self, path: str | Path, tokenizer, chat_template_kwargs: dict | None = None, *, encoder: str | Path | None = None):
+        """The client's prompt encoder for a checkpoint of this family (``encoder``: see ``takes_encoder``)."""
+        raise NotImplementedError
+
+    def parser(self):
+        """A fresh output parser (reasoning, answer, tool calls) for this family's markup."""
+        raise NotImplementedError
+
+    def load_tokenizer(self, path: str | Path, **kwargs):
+        """The checkpoint's tokenizer, from its files alone (no checkpoint code runs)."""
+        from memt_core.client.chat_format import load_tokenizer
+
+        return load_tokenizer(path, **kwargs)
+
+    # ------------------------------------------------------------------ tiny random checkpoints
+
+    def tiny_tokenizer(self, backend):
+        """Wrap a trained ``tokenizers.Tokenizer`` as this family's HF tokenizer (special tokens, template)."""
+        raise NotImplementedError
+
+    def write_prompt_files(self, directory: Path) -> None:
+        """Files besides the tokenizer's that a tiny checkpoint needs for its prompt format."""
+
+    def tiny_config(self, tokenizer, *, hidden_size: int = 64, chunk_tokens: int = 32) -> dict:
+        """config.json of a tiny random checkpoint for ``tokenizer``."""
+        raise NotImplementedError
+
+
+def refuse_quantized(config: dict, prefix: str = "") -> None:
+    """Only unquantized BF16 weights are served: refuse a quantization config or another dtype."""
+    if config.get("quantization_config") is not None:
+        raise CheckpointError(f"config.json: '{prefix}quantization_config' is set; only unquantized BF16 weights are served")
+    for key in ("torch_dtype", "dtype"):
+        value = config.get(key)
+        if value is not None and value != "bfloat16":
+            raise CheckpointError(f"config.json: '{prefix}{key}' is {value!r}; weights must be bfloat16")
+
+
+def tiny_memory(memory_layers: list[int], chunk_tokens: int) -> dict:
+    """The ``memt`` and ``memt_runtime`` objects of a tiny checkpoint: 2 heads of 16×16 per memory layer."""
+    return {
+        "memt": {
+            "chunk_tokens": chunk_tokens,
+            "memory_layers": list(memory_layers),
+            "num_heads": 2,
+            "key_dim": 16,
+            "value_dim": 16,
+            "update_rule": "gated_delta",
+            "state_dtype": "float32",
+        },
+        "memt_runtime": {"max_sessions_per_rank": 64, "max_inflight_commits_per_rank": 4, "min_kv_tokens": 256},
+    }
+
+
+def sha256_file(path: Path) -> str:
+    """Hex SHA-256 of a file's bytes."""
+    return hashlib.sha256(path.read_bytes()).hexdigest()

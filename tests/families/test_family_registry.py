@@ -1,0 +1,187 @@
+"""Model families as data: a family defined only here loads end to end, and nothing else branches on names.
+
+``TestNano`` is a renamed Nano variant (its own model_type, architecture, name, and memory on one
+layer only). Registering it is all it takes for a checkpoint of it to be built, read, loaded,
+written to and queried through the in-process API, and prompted and parsed by the client.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from memt_core import families
+from memt_core.checkpoint import read_checkpoint
+from memt_core.errors import CheckpointError
+from memt_core.families.nano import Nano
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class TestNano(Nano):
+    __test__ = False  # a family, not a pytest class
+
+    name = "memt-test-nano"
+    model_type = "memt_test_qwen3_5_moe"
+    architecture = "MemTTestQwen3_5MoeForCausalLM"
+
+    def tiny_config(self, tokenizer, *, hidden_size=64, chunk_tokens=32):
+        config = super().tiny_config(tokenizer, hidden_size=hidden_size, chunk_tokens=chunk_tokens)
+        config["memt"]["memory_layers"] = [3]
+        return config
+
+
+@pytest.fixture
+def test_family():
+    family = families.register(TestNano())
+    try:
+        yield family
+    finally:
+        families.unregister(family.name)
+
+
+@pytest.fixture(scope="module")
+def test_checkpoint(tmp_path_factory) -> Path:
+    """A tiny random checkpoint of the test family (registered only while it is built)."""
+    from memt_core.tiny import make_tiny_checkpoint
+
+    family = families.register(TestNano())
+    try:
+        return make_tiny_checkpoint(tmp_path_factory.mktemp("test-family"), family, chunk_tokens=16)
+    finally:
+        families.unregister(family.name)
+
+
+# --------------------------------------------------------------------------- the registry
+
+
+def test_builtin_families_are_registered():
+    assert families.names() == (families.NANO, families.FLASH)
+    assert families.get(families.NANO).model_type == "memt_qwen3_5_moe"
+    assert families.by_model_type("memt_deepseek_v4") is families.get(families.FLASH)
+    assert families.by_model_type("qwen3_5_moe") is None
+
+
+def test_register_refuses_a_clash(test_family):
+    with pytest.raises(ValueError, match="clashes"):
+        families.register(TestNano())  # same name and model_type
+
+    class SameModelType(Nano):
+        name = "memt-other"
+
+    with pytest.raises(ValueError, match="clashes"):
+        families.register(SameModelType())  # Nano's model_type under another name
+    assert families.names() == (families.NANO, families.FLASH, "memt-test-nano")
+
+
+def test_unknown_family_name():
+    with pytest.raises(ValueError, match="unknown model family 'memt-huge'.*memt-nano"):
+        families.get("memt-huge")
+
+
+def test_a_checkpoint_of_an_unregistered_family_is_refused(test_checkpoint):
+    with pytest.raises(CheckpointError, match="unknown model_type 'memt_test_qwen3_5_moe'"):
+        read_checkpoint(test_checkpoint)
+
+
+# --------------------------------------------------------------------------- end to end
+
+
+def test_a_registered_test_family_loads_commits_and_answers(test_family, test_checkpoint):
+    """read_checkpoint → load the model → a commit and a query through ``memt_core.inference``."""
+    from memt_core.inference import MemTRuntime, memory_batch
+    from memt_core.sampling import SamplingParams
+
+    checkpoint = read_checkpoint(test_checkpoint)
+    assert checkpoint.family is test_family and checkpoint.model == "memt-test-nano"
+    assert checkpoint.model_type == "memt_test_qwen3_5_moe" and checkpoint.checkpoint_id == "tiny-random-test-nano"
+    assert checkpoint.memory.memory_layers == (3,) and checkpoint.memory.chunk_tokens == 16
+
+    runtime = MemTRuntime.load(test_checkpoint)
+    model = runtime.model
+    assert model.memory_layers == (3,)
+    assert model.attention(3) is model.backbone.model.layers[3].self_attn
+    session = runtime.open_session()
+    result = session.commit(list(range(5, 45)))
+    assert (result.tokens, result.write_events) == (40, 3)  # 16 + 16 + 8 tokens
+    assert list(session.memory.layers()) == [3]
+    assert session.memory.get(3).shape == (1, 2, 16, 16) and session.memory.get(3).abs().max() > 0
+
+    prompt = torch.tensor([list(range(50, 62))])
+    with torch.no_grad():
+        empty = model(prompt).logits
+        read = model(prompt, memory=memory_batch(model, [session.memory])).logits
+    assert (read - empty).abs().max() > 1e-3  # the query reads what the commit wrote
+    answer = session.generate(prompt[0].tolist(), SamplingParams(max_new_tokens=4, temperature=0))
+    assert 1 <= len(answer.output_ids) <= 4 and answer.finish_reason in ("stop", "length")
+
+
+def test_the_family_is_part_of_the_identity(test_family, test_checkpoint, tmp_path):
+    """The same files under Nano's model_type are another model: another snapshot identity."""
+    as_nano = tmp_path / "as-nano"
+    shutil.copytree(test_checkpoint, as_nano)
+    config = json.loads((as_nano / "config.json").read_text())
+    config.update(model_type="memt_qwen3_5_moe", architectures=["MemTQwen3_5MoeForCausalLM"])
+    (as_nano / "config.json").write_text(json.dumps(config))
+    nano = read_checkpoint(as_nano)
+    test = read_checkpoint(test_checkpoint)
+    assert nano.model == families.NANO and nano.backbone == test.backbone and nano.memory == test.memory
+    assert nano.identity() != test.identity()
+
+
+def test_the_client_prompts_and_parses_the_test_family(test_family, test_checkpoint):
+    from memt_core.client import NanoChatFormat, load_chat_format, load_tokenizer, parser_for
+
+    tokenizer = test_family.load_tokenizer(test_checkpoint)
+    chat_format, parser = load_chat_format(test_checkpoint, tokenizer=load_tokenizer(test_checkpoint))
+    assert isinstance(chat_format, NanoChatFormat) and chat_format.family == parser.family == "memt-test-nano"
+    assert chat_format.user_ids("hello", enable_thinking=False) == tokenizer.encode(
+        tokenizer.apply_chat_template([{"role": "user", "content": "hello"}], add_generation_prompt=True,
+                                      tokenize=False, enable_thinking=False),
+        add_special_tokens=False,
+    )
+    parsed = parser_for("memt-test-nano").parse('<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>')
+    assert [(call.name, call.arguments) for call in parsed.tool_calls] == [("f", '{"x": 1}')]
+
+
+# --------------------------------------------------------------------------- no branches on names, light imports
+
+FAMILY_NAME = r"""(?:\bNANO\b|\bFLASH\b|["']memt[-_](?:nano|flash|qwen3_5_moe|deepseek_v4)["'])"""
+BRANCH = re.compile(rf"(?:[=!]=|\bin\b)\s*[(\[{{]?\s*{FAMILY_NAME}|{FAMILY_NAME}\s*(?:[=!]=|\bif\b)")
+
+
+def test_no_code_outside_the_registry_branches_on_a_family_name():
+    files = [p for package in ("memt_core", "memt_proxy") for p in (REPO / package).rglob("*.py")]
+    outside = [p for p in files if (REPO / "memt_core" / "families") not in p.parents]
+    assert len(outside) > 20
+    offenders = [
+        f"{path.relative_to(REPO)}:{number}: {line.strip()}"
+        for path in outside
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1)
+        if BRANCH.search(line)
+    ]
+    assert offenders == []
+
+
+def test_the_pattern_finds_a_branch():
+    """The check above is not vacuous: it sees the branches it forbids."""
+    for line in ('if checkpoint.model == NANO:', 'x = a if family != "memt-flash" else b', 'if model_type in ("memt_qwen3_5_moe",):'):
+        assert BRANCH.search(line), line
+    assert not BRANCH.search('model = families.get(name)')
+
+
+def test_the_registry_and_the_client_side_import_without_torch():
+    code = (
+        "import sys; import memt_core.families, memt_core.checkpoint, memt_core.client.chat_format, "
+        "memt_core.client.parsers, memt_core.client.cli; "
+        "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
+    assert out.stdout.strip() == "[]"
