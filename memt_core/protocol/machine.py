@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import hmac
 import secrets
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -80,6 +80,8 @@ class Limits:
     retain_kv_enabled: bool = False
     native_encoding: str = "hf-chat-template"
     receipts_kept: int = 32  # finished transactions remembered per session for status/recover
+    reads_kept: int = 16  # finished queries remembered per session (its read history)
+    read_histories: int = 1024  # sessions whose read history is kept, least recently read dropped first
 
 
 @dataclass
@@ -155,6 +157,7 @@ class Ticket:
     retain_kv: bool = False
     transaction: str | None = None
     nonce: str | None = None
+    memory_version: int = 0  # the published version a query reads
 
 
 class MemTProtocol:
@@ -165,6 +168,7 @@ class MemTProtocol:
         self.limits = limits
         self.sessions: dict[str, Session] = {}
         self.inflight_commits = 0
+        self.reads: OrderedDict[str, deque] = OrderedDict()  # session → its latest finished queries
         self._creating: set[str] = set()
         self._new_token = new_token or (lambda: secrets.token_urlsafe(18))
         self._handlers: dict[type, Callable[[Any, float], Plan]] = {
@@ -454,7 +458,12 @@ class MemTProtocol:
             "uncertain": session.uncertain,
             "in_flight": sorted(session.in_flight),
             "busy": session.reserved,
+            "reads": self.read_history(session.id),
         }
+
+    def read_history(self, session: str) -> list[dict]:
+        """What the session's latest queries read, oldest first: "what did the model know when it said that?"."""
+        return list(self.reads.get(session, ()))
 
     def _status(self, a: Status, now: float) -> Plan:
         session = self._leased(a, now, allow_expired=True)
@@ -465,6 +474,7 @@ class MemTProtocol:
             "published_version": session.published_version,
             "in_flight": sorted(session.in_flight),
             "receipts": {name: txn.to_wire() for name, txn in session.history.items()},
+            "reads": self.read_history(session.id),
         }
         return self._plan(a, session.id, (), lambda results, now: body, reserved=False)
 
@@ -535,6 +545,7 @@ class MemTProtocol:
 
         def apply(results, now):
             del self.sessions[session.id]
+            self.reads.pop(session.id, None)
             return {"session": session.id, "closed": True}
 
         return self._plan(a, session.id, (fx.DropSession(session.id),), apply)
@@ -559,12 +570,23 @@ class MemTProtocol:
             raise InvalidRequest(f"session_params need a session created with retain_kv")
         session.nonces.add(query.rid.nonce)
         session.in_flight[query.rid.text] = "query"
-        return Ticket(session.id, query.rid.text, "query", memory_read=session.memory_read, retain_kv=session.retain_kv, nonce=query.rid.nonce)
+        return Ticket(session.id, query.rid.text, "query", memory_read=session.memory_read, retain_kv=session.retain_kv,
+                      nonce=query.rid.nonce, memory_version=session.published_version)
 
-    def finish_query(self, ticket: Ticket, now: float) -> None:
+    def finish_query(self, ticket: Ticket, now: float, *, read: dict | None = None) -> None:
+        """The query ended; ``read`` (tokens, finish reason, wall time) goes into the session's read history."""
         session = self.sessions.get(ticket.session)
-        if session is not None:
-            session.in_flight.pop(ticket.rid, None)
+        if session is None or session.in_flight.pop(ticket.rid, None) is None:
+            return
+        entry = {"request_id": ticket.rid, "memory_read": ticket.memory_read,
+                 "memory_version": ticket.memory_version if ticket.memory_read else None, **(read or {})}
+        log = self.reads.get(session.id)
+        if log is None:
+            log = self.reads[session.id] = deque(maxlen=self.limits.reads_kept)
+        log.append(entry)
+        self.reads.move_to_end(session.id)
+        while len(self.reads) > self.limits.read_histories:
+            self.reads.popitem(last=False)
 
     def start_commit(self, commit: Commit, now: float) -> Ticket:
         session = self._admit(commit.rid.session, commit.lease, commit.epoch, commit.rid.nonce, now)

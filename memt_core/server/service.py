@@ -324,7 +324,12 @@ class _Generation:
 
     def _close(self, status: int = 200) -> None:
         if self.ticket is not None:
-            self.service.protocol.finish_query(self.ticket, self.service.clock())
+            read = {
+                "prompt_tokens": len(self.prompt), "completion_tokens": len(self.output),
+                "finish_reason": self.finish["type"] if self.finish else ("error" if status != 200 else "disconnected"),
+                "at": round(time.time(), 3),
+            }
+            self.service.protocol.finish_query(self.ticket, self.service.clock(), read=read)
             self.ticket = None
         kind = "query" if self.rid.startswith("memt|") else "generate"
         self.service.counters.count(self.service.counters.requests, (kind, status))

@@ -901,3 +901,18 @@ def test_server_chosen_names_are_content_addressed(wire, nano_server):
     wire.ctl("publish", b, transaction="t-import")
     for handle in (a, b):
         wire.ctl("close", handle)
+
+
+def test_read_history_in_inspect_and_status(wire):
+    """Each finished query is logged with the published version it read, its tokens and why it ended."""
+    h = wire.open()
+    wire.query(h, PROMPT, 3)
+    wire.write(h, [5, 6, 7])
+    answer = wire.query(h, PROMPT, 2)
+    reads = inspect(wire, h.session)["reads"]
+    assert [r["memory_version"] for r in reads] == [0, 1]
+    assert reads[1]["request_id"] == answer["meta_info"]["id"] and reads[1]["memory_read"] is True
+    assert reads[1]["prompt_tokens"] == len(PROMPT) and reads[1]["completion_tokens"] == len(answer["output_ids"])
+    assert reads[1]["finish_reason"] in ("length", "stop") and reads[1]["at"] >= reads[0]["at"] > 0
+    assert wire.ctl("status", h)["reads"] == reads
+    wire.ctl("close", h)

@@ -426,6 +426,33 @@ def test_publish_abort_reset_close_wait_for_a_commit_but_release_does_not(d):
     assert d.do("publish", session="s1", lease=lease, transaction="t1")["commits"] == 1
 
 
+def test_read_history_says_which_version_each_query_read():
+    d = Driver(max_sessions=4, max_inflight_commits=2, reads_kept=3, read_histories=2)
+    lease = d.txn()
+    d.proto.finish_query(d.query("s1", lease, "q0"), d.now, read={"completion_tokens": 4})
+    d.committed("s1", lease, "t1", "c1")
+    d.do("publish", session="s1", lease=lease, transaction="t1")
+    d.proto.finish_query(d.query("s1", lease, "q1"), d.now, read={"completion_tokens": 2, "at": 123.0})
+    reads = d.inspect()["reads"]
+    assert reads == [
+        {"request_id": "memt|s1|query|q0", "memory_read": True, "memory_version": 0, "completion_tokens": 4},
+        {"request_id": "memt|s1|query|q1", "memory_read": True, "memory_version": 1, "completion_tokens": 2, "at": 123.0},
+    ]
+    assert d.do("status", session="s1", lease=lease)["reads"] == reads
+    d.do("memory_read", session="s1", lease=lease, enabled=False)
+    for n in range(2, 5):
+        d.proto.finish_query(d.query("s1", lease, f"q{n}"), d.now)
+    reads = d.inspect()["reads"]
+    assert [r["request_id"][-2:] for r in reads] == ["q2", "q3", "q4"]  # bounded, oldest first
+    assert all(r["memory_read"] is False and r["memory_version"] is None for r in reads)
+    for name in ("s2", "s3"):  # LRU across sessions: s1 is the least recently read
+        other = d.session(name)
+        d.proto.finish_query(d.query(name, other, "q"), d.now)
+    assert d.inspect("s1")["reads"] == [] and len(d.inspect("s3")["reads"]) == 1
+    d.do("close", session="s3", lease=d.proto.sessions["s3"].lease.token)
+    assert "s3" not in d.proto.reads
+
+
 # --------------------------------------------------------------------------- other actions
 
 
@@ -483,7 +510,7 @@ def test_inspect_needs_no_lease_and_hides_the_token(d):
     assert lease not in repr(body)
     assert body == {
         "session": "s1", "memory_read": True, "retain_kv": False, "leased": True, "lease_expires_in": 300.0,
-        "transaction": "t1", "published_version": 0, "uncertain": False, "in_flight": ["memt|s1|query|n1"], "busy": None,
+        "transaction": "t1", "published_version": 0, "uncertain": False, "in_flight": ["memt|s1|query|n1"], "busy": None, "reads": [],
     }
     d.refuse_control(UnknownSession, 409, "inspect", session="nope", match="'nope' does not exist")
     d.refuse_control(EpochMismatch, 409, "inspect", session="s1", epoch="E0")
