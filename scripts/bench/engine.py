@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from memt_core import families
 from memt_core.engine import TorchEngine
 from memt_core.protocol import effects as fx
 from memt_core.sampling import SamplingParams
@@ -123,7 +124,7 @@ def median_interleaved(runs: dict, repeats: int, warmup: int, loop) -> dict[str,
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-path", default=None, help="checkpoint directory (default: a tiny random Nano made in a temp dir)")
-    parser.add_argument("--family", choices=["memt-nano", "memt-flash"], default="memt-nano", help="family of the tiny checkpoint")
+    parser.add_argument("--family", choices=families.names(), default=families.DEFAULT, help="family of the tiny checkpoint")
     parser.add_argument("--chunk-tokens", type=int, default=2048, help="memt.chunk_tokens of the tiny checkpoint (default 2048)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default: cpu)")
     parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto", help="auto: float32 on CPU, bfloat16 on GPU")
