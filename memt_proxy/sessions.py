@@ -33,13 +33,13 @@ import contextlib
 import hashlib
 import logging
 import time
-import uuid
 from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
 from typing import AsyncIterator, Iterator
 
 from memt_core.client.errors import MemTClientError
-from memt_core.client.native import AsyncNativeClient
+from memt_core.client.native import AsyncNativeClient, new_nonce, new_transaction
+from memt_core.client.turns import AbortStep, BeginStep, CommitStep, ImportStep, MemoryWrite, PublishStep, Step, WaitStep
 from memt_core.errors import EpochMismatch, LeaseConflict, SessionBusy, SessionExists, UnknownSession
 from memt_proxy.errors import ProxyError, from_native
 from memt_proxy.store import SessionRecordStore
@@ -352,27 +352,65 @@ class Sessions:
         return [ids[i: i + step] for i in range(0, len(ids), step)]
 
     async def write(self, state: SessionState, lease: str, commits: list[list[int]], committed: list[str]) -> None:
-        """begin → one commit per entry of ``commits`` → publish, recorded as leaving ``committed`` in memory."""
-        transaction = f"t-{uuid.uuid4().hex[:16]}"
-        await self.call(self.client.control, "begin", state.native, lease=lease, transaction=transaction)
-        for ids in commits:
-            await self._commit(state, lease, transaction, ids)
-        self.changing(state, committed)
-        await self.call(self.client.control, "publish", state.native, lease=lease, transaction=transaction)
-        self.changed(state, committed)
+        """begin → one commit per entry of ``commits`` → publish, recorded as leaving ``committed`` in memory.
 
-    async def _commit(self, state: SessionState, lease: str, transaction: str, ids: list[int]) -> None:
-        """One commit; while the upstream's in-flight commit capacity is full (429, nothing applied), wait and retry."""
-        deadline, delay = time.monotonic() + COMMIT_CAPACITY_WAIT, 0.02
+        A commit refused for the upstream's in-flight commit capacity (429, nothing applied) is retried
+        for up to ``COMMIT_CAPACITY_WAIT`` seconds; one whose outcome is uncertain is recovered by receipt.
+        """
+        write = MemoryWrite(new_transaction(), commits, new_nonce=new_nonce, capacity_wait=COMMIT_CAPACITY_WAIT)
+        await self.drive(write, state, lease, committed)
+
+    async def drive(self, write: MemoryWrite, state: SessionState, lease: str, committed: list[str]) -> None:
+        """Carry out ``write``'s steps (``memt_core.client.turns``) in ``lease``; the record says, before publish,
+        that memory will hold ``committed``. A write left uncertain is resumed once from the upstream's
+        receipt (landed commits are not resent); a failure is raised as ProxyError (the caller's release
+        of the lease abandons what is left open)."""
+        error: MemTClientError | None = None
+        resumed = False
         while True:
+            step = write.next_step(time.monotonic())
+            if step is None and write.outcome == "uncertain" and not resumed:
+                resumed = True
+                try:
+                    await self.client.control("recover", state.native, lease=lease, ttl=self.lease_ttl)
+                    status = await self.client.control("status", state.native, lease=lease)
+                except MemTClientError:
+                    break
+                write.resume(status.get("receipts", {}).get(write.transaction))
+                continue
+            if step is None:
+                break
+            if isinstance(step, WaitStep):
+                await asyncio.sleep(step.seconds)
+                continue
+            if isinstance(step, PublishStep):
+                self.changing(state, committed)
             try:
-                await self.call(self.client.commit, state.native, lease, transaction, ids)
-                return
-            except ProxyError as exc:
-                if exc.status != 429 or time.monotonic() > deadline:
-                    raise
-            await asyncio.sleep(delay)
-            delay = min(2 * delay, 0.5)
+                result = await self._send(step, state, lease)
+            except MemTClientError as exc:
+                error = exc
+                write.failed(uncertain=exc.uncertain, capacity=getattr(exc, "status", None) == 429, now=time.monotonic())
+                continue
+            write.succeeded(result)
+        if write.outcome == "published":
+            self.changed(state, committed)
+            return
+        raise self.upstream_error(error) if error is not None else ProxyError(503, f"upstream MemT server: the memory write ended {write.outcome}", code="upstream_unavailable")
+
+    async def _send(self, step: Step, state: SessionState, lease: str) -> dict:
+        """One step of a memory write as its native request."""
+        control, session, transaction = self.client.control, state.native, step.transaction
+        if isinstance(step, BeginStep):
+            return await control("begin", session, lease=lease, transaction=transaction)
+        if isinstance(step, CommitStep):
+            return await self.client.commit(session, lease, transaction, step.ids, nonce=step.nonce)
+        if isinstance(step, ImportStep):
+            return await control("import", session, lease=lease, transaction=transaction, file=step.file, encoding=self.native_encoding)
+        if isinstance(step, PublishStep):
+            return await control("publish", session, lease=lease, transaction=transaction, memory_read=step.memory_read)
+        if isinstance(step, AbortStep):
+            return await control("abort", session, lease=lease, transaction=transaction)
+        raise TypeError(step)
 
     async def reset(self, state: SessionState, lease: str | None = None) -> None:
         """Clear the session's memory (in ``lease``, or in a lease of its own); the caller holds the lock."""
@@ -463,18 +501,8 @@ class HeldSession:
 
     async def restore(self, name: str) -> None:
         """Replace memory with a snapshot (begin → import → publish): it then holds no transcript message the proxy knows."""
-        sessions, state, lease = self.sessions, self.state, self.lease
-        control = sessions.client.control
-        transaction = f"t-{uuid.uuid4().hex[:16]}"
-        await sessions.call(control, "begin", state.native, lease=lease, transaction=transaction)
-        try:
-            await sessions.call(control, "import", state.native, lease=lease, transaction=transaction, file=name, encoding=sessions.native_encoding)
-        except ProxyError:
-            await sessions.call(control, "abort", state.native, lease=lease, transaction=transaction)
-            raise
-        sessions.changing(state, [])
-        await sessions.call(control, "publish", state.native, lease=lease, transaction=transaction, memory_read=True)
-        sessions.changed(state, [])
+        write = MemoryWrite(new_transaction(), new_nonce=new_nonce, import_file=name, memory_read=True, abort_on_failure=True)
+        await self.sessions.drive(write, self.state, self.lease, [])
 
     async def close(self) -> None:
         """Delete the native session (the lease goes with it) and its record."""

@@ -30,6 +30,11 @@ def new_nonce() -> str:
     return uuid.uuid4().hex
 
 
+def new_transaction() -> str:
+    """A fresh transaction name (unique per session, as the protocol requires)."""
+    return f"t-{uuid.uuid4().hex[:16]}"
+
+
 def control_body(epoch: str, action: str, session: str | None, fields: dict) -> dict:
     body = {"action": action, "epoch": epoch}
     if session is not None:

@@ -21,22 +21,26 @@ the exact token ids the model saw and produced. Unsaved turns are replayed in la
 committed they leave the prompt, since memory now holds them. Truncated answers are never committed
 automatically, and nothing is written while tool results are pending. When a write's outcome is
 uncertain the lease is kept so ``status()`` and ``recover()`` can reconcile from the server's
-receipts; a write is never replayed blindly.
+receipts; a write is never replayed blindly. The steps of each write, and what a failure of each
+leads to, are planned by ``memt_core.client.turns.MemoryWrite``, which the proxy drives too.
 """
 
 from __future__ import annotations
 
 import copy
 import json
-import uuid
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 from memt_core.client.chat_format import ChatFormat
 from memt_core.client.errors import MemTClientError
-from memt_core.client.native import NativeClient, new_nonce
+from memt_core.client.native import NativeClient, new_nonce, new_transaction
 from memt_core.client.parsers import OutputParser
+from memt_core.client.turns import (
+    AbortStep, BeginStep, CommitStep, ExportStep, ImportStep, MemoryWrite, PublishStep, Step, WaitStep,
+)
 
 LEASE_TTL = 3600
 DEFAULT_MAX_NEW_TOKENS = 1024
@@ -55,14 +59,13 @@ class TurnRecord:
 
 @dataclass
 class _Uncertain:
+    """A write whose outcome is unknown, kept with its lease until ``recover()``."""
+
     stage: str
     transaction: str | None
     lease: str
-    attempts: list[tuple[str, TurnRecord | None]]  # (nonce, turn) of commits sent in the transaction, in order
-    pending: list[TurnRecord]  # turns the transaction was meant to hold
-    documents: list[list[int]] = field(default_factory=list)
-    export: dict | None = None
-    import_file: str | None = None  # load_state: publish only if this file was imported
+    write: MemoryWrite | None = None  # the memory write it interrupted (None: another control action)
+    turns: list[TurnRecord] = field(default_factory=list)  # turns the write was meant to hold
 
 
 class MemTSession:
@@ -144,7 +147,7 @@ class MemTSession:
             if not exc.uncertain:
                 self._release_quietly(lease)
             elif self._uncertain is None:
-                self._uncertain = _Uncertain(stage=exc.stage or stage, transaction=exc.transaction, lease=lease, attempts=[], pending=[])
+                self._uncertain = _Uncertain(stage=exc.stage or stage, transaction=exc.transaction, lease=lease)
             raise
         except BaseException:
             self._release_quietly(lease)
@@ -302,36 +305,59 @@ class MemTSession:
         progress: Callable[[int, int], None] | None = None,
     ) -> list[TurnRecord]:
         """begin → commit each turn (then each document piece) → [export] → publish, in ``lease``."""
-        transaction = f"t-{uuid.uuid4().hex[:16]}"
-        record = _Uncertain(stage="begin", transaction=transaction, lease=lease, attempts=[], pending=list(turns), documents=list(documents), export=export)
-        try:
-            self.client.control("begin", self.session_id, lease=lease, transaction=transaction)
-            for turn in turns:
-                self._send_commit(record, turn.ids, turn)
-            for number, piece in enumerate(documents, start=1):
-                self._send_commit(record, piece, None)
-                if progress is not None:
-                    progress(number, len(documents))
-            if export is not None:
-                record.stage = "export"
-                export["result"] = self.client.control(
-                    "export", self.session_id, lease=lease, transaction=transaction,
-                    encoding=self.chat_format.native_encoding, file=export.get("file"), overwrite=export.get("overwrite", False),
-                )
-            record.stage = "publish"
-            self.client.control("publish", self.session_id, lease=lease, transaction=transaction, memory_read=export.get("memory_read") if export else None)
-        except MemTClientError as exc:
-            if exc.uncertain:
-                self._uncertain = record
-            raise exc.with_context(transaction=transaction, answer=answer)
+        write = MemoryWrite(
+            new_transaction(), [t.ids for t in turns] + list(documents), new_nonce=new_nonce,
+            export=(export.get("file"), export.get("overwrite", False)) if export is not None else None,
+        )
+
+        def committed(index: int) -> None:
+            if progress is not None and index >= len(turns):
+                progress(index - len(turns) + 1, len(documents))
+
+        self._drive(write, lease, turns, answer=answer, on_commit=committed)
+        if export is not None:
+            export["result"] = write.results["export"]
         self._forget(turns)
         return turns
 
-    def _send_commit(self, record: _Uncertain, ids: list[int], turn: TurnRecord | None) -> None:
-        nonce = new_nonce()
-        record.stage = "commit"
-        record.attempts.append((nonce, turn))
-        self.client.commit(self.session_id, record.lease, record.transaction, ids, nonce=nonce)
+    def _drive(self, write: MemoryWrite, lease: str, turns: list[TurnRecord] = (), *, answer=None, on_commit=None) -> None:
+        """Carry out ``write``'s steps (``memt_core.client.turns``) in ``lease``. A failure is raised with the
+        transaction (and ``answer``) attached; an uncertain one is kept, with the lease, for ``recover()``."""
+        error: MemTClientError | None = None
+        while (step := write.next_step(time.monotonic())) is not None:
+            if isinstance(step, WaitStep):
+                time.sleep(step.seconds)
+                continue
+            try:
+                result = self._send(step, lease)
+            except MemTClientError as exc:
+                error = exc
+                write.failed(uncertain=exc.uncertain, capacity=getattr(exc, "status", None) == 429, now=time.monotonic())
+                continue
+            write.succeeded(result)
+            if isinstance(step, CommitStep) and on_commit is not None:
+                on_commit(step.index)
+        if write.outcome == "uncertain":
+            self._uncertain = _Uncertain(write.stage, write.transaction, lease, write, list(turns))
+        if error is not None and write.outcome not in ("published", "aborted"):
+            raise error.with_context(transaction=write.transaction, answer=answer)
+
+    def _send(self, step: Step, lease: str) -> dict:
+        """One step of a memory write as its native request."""
+        control, session, transaction = self.client.control, self.session_id, step.transaction
+        if isinstance(step, BeginStep):
+            return control("begin", session, lease=lease, transaction=transaction)
+        if isinstance(step, CommitStep):
+            return self.client.commit(session, lease, transaction, step.ids, nonce=step.nonce)
+        if isinstance(step, ImportStep):
+            return control("import", session, lease=lease, transaction=transaction, file=step.file, encoding=self.chat_format.native_encoding)
+        if isinstance(step, ExportStep):
+            return control("export", session, lease=lease, transaction=transaction, encoding=self.chat_format.native_encoding, file=step.file, overwrite=step.overwrite)
+        if isinstance(step, PublishStep):
+            return control("publish", session, lease=lease, transaction=transaction, memory_read=step.memory_read)
+        if isinstance(step, AbortStep):
+            return control("abort", session, lease=lease, transaction=transaction)
+        raise TypeError(step)
 
     def _forget(self, turns: list[TurnRecord]) -> None:
         """Committed turns leave the prompt: memory holds them now."""
@@ -376,18 +402,9 @@ class MemTSession:
         self._refuse_pending("load_state")
 
         def work(lease: str) -> dict:
-            transaction = f"t-{uuid.uuid4().hex[:16]}"
-            record = _Uncertain("begin", transaction, lease, [], [], import_file=path)
-            try:
-                self.client.control("begin", self.session_id, lease=lease, transaction=transaction)
-                record.stage = "import"
-                self.client.control("import", self.session_id, lease=lease, transaction=transaction, file=path, encoding=self.chat_format.native_encoding)
-                record.stage = "publish"
-                return self.client.control("publish", self.session_id, lease=lease, transaction=transaction, memory_read=True)
-            except MemTClientError as exc:
-                if exc.uncertain:
-                    self._uncertain = record
-                raise exc.with_context(transaction=transaction)
+            write = MemoryWrite(new_transaction(), new_nonce=new_nonce, import_file=path, memory_read=True)
+            self._drive(write, lease)
+            return write.results["publish"]
 
         result = self._run("load_state", work)
         self._turns, self._open = [], None
@@ -448,49 +465,31 @@ class MemTSession:
         lease = record.lease
         self.client.control("recover", self.session_id, lease=lease, ttl=LEASE_TTL)
         status = self.client.control("status", self.session_id, lease=lease)
+        write = record.write
         receipt = status.get("receipts", {}).get(record.transaction) if record.transaction else None
-        state = receipt["state"] if receipt else None
-        landed = {c["nonce"] for c in receipt["commits"] if c["status"] == "applied"} if receipt else set()
-        resent = 0
-        if state == "open" and record.import_file is not None:
-            if receipt.get("imported") == record.import_file:
-                self.client.control("publish", self.session_id, lease=lease, transaction=record.transaction, memory_read=True)
-                state = "published"
+        if write is None:  # not a memory write: nothing to finish
+            state = receipt["state"] if receipt else None
+            landed, resent = 0, 0
+        else:
+            write.resume(receipt)
+            self._uncertain = None
+            finishing = write.outcome is None  # still open: finish it
+            if finishing:
+                self._drive(write, lease, record.turns)
+            state = None if write.outcome == "unknown" else write.outcome
+            landed, resent = len(write.landed), write.resent
+            if finishing and write.import_file is not None and state == "published":  # load_state, completed
                 self._turns, self._open = [], None
                 self.memory_read = True
-            else:
-                self.client.control("abort", self.session_id, lease=lease, transaction=record.transaction)
-                state = "aborted"
-        elif state == "open":
-            done = 0
-            for nonce, _ in record.attempts:
-                if nonce in landed:
-                    done += 1
-                else:
-                    break
-            remaining = [t.ids for t in record.pending] + record.documents
-            fresh = _Uncertain("commit", record.transaction, lease, record.attempts[:done], record.pending, record.documents)
-            self._uncertain = None
-            try:
-                for ids in remaining[done:]:
-                    resent += 1
-                    self._send_commit(fresh, ids, None)
-                fresh.stage = "publish"
-                self.client.control("publish", self.session_id, lease=lease, transaction=record.transaction)
-            except MemTClientError as exc:
-                if exc.uncertain:
-                    self._uncertain = fresh
-                raise
-            state = "published"
         self._uncertain = None
         if state == "published":
-            self._forget(record.pending)
+            self._forget(record.turns)
         self._release_quietly(lease)
         return {
             "recovered": True,
             "transaction": record.transaction,
             "state": state,
-            "landed_commits": len(landed),
+            "landed_commits": landed,
             "resent_commits": resent,
-            "committed_turns": [t.number for t in record.pending] if state == "published" else [],
+            "committed_turns": [t.number for t in record.turns] if state == "published" else [],
         }
