@@ -108,6 +108,15 @@ class Family:
         """config.json of a tiny random checkpoint for ``tokenizer``."""
         raise NotImplementedError
 
+    def tiny_header(self) -> dict:
+        """The top-level keys a tiny config.json starts with: what selects the family, an id, BF16."""
+        return {
+            "model_type": self.model_type,
+            "architectures": [self.architecture],
+            "memt_checkpoint_id": f"tiny-random-{self.name.removeprefix('memt-')}",
+            "dtype": "bfloat16",
+        }
+
 
 def refuse_quantized(config: dict, prefix: str = "") -> None:
     """Only unquantized BF16 weights are served: refuse a quantization config or another dtype."""

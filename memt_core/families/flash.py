@@ -75,10 +75,7 @@ class Flash(Family):
     def tiny_config(self, tokenizer, *, hidden_size: int = 64, chunk_tokens: int = 32) -> dict:
         """A flat DeepSeek-V4 config with two attention layers (sliding window 64), both with memory."""
         return {
-            "model_type": self.model_type,
-            "architectures": [self.architecture],
-            "memt_checkpoint_id": f"tiny-random-{self.name.removeprefix('memt-')}",
-            "dtype": "bfloat16",
+            **self.tiny_header(),
             "vocab_size": len(tokenizer),
             "hidden_size": hidden_size,
             "num_hidden_layers": 2,

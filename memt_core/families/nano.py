@@ -75,10 +75,7 @@ class Nano(Family):
     def tiny_config(self, tokenizer, *, hidden_size: int = 64, chunk_tokens: int = 32) -> dict:
         """4 layers (linear, full, linear, full), memory on the two full-attention layers."""
         return {
-            "model_type": self.model_type,
-            "architectures": [self.architecture],
-            "memt_checkpoint_id": f"tiny-random-{self.name.removeprefix('memt-')}",
-            "dtype": "bfloat16",
+            **self.tiny_header(),
             "backbone_configs": {
                 "model_type": self.backbone_type,
                 "text_config": {
