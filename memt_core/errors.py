@@ -16,6 +16,7 @@ The HTTP status of a failure is chosen here and nowhere else::
     │   ├── UncertainSession          unreconciled work of unknown outcome
     │   └── RouteDisabled             an admin route this server does not offer
     ├── AuthenticationError     401   missing or wrong API key
+    ├── PayloadTooLarge         413   a request body over the server's limit; nothing was read into memory
     ├── CapacityExceeded        429   session or in-flight commit limit reached
     ├── BadGeneration           502   the engine returned an incomplete or invalid result
     └── WorkerUnavailable       503   the engine could not be reached; the session may be uncertain
@@ -30,6 +31,10 @@ import re
 WIRE_TYPE = "invalid_memory_request"
 
 
+#: longest message an error carries; messages quote client input, which must not come back whole
+MAX_MESSAGE = 2000
+
+
 class MemTError(Exception):
     """Base of every protocol-level failure; carries its HTTP status and wire type."""
 
@@ -37,6 +42,8 @@ class MemTError(Exception):
     wire_type: str = WIRE_TYPE
 
     def __init__(self, message: str):
+        if len(message) > MAX_MESSAGE:
+            message = message[:MAX_MESSAGE] + f"… ({len(message) - MAX_MESSAGE} more characters)"
         super().__init__(message)
         self.message = message
 
@@ -109,6 +116,12 @@ class AuthenticationError(MemTError):
     wire_type = "authentication_error"
 
 
+class PayloadTooLarge(MemTError):
+    """A request body longer than the server accepts (413)."""
+
+    status = 413
+
+
 class CapacityExceeded(MemTError):
     """Session or concurrent-commit capacity is exhausted (429)."""
 
@@ -135,6 +148,7 @@ _BY_STATUS = {
     400: InvalidRequest,
     401: AuthenticationError,
     409: Conflict,
+    413: PayloadTooLarge,
     429: CapacityExceeded,
     502: BadGeneration,
     503: WorkerUnavailable,

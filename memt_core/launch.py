@@ -16,6 +16,7 @@ import contextlib
 import json
 import logging
 import os
+import socket
 import sys
 import uuid
 from dataclasses import asdict, dataclass
@@ -59,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--port", type=int, default=30000, help="port to bind")
     server.add_argument("--state-directory", default=None, help="server-owned snapshot directory; required for export/import")
     server.add_argument("--ack-timeout", type=float, default=120.0, help="seconds the engine has to acknowledge a commit or start a query before the server answers 503 (the outcome is then unknown: status/recover)")
+    server.add_argument("--max-request-bytes", type=int, default=8 * 1024 * 1024, help="largest request body accepted (413 beyond)")
     server.add_argument("--api-key", default=None, help="require 'Authorization: Bearer <key>' on every route but /health")
     server.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"], help="log verbosity")
     parser.add_argument("--dry-run", action="store_true", help="validate and print the launch identity and engine arguments without loading weights")
@@ -83,6 +85,7 @@ class LaunchPlan:
     port: int
     state_directory: str | None
     ack_timeout: float
+    max_request_bytes: int
     api_key: str | None
     log_level: str
 
@@ -160,6 +163,8 @@ def plan_launch(args: argparse.Namespace, environ=os.environ) -> LaunchPlan:
     chunk = checkpoint.memory.chunk_tokens
     if args.max_prefill_tokens < chunk:
         raise CheckpointError(f"--max-prefill-tokens ({args.max_prefill_tokens}) must be at least memt.chunk_tokens ({chunk})")
+    if args.max_request_bytes < 1024:
+        raise CheckpointError("--max-request-bytes must be at least 1024")
     if not args.ack_timeout > 0:
         raise CheckpointError("--ack-timeout must be a positive number of seconds")
     if args.max_running_requests < 1:
@@ -177,7 +182,7 @@ def plan_launch(args: argparse.Namespace, environ=os.environ) -> LaunchPlan:
         max_prefill_tokens=args.max_prefill_tokens, max_running_requests=args.max_running_requests,
         context_length=context, enable_streaming_session=args.enable_streaming_session,
         deterministic_communication=args.deterministic_communication, host=args.host, port=args.port,
-        state_directory=args.state_directory, ack_timeout=args.ack_timeout, api_key=args.api_key, log_level=args.log_level,
+        state_directory=args.state_directory, ack_timeout=args.ack_timeout, max_request_bytes=args.max_request_bytes, api_key=args.api_key, log_level=args.log_level,
     )
     plan.engine_class.check_options(plan.engine_options())
     return plan
@@ -237,7 +242,8 @@ def assemble(plan: LaunchPlan, engine: Engine, *, tokenizer=None):
         "auth": plan.api_key is not None,
         "engine": {"name": engine.name, **engine.capabilities()},
     }
-    app = create_app(service, identity=plan.identity(engine.identity()), capabilities=capabilities, api_key=plan.api_key)
+    app = create_app(service, identity=plan.identity(engine.identity()), capabilities=capabilities, api_key=plan.api_key,
+                     max_body_bytes=plan.max_request_bytes)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -281,10 +287,29 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import uvicorn
 
+    try:
+        sock = bind(plan.host, plan.port)  # before loading the model, so a taken port fails at once
+    except OSError as exc:
+        print(f"memt_core.launch: refused: cannot listen on {plan.host}:{plan.port}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     app, _ = build_app(plan)
     print(f"memt_core: serving {plan.checkpoint.model} from {plan.checkpoint.path} on http://{plan.host}:{plan.port}", flush=True)
-    uvicorn.run(app, host=plan.host, port=plan.port, log_level=plan.log_level, timeout_graceful_shutdown=5)
+    config = uvicorn.Config(app, host=plan.host, port=plan.port, log_level=plan.log_level, timeout_graceful_shutdown=5)
+    uvicorn.Server(config).run(sockets=[sock])
     return 0
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening-ready TCP socket on ``host``:``port`` (``OSError`` when the address is taken or invalid)."""
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 if __name__ == "__main__":

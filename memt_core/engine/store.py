@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from memt_core.errors import BadGeneration
-from memt_core.memory.snapshot import load_snapshot, save_content_addressed, save_snapshot, snapshot_path
+from memt_core.memory.snapshot import load_snapshot, remove_partials, save_content_addressed, save_snapshot, snapshot_path
 from memt_core.memory.state import MemoryState
 from memt_core.protocol import effects as fx
 
@@ -56,6 +56,7 @@ class MemoryStore:
         self.sessions: dict[str, SessionMemory] = {}
         if self.state_directory is not None:
             self.state_directory.mkdir(parents=True, exist_ok=True)
+            remove_partials(self.state_directory)
 
     def get(self, session: str) -> SessionMemory:
         try:

@@ -16,6 +16,7 @@ import json
 import os
 import re
 import tempfile
+import time
 from pathlib import Path
 from typing import Sequence
 
@@ -41,7 +42,26 @@ def snapshot_path(directory: str | Path | None, name: object) -> Path:
     path = root / name
     if path.is_symlink():
         raise InvalidRequest(f"snapshot {name!r} is a symbolic link; links are refused")
+    if path.is_dir():
+        raise InvalidRequest(f"snapshot {name!r} names a directory in the state directory, not a file")
     return path
+
+
+def remove_partials(directory: str | Path, *, older_than: float = 600.0) -> list[str]:
+    """Delete temporary files a crash left behind (never visible under a final name); returns their names.
+
+    Only files older than ``older_than`` seconds go, so a write in progress in another process that
+    shares the directory is left alone.
+    """
+    removed = []
+    for path in Path(directory).glob(".tmp-*.partial"):
+        try:
+            if path.is_file() and time.time() - path.stat().st_mtime > older_than:
+                path.unlink()
+                removed.append(path.name)
+        except FileNotFoundError:
+            continue
+    return removed
 
 
 def snapshot_bytes(state: MemoryState, *, identity: str) -> bytes:

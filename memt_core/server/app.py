@@ -6,6 +6,7 @@ Parse the body, call the service, serialise the answer; every ``MemTError`` beco
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 from typing import Any
@@ -15,7 +16,8 @@ from fastapi.responses import JSONResponse, Response
 from sse_starlette.sse import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from memt_core.errors import WIRE_TYPE, AuthenticationError, InvalidRequest, MemTError, RouteDisabled, WorkerUnavailable
+from memt_core.errors import WIRE_TYPE, AuthenticationError, MemTError, RouteDisabled, WorkerUnavailable
+from memt_core.request_body import parse_json, read_limited
 from memt_core.server.metrics import CONTENT_TYPE, Metrics
 from memt_core.server.service import MemTService
 
@@ -27,7 +29,15 @@ DISABLED_ROUTES = (
 )
 
 
-def create_app(service: MemTService, *, identity: dict, capabilities: dict, api_key: str | None = None) -> FastAPI:
+#: bodies larger than this are parsed in a worker thread
+OFF_LOOP_BYTES = 256 * 1024
+DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
+
+
+def create_app(
+    service: MemTService, *, identity: dict, capabilities: dict, api_key: str | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+) -> FastAPI:
     """The HTTP application for one service."""
     # with an API key every route but /health needs it, so FastAPI's unauthenticated docs routes go
     no_docs = {} if api_key is None else {"docs_url": None, "redoc_url": None, "openapi_url": None}
@@ -61,10 +71,10 @@ def create_app(service: MemTService, *, identity: dict, capabilities: dict, api_
         return JSONResponse(body, status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
     async def json_body(request: Request) -> Any:
-        try:
-            return json.loads(await request.body())
-        except (ValueError, RecursionError) as exc:  # bad JSON or UTF-8, over-long integers, absurd nesting
-            raise InvalidRequest(f"request body is not valid JSON: {str(exc)[:200]}") from None
+        data = await read_limited(request.stream(), limit=max_body_bytes, declared=request.headers.get("content-length"))
+        if len(data) > OFF_LOOP_BYTES:  # a large body is parsed off the event loop, so it slows only itself
+            return await asyncio.to_thread(parse_json, data)
+        return parse_json(data)
 
     @app.get("/health")
     async def health() -> JSONResponse:

@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 from memt_core.checkpoint import SNAPSHOT_FORMAT, read_checkpoint
 from memt_core.errors import Conflict, InvalidRequest, SnapshotError
 from memt_core.inference import MemTRuntime, memory_batch
-from memt_core.memory.snapshot import content_name, load_snapshot, save_content_addressed, save_snapshot, snapshot_bytes, snapshot_path
+from memt_core.memory.snapshot import content_name, load_snapshot, remove_partials, save_content_addressed, save_snapshot, snapshot_bytes, snapshot_path
 from memt_core.memory.state import MemoryState
 from memt_core.sampling import SamplingParams
 
@@ -275,3 +275,12 @@ def test_content_addressed_names_are_the_hash_and_are_checked_on_load(tmp_path, 
         load(path, geometry)
     assert save_content_addressed(tmp_path, state, identity=identity) == path  # a damaged file is replaced
     assert path.read_bytes() == data and leftovers(tmp_path) == []
+
+
+def test_partial_files_left_by_a_crash_are_removed_once_old(tmp_path):
+    old, fresh, kept = tmp_path / ".tmp-old.partial", tmp_path / ".tmp-new.partial", tmp_path / "a.safetensors"
+    for path in (old, fresh, kept):
+        path.write_bytes(b"x")
+    os.utime(old, (1, 1))
+    assert remove_partials(tmp_path) == [".tmp-old.partial"]
+    assert sorted(os.listdir(tmp_path)) == [".tmp-new.partial", "a.safetensors"]  # a write in progress elsewhere stays

@@ -1,0 +1,73 @@
+"""Reading a JSON request body defensively, for every server of the project.
+
+A body is read only up to a byte limit (413 past it, before anything larger is held in memory), then
+parsed with bounds a well-formed request never reaches: integers of at most ``MAX_DIGITS`` digits,
+nesting at most ``MAX_DEPTH`` deep, and strings that are valid Unicode (a JSON ``"\\ud800"`` escape
+decodes to a lone surrogate, which nothing downstream can encode). Every refusal is a typed 4xx error
+that names the problem. Nothing here knows about HTTP frameworks: the caller passes the declared
+length and the body's chunks.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, AsyncIterable
+
+from memt_core.errors import InvalidRequest, PayloadTooLarge
+
+MAX_DIGITS = 64
+MAX_DEPTH = 64
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+async def read_limited(chunks: AsyncIterable[bytes], *, limit: int, declared: str | None = None) -> bytes:
+    """The whole body, refusing one longer than ``limit`` bytes as soon as that is known."""
+    if declared is not None and declared.strip().isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"request body of {int(declared)} bytes exceeds this server's limit of {limit} bytes")
+    body = bytearray()
+    async for chunk in chunks:
+        body += chunk
+        if len(body) > limit:
+            raise PayloadTooLarge(f"request body exceeds this server's limit of {limit} bytes")
+    return bytes(body)
+
+
+def _integer(text: str) -> int:
+    digits = len(text.lstrip("-"))
+    if digits > MAX_DIGITS:
+        raise InvalidRequest(f"request body has an integer of {digits} digits; at most {MAX_DIGITS} are accepted")
+    return int(text)
+
+
+def parse_json(data: bytes) -> Any:
+    """Decode a JSON body within the bounds above; ``InvalidRequest`` naming the problem otherwise."""
+    try:
+        value = json.loads(data, parse_int=_integer)
+    except InvalidRequest:
+        raise
+    except RecursionError:
+        raise InvalidRequest(f"request body nests deeper than {MAX_DEPTH} levels") from None
+    except ValueError as exc:  # bad JSON or UTF-8
+        raise InvalidRequest(f"request body is not valid JSON: {str(exc)[:200]}") from None
+    check_value(value)
+    return value
+
+
+def check_value(value: Any) -> None:
+    """Refuse nesting deeper than ``MAX_DEPTH`` and strings holding lone surrogates, naming where."""
+    stack: list[tuple[Any, str, int]] = [(value, "$", 0)]
+    while stack:
+        item, where, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise InvalidRequest(f"request body nests deeper than {MAX_DEPTH} levels (at {where[:200]})")
+        if isinstance(item, str):
+            if _SURROGATE.search(item):
+                raise InvalidRequest(f"{where[:200]} holds a lone UTF-16 surrogate; strings must be valid Unicode")
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                if _SURROGATE.search(key):
+                    raise InvalidRequest(f"a key in {where[:200]} holds a lone UTF-16 surrogate; strings must be valid Unicode")
+                stack.append((child, f"{where}.{key}", depth + 1))
+        elif isinstance(item, list):
+            stack.extend((child, f"{where}[{i}]", depth + 1) for i, child in enumerate(item))

@@ -1,0 +1,85 @@
+"""Hostile requests against the live native server: each is a 4xx naming the problem, never a 500, and the server stays up."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from e2e.servers import HOST, REPO_ROOT
+from e2e.wire import Wire, assert_error, nonce
+
+PROMPT = [1, 2, 3]
+
+
+@pytest.fixture
+def wire(nano_server):
+    with nano_server.client() as http:
+        yield Wire(http)
+
+
+def raw(wire: Wire, path: str, body: bytes) -> object:
+    return wire.http.post(path, content=body, headers={"content-type": "application/json"})
+
+
+@pytest.mark.parametrize("path", ["/generate", "/memt/control"])
+@pytest.mark.parametrize("body, status, match", [
+    (b'{"input_ids": [1], "sampling_params": {"max_new_tokens": ' + b"9" * 5000 + b"}}", 400, "integer of 5000 digits"),
+    (b"[" * 10_000 + b"]" * 10_000, 400, "nests deeper"),
+    (b'{"text": "a\\ud800", "sampling_params": {"max_new_tokens": 1}}', 400, "lone UTF-16 surrogate"),
+    (b'{"rid": "memt|s|query|\\ud800", "input_ids": [1]}', 400, "lone UTF-16 surrogate"),
+    (b'{"action": "inspect", "session": "\\udc00"}', 400, "lone UTF-16 surrogate"),
+])
+def test_malformed_bodies_are_400(wire, path, body, status, match):
+    response = raw(wire, path, body)
+    assert_error(response, status, match=match)
+    assert len(response.content) < 4096
+
+
+def test_oversized_bodies_are_413_and_errors_do_not_echo_input(wire):
+    big = b'{"text": "' + b"a" * (9 * 1024 * 1024) + b'"}'
+    response = raw(wire, "/generate", big)
+    assert_error(response, 413, match="exceeds this server's limit")
+    assert len(response.content) < 4096
+    # a long bad value inside the limit: refused with a bounded message
+    response = raw(wire, "/memt/control", b'{"action": "inspect", "session": "' + b"!" * 1_000_000 + b'"}')
+    assert_error(response, 400)
+    assert len(response.content) < 4096
+    assert wire.http.get("/health").status_code == 200
+
+
+def test_export_onto_a_directory_name_is_400(wire, nano_server):
+    (nano_server.state_directory / "taken.safetensors").mkdir(exist_ok=True)
+    h = wire.open()
+    for overwrite in (False, True):
+        response = wire.post_control({"action": "export", "session": h.session, "lease": h.lease, "epoch": wire.epoch,
+                                      "file": "taken.safetensors", "encoding": wire.encoding, "overwrite": overwrite})
+        assert_error(response, 400, match="names a directory")
+    wire.ctl("close", h)
+
+
+def test_a_taken_port_is_refused_before_the_model_loads(nano_checkpoint):
+    with socket.socket() as taken:
+        taken.bind((HOST, 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        run = subprocess.run(
+            [sys.executable, "-m", "memt_core.launch", "--model-path", str(nano_checkpoint), "--device", "cpu",
+             "--host", HOST, "--port", str(port)],
+            capture_output=True, text=True, timeout=120, cwd=REPO_ROOT,
+        )
+    assert run.returncode == 2
+    assert f"cannot listen on {HOST}:{port}" in run.stderr and "Traceback" not in run.stderr
+    assert "serving" not in run.stdout  # refused before building the engine
+
+
+def test_a_nonce_with_a_surrogate_never_breaks_a_stream(wire):
+    h = wire.open()
+    body = wire.query_body(h, PROMPT, 2, nonce_="PLACEHOLDER", stream=True)
+    payload = json.dumps(body).replace("PLACEHOLDER", "n\\ud800")  # the JSON escape of a lone surrogate
+    assert_error(raw(wire, "/generate", payload.encode()), 400, match="surrogate")
+    assert wire.query(h, PROMPT, 2, nonce_=nonce())["output_ids"]  # nothing was consumed, the session works
+    wire.ctl("close", h)
