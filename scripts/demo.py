@@ -56,14 +56,14 @@ def say(text: str = "") -> None:
 
 
 def weather(city: str) -> str:
-    """The demo's tool: a made-up forecast."""
-    return json.dumps({"city": city, "temperature": 21, "condition": "sunny"})
+    """The demo's tool: a made-up forecast, as plain text (the model also reads JSON results)."""
+    return "21 degrees and sunny"
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-path", default=None, help="checkpoint to serve (default: the bundled tiny demo model)")
-    parser.add_argument("--name", default="Alice", help="the name the user tells the model")
+    parser.add_argument("--name", default="Belkavo", help="the name the user tells the model (any name: it is copied through memory)")
     parser.add_argument("--city", default="Lisbon", help="the city the user tells the model")
     parser.add_argument("--food", default="sushi", help="the favourite food the user tells the model")
     args = parser.parse_args()
@@ -107,6 +107,8 @@ def main() -> int:
         answers = [turn("What is my name?"), turn("Where do I live?"), turn("What is my favourite food?")]
         recalled = sum(value.lower() in answer.lower() for value, answer in zip((args.name, args.city, args.food), answers))
         say(f"   -> recalled {recalled} of 3 facts from memory")
+        name_known = args.name.lower() in answers[0].lower()
+        say(f"   -> the name {args.name} was {'recalled' if name_known else 'NOT recalled'} from memory")
         state = httpx.get(f"{proxy_url}/v1/memt/sessions/{session}").json()
         say(f"   the session holds {state['committed_messages']} committed messages; published memory version {state['native']['published_version']}")
 

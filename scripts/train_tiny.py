@@ -11,9 +11,10 @@ checkpoints), trains on synthetic episodes (:mod:`memt_core.demo.episodes`) thro
 → write → query-reads-memory path with gradients through the write, saves BF16 safetensors, and ends
 with the recall evaluation of ``scripts/eval_tiny.py`` on fresh random episodes.
 
-Run time: about 47 minutes for the default 5,000 steps with ``--threads 2`` on a 2-core CPU (measured
-46.6 minutes on a shared 2-core VM; 3,000 steps took 30-33 minutes and gave a weaker model: documents
-56%, tool arguments 80%), then about 3 minutes for the evaluation of 200 episodes.
+Run time: see ``training.json`` of the bundled checkpoint for the exact command and its duration. On a
+2-core machine shared with other work, ``--threads 1`` (with ``OMP_NUM_THREADS=1``) was several times
+faster than ``--threads 2``: two threads spin against other processes for the same cores. The final
+evaluation runs every case on the in-distribution and the held-out split (10-20 minutes on one core).
 
 Reproducible: the data, initialisation and order are seeded by ``--seed``; the same seed and
 ``--threads`` give the same checkpoint on the same machine and library versions.
@@ -102,48 +103,65 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def model_card(report: dict, minutes: float, config) -> str:
-    """README.md of the checkpoint: what it is, what it can do, how it was made and measured."""
-    from memt_core.demo.eval import LABELS
+    """README.md of the checkpoint: what it is, what it can and cannot do, how it was made and measured."""
+    from memt_core.demo.eval import LABELS, TARGETS, target_name
 
+    splits = report["splits"]
+    names = [n for n in LABELS if n in splits["heldout"]["figures"]]
     rows = "\n".join(
-        f"| {LABELS.get(name, name)} | {value:.1%} | {report['counts'][name]} |" for name, value in report["figures"].items()
+        f"| {LABELS[name]} | " + " | ".join(
+            f"{splits[s]['figures'][name]:.1%} (n={splits[s]['counts'][name]})" for s in ("in_distribution", "heldout")
+        ) + " |"
+        for name in names
     )
+    met = [target_name(*t) for t in TARGETS if report["targets"].get(target_name(*t))]
+    missed = [target_name(*t) for t in TARGETS if target_name(*t) in report["targets"] and not report["targets"][target_name(*t)]]
+    shape = config.shape
     return f"""# memt-tiny-demo
 
-A tiny MemT of the Nano architecture (`memt_qwen3_5_moe`: a 4-layer, 128-wide Qwen3.5-MoE backbone with
-latent memory on layers {list(config.shape.memory_layers)}), trained by `scripts/train_tiny.py` on synthetic
-conversations in {minutes:.0f} minutes on CPU. It exists to show — and test — latent memory on any machine.
+A tiny MemT of the Nano architecture (`memt_qwen3_5_moe`: a {shape.layers}-layer, {shape.hidden_size}-wide Qwen3.5-MoE
+backbone with latent memory on layers {list(shape.memory_layers)}, {shape.memory_heads} memory heads of
+{shape.key_dim} × {shape.value_dim}), trained by `scripts/train_tiny.py` on synthetic conversations in
+{minutes:.0f} minutes on CPU. It exists to show — and test — latent memory on any machine.
 
-**It is not a general assistant.** It knows a handful of skills on a small vocabulary, learned from
-synthetic data with random names:
+**It is not a general assistant.** It has a handful of skills, learned from synthetic data:
 
-1. personal facts told in one turn (name, age, city, favourite food and colour, pet and its name, job,
-   personality, hobby, best friend, birth month) and asked about in a later turn: *"Hi, my name is Alice
-   and I live in Lisbon."* … *"Where do I live?"* → *"You live in Lisbon."* Without memory it answers
-   *"I don't know where you live."* (mostly);
+1. personal facts told in one turn (name, age, city, address, favourite food and colour, pet, a pet's
+   name, job, employer, personality, hobby, best friend, birthday, a code) and asked about in a later
+   turn: *"I have a parrot named Belkavo."* … *"What is my parrot's name?"* → *"Your parrot is called
+   Belkavo."* Values are open: made-up names, random strings, multi-word cities and addresses, codes and
+   dates are copied piece by piece out of memory. With an empty memory it answers *"I don't know …"*;
 2. a company profile ingested through memory, then questions about it;
 3. tool calls for `get_weather(city)`, `add(a, b)` and `multiply(a, b)` in the chat template's
-   `<tool_call>` format, and an answer from the tool's result;
-4. repeating a given text exactly (*"Repeat after me: …"*).
+   `<tool_call>` format (the city may come from memory: *"What's the weather where I live?"*), and an
+   answer from the tool's result, given as JSON or as plain text (*"17 degrees and sunny"*);
+4. repeating or typing a given text exactly (*"Type 'hello world' exactly."*).
 
-Names, cities, foods and the other values come from fixed word lists (each word is one token of the
-model's own BPE tokenizer); facts outside those lists, or free-form questions, are beyond it.
+Outside these skills, the sentence shapes and the vocabulary of its synthetic data it produces
+plausible-looking but wrong text; free-form questions, reasoning and world knowledge are beyond it.
 
 ## Evaluation
 
-Fresh random episodes (`{report.get("command", "python scripts/eval_tiny.py")}`), greedy decoding, through
-the in-process API. Earlier turns are generated by the model and committed to memory; questions are
-asked with prompts that contain only the question, so answers come from latent memory alone.
+`{report.get("command", "python scripts/eval_tiny.py")}`: fresh random episodes, greedy decoding,
+through the in-process API. Earlier turns are generated by the model and committed to memory;
+questions are asked with prompts that contain only the question, so answers come from latent memory
+alone. *In distribution*: values and phrasings drawn like the training data (new combinations).
+*Held out*: values built from syllables and letters the training generators never use, real names and
+cities absent from training, and the ~20 % of every skill's templates that training never saw.
 
-| measure | result | n |
+| measure | in distribution | held out |
 |---|---|---|
 {rows}
+
+Issue targets (held-out split) met: {", ".join(met) or "none"}.
+Not met: {", ".join(missed) or "none"}.
 
 ## Files
 
 `config.json` (with the `memt` memory geometry), `model.safetensors` (BF16), `tokenizer.json`,
 `tokenizer_config.json`, `chat_template.jinja` (the Nano chat template: system prompts, thinking on/off,
-tools), `training.json` (the exact training command and configuration), `eval.json` (the figures above).
+tools), `training.json` (the exact training command, configuration and learning curve), `eval.json`
+(the figures above).
 """
 
 

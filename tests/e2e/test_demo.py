@@ -1,10 +1,11 @@
 """The bundled demo model end to end: official ``openai`` SDK → proxy → core, and the demo script.
 
-Facts told in turn 1 are recalled in turn 3 while the app resends its whole transcript: the proxy trims
-the committed turns, so the model's prompt is exactly that of a fresh one-message request and the
-answer can only come from latent memory. After a session reset they are gone. A tool call round trip
-gives a parseable ``tool_calls`` entry and a final answer built from the tool's result. Greedy decoding
-throughout, so every outcome is deterministic for a given checkpoint.
+Values no training list holds — the issue's "Belkavo", names with held-out letters, real names and
+cities of the held-out lists — are told in turn 1 and recalled in turn 3 while the app resends its whole
+transcript: the proxy trims the committed turns, so the model's prompt is exactly that of a fresh
+one-message request and the answer can only come from latent memory. After a session reset they are
+gone. A tool round trip answers from a plain-text tool result ("17 degrees and sunny") as well as from
+JSON. Greedy decoding throughout, so every outcome is deterministic for a given checkpoint.
 """
 
 from __future__ import annotations
@@ -17,11 +18,26 @@ import pytest
 from e2e.proxies import DEMO_MODEL, DEMO_PATH, unique
 from e2e.servers import REPO_ROOT
 
+from memt_core.demo import pools, values
 from memt_core.demo.episodes import TOOLS
 
 pytestmark = pytest.mark.timeout(600)
 
-PEOPLE = [("Alice", "Lisbon"), ("Omar", "Oslo"), ("Maria", "Tokyo")]
+#: (turn 1, question in turn 3, the value): none of the values is in a training list.
+NEVER_SEEN = [
+    ("I have a parrot named Belkavo.", "What is my parrot's name?", "Belkavo"),
+    ("I have a three-month-old kitten named Jaxomir who loves eating small shrimp.", "What is my kitten's name?", "Jaxomir"),
+    ("Hi, my name is Siobhan and I live in Valparaiso.", "What is my name?", "Siobhan"),
+    ("Hi, my name is Siobhan and I live in Valparaiso.", "Where do I live?", "Valparaiso"),
+]
+
+
+def test_the_values_are_outside_every_training_list():
+    training_words = set(pools.NAMES + pools.CITIES + pools.FOODS + pools.ORG_WORDS + pools.COMMON_WORDS)
+    for _, _, value in NEVER_SEEN:
+        assert value not in training_words
+    assert "Siobhan" in pools.HELDOUT_NAMES and "Valparaiso" in pools.HELDOUT_CITIES
+    assert values.HELDOUT_LETTERS & set("jaxomir")  # no training generator draws a j or an x
 
 
 @pytest.fixture(scope="module")
@@ -47,39 +63,41 @@ class Conversation:
         return reply
 
 
-@pytest.mark.parametrize(("name", "city"), PEOPLE)
-def test_facts_recalled_from_memory_with_the_transcript_trimmed(demo_proxy, client, name, city):
-    app = Conversation(client, unique("demo-facts"))
-    app.say(f"Hi, my name is {name} and I live in {city}.")
+@pytest.mark.parametrize(("statement", "question", "value"), NEVER_SEEN)
+def test_a_never_seen_value_is_recalled_in_turn_3_with_the_transcript_trimmed(demo_proxy, client, statement, question, value):
+    app = Conversation(client, unique("demo-recall"))
+    app.say(statement)
     app.say("How are you?")
-    for question, value in (("What is my name?", name), ("Where do I live?", city)):
-        reply = app.say(question)
-        answer = reply.choices[0].message.content
-        assert value in answer, (question, answer)
-        # the model saw only the question: the same prompt as a fresh stateless request, which cannot know
-        fresh = ask(client, [{"role": "user", "content": question}])
-        assert reply.usage.prompt_tokens == fresh.usage.prompt_tokens
-        assert value not in fresh.choices[0].message.content
-    info = demo_proxy.inspect(app.session, None)
-    assert info["committed_messages"] == len(app.history)
+    reply = app.say(question)
+    answer = reply.choices[0].message.content
+    assert value in answer, (question, answer)
+    # the model saw only the question: the same prompt as a fresh stateless request, which cannot know
+    fresh = ask(client, [{"role": "user", "content": question}])
+    assert reply.usage.prompt_tokens == fresh.usage.prompt_tokens
+    assert value not in fresh.choices[0].message.content
+    assert demo_proxy.inspect(app.session, None)["committed_messages"] == len(app.history)
 
 
 def test_reset_forgets(demo_proxy, client):
-    name, city = PEOPLE[0]
     app = Conversation(client, unique("demo-reset"))
-    app.say(f"Hi, my name is {name} and I live in {city}.")
-    assert name in app.say("What is my name?").choices[0].message.content
+    app.say("Hi, my name is Siobhan and I live in Valparaiso.")
+    assert "Siobhan" in app.say("What is my name?").choices[0].message.content
     with demo_proxy.http(None) as http:
         assert http.post(f"/v1/memt/sessions/{app.session}/reset").status_code == 200
     assert demo_proxy.inspect(app.session, None)["committed_messages"] == 0
     app.history.clear()
     after = app.say("What is my name?").choices[0].message.content
-    assert name not in after, after
+    assert "Siobhan" not in after, after
     assert "don't know" in after  # the trained "unknown" answer, not a wrong name
 
 
-@pytest.mark.parametrize(("city", "temperature", "condition"), [("Lisbon", 21, "sunny"), ("Paris", 14, "rainy")])
-def test_tool_round_trip_answers_from_the_result(client, city, temperature, condition):
+@pytest.mark.parametrize(("city", "result", "expected"), [
+    ("Lisbon", json.dumps({"city": "Lisbon", "temperature": 21, "condition": "sunny"}), ("21", "sunny")),
+    ("Thessaloniki", "17 degrees and sunny", ("17", "sunny")),
+    ("Paris", "rainy, 14 degrees", ("14", "rainy")),
+])
+def test_tool_round_trip_answers_from_the_result(client, city, result, expected):
+    """The call names the city (a held-out one too); the answer uses a JSON or a plain-text result."""
     tools = [TOOLS["get_weather"]]
     question = {"role": "user", "content": f"What is the weather in {city}?"}
     first = ask(client, [question], tools=tools)
@@ -87,20 +105,19 @@ def test_tool_round_trip_answers_from_the_result(client, city, temperature, cond
     assert choice.finish_reason == "tool_calls", choice.message
     call = choice.message.tool_calls[0]
     assert call.function.name == "get_weather"
-    arguments = json.loads(call.function.arguments)
-    assert arguments == {"city": city}  # right name and arguments in 96% of fresh eval cases (eval.json)
-    result = json.dumps({"city": arguments["city"], "temperature": temperature, "condition": condition})
+    assert json.loads(call.function.arguments) == {"city": city}
     messages = [question, choice.message.model_dump(exclude_none=True), {"role": "tool", "tool_call_id": call.id, "content": result}]
     final = ask(client, messages, tools=tools).choices[0]
     assert final.finish_reason == "stop" and not final.message.tool_calls
-    assert str(temperature) in final.message.content and condition in final.message.content, final.message.content
+    assert "<tool_call>" not in final.message.content
+    assert all(value in final.message.content for value in expected), final.message.content
 
 
-def test_demo_script_runs():
-    """The README's main job (scripts/demo.py, what scripts/demo.sh runs after installing)."""
-    done = subprocess.run([sys.executable, "scripts/demo.py", "--model-path", str(DEMO_PATH)], cwd=REPO_ROOT,
-                          capture_output=True, text=True, timeout=300)
+def test_demo_script_recalls_a_name_the_user_passes():
+    """The README's main job (scripts/demo.py, what scripts/demo.sh runs after installing), with --name."""
+    done = subprocess.run([sys.executable, "scripts/demo.py", "--model-path", str(DEMO_PATH), "--name", "Quillon"],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "recalled 3 of 3 facts from memory" in done.stdout, done.stdout
+    assert "the name Quillon was recalled from memory" in done.stdout, done.stdout
     assert "the name is no longer known" in done.stdout, done.stdout
     assert "calls get_weather" in done.stdout, done.stdout
