@@ -216,31 +216,6 @@ class ChatService:
             return message, "tool_calls"
         return message, finish
 
-    # ---- generation
-
-    def _text(self, prepared: Prepared, output_ids: list[int], *, final: bool) -> tuple[str, bool]:
-        """Decoded output with the forced prefix and stop strings applied; True if a stop string ended it."""
-        text = prepared.prefix + self.chat_format.decode(output_ids)
-        found = [at for at in (text.find(stop) for stop in prepared.stops) if at >= 0]
-        if found:  # the earliest stop string wins, whichever its place in the list
-            return text[: min(found)], True
-        if not final and prepared.stops:
-            text = hold_partial(text, tuple(prepared.stops))
-        return text, False
-
-    def _message(self, prepared: Prepared, text: str, finish: str) -> tuple[dict, str]:
-        parsed = self.parser.parse(text, thinking=prepared.thinking)
-        calls = [c.to_openai() for c in parsed.tool_calls]
-        if calls and not prepared.parallel_tools:
-            calls = calls[:1]
-        message: dict[str, Any] = {"role": "assistant", "content": parsed.content or (None if calls else "")}
-        if parsed.reasoning is not None:
-            message["reasoning_content"] = parsed.reasoning
-        if calls and finish != "length":
-            message["tool_calls"] = calls
-            return message, "tool_calls"
-        return message, finish
-
     async def _run(self, request: ChatCompletionRequest, prepared: Prepared, held: HeldSession | None) -> dict:
         if held is None:
             body = await self.sessions.generate(prepared.prompt, prepared.sampling)

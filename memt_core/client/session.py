@@ -28,7 +28,6 @@ leads to, are planned by ``memt_core.client.turns.MemoryWrite``, which the proxy
 from __future__ import annotations
 
 import copy
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path

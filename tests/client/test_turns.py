@@ -12,7 +12,7 @@ import pytest
 
 from memt_core.client import turns
 from memt_core.client.turns import (
-    AbortStep, BeginStep, CommitStep, ExportStep, ImportStep, MemoryWrite, PublishStep, WaitStep,
+    AbortStep, BeginStep, CommitStep, ImportStep, MemoryWrite, PublishStep, WaitStep,
 )
 
 

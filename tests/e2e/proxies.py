@@ -19,7 +19,7 @@ Fixtures (session scope, shared by every ``tests/e2e/test_proxy_*.py`` module; r
   without an end token: a stream that lasts a few seconds on a small CPU machine, well over
   ``LEASE_WAIT`` (the one-request-per-session test relies on that).
 
-``expected_prompt`` recomputes, independently of the proxy's own bookkeeping, the prompt a session
+``say`` appends one completed turn (question and answer) to a history. ``expected_prompt`` recomputes, independently of the proxy's own bookkeeping, the prompt a session
 request must produce: BOS + system block + uncommitted earlier messages as context + the open turn.
 """
 
@@ -162,6 +162,14 @@ def completed_turn(client, session, messages, *, seed=0):
         if response.choices[0].finish_reason == "stop":
             return response
     pytest.fail("no completed turn in 20 seeds")
+
+
+def say(client, history: list[dict], text: str, session: str):
+    """One completed turn (a stop string ends it), appended to ``history``."""
+    history.append({"role": "user", "content": text})
+    reply = completed_turn(client, session, history)
+    history.append({"role": "assistant", "content": reply.choices[0].message.content})
+    return reply
 
 
 def assert_openai_error(response: httpx.Response, status: int, *, type: str | None = None, code: str | None = None, param: str | None = "<any>") -> dict:

@@ -9,19 +9,11 @@ refused as edited (409 ``transcript_diverged``), while new messages alone contin
 from __future__ import annotations
 
 import pytest
-from e2e.proxies import MODEL, ProxyServer, assert_openai_error, completed_turn, expected_prompt, unique
+from e2e.proxies import MODEL, ProxyServer, assert_openai_error, completed_turn, expected_prompt, say, unique
 
 from memt_proxy.sessions import native_session_id
 
 pytestmark = pytest.mark.timeout(600)
-
-
-def say(client, history: list[dict], text: str, session: str):
-    """One completed turn (a stop string ends it), appended to ``history``."""
-    history.append({"role": "user", "content": text})
-    reply = completed_turn(client, session, history)
-    history.append({"role": "assistant", "content": reply.choices[0].message.content})
-    return reply
 
 
 def upstream_inspect(server, tenant: str, session: str) -> dict:

@@ -14,20 +14,12 @@ import time
 import pytest
 from e2e.proxies import (
     DEMO_MODEL, DEMO_PATH, LONG_MESSAGES, LONG_TOKENS, MODEL, ProxyServer, assert_openai_error, assistant, completed_turn,
-    demo_chat_format, expected_prompt, unique,
+    demo_chat_format, expected_prompt, say, unique,
 )
 
 from memt_core.demo.episodes import TOOLS
 
 pytestmark = pytest.mark.timeout(600)
-
-
-def say(client, history: list[dict], text: str, session: str):
-    """One completed turn (a stop string ends it), appended to ``history``."""
-    history.append({"role": "user", "content": text})
-    reply = completed_turn(client, session, history)
-    history.append({"role": "assistant", "content": reply.choices[0].message.content})
-    return reply
 
 
 def killed(proxy: ProxyServer) -> None:

@@ -152,10 +152,20 @@ def test_help_explains_every_option():
     text = subprocess.run([sys.executable, "-m", "memt_proxy", "--help"], capture_output=True, text=True, check=True, cwd=ROOT).stdout
     options = set(re.findall(r"--[a-z][a-z-]+", text)) - {"--help"}
     expected = {"--upstream", "--upstream-api-key", "--host", "--port", "--api-key", "--api-keys-file", "--default-memory",
-                "--model-path", "--served-model-name", "--thinking", "--on-divergence", "--lease-wait", "--timeout", "--log-level"}
+                "--model-path", "--served-model-name", "--thinking", "--on-divergence", "--lease-wait", "--timeout", "--log-level",
+                "--max-sessions"}
     assert expected <= options
     for action in build_parser()._actions:
         assert action.help, action.option_strings
+
+
+def test_max_sessions_is_a_positive_count(capsys):
+    assert build_parser().parse_args([]).max_sessions == 1024
+    assert build_parser().parse_args(["--max-sessions", "2"]).max_sessions == 2
+    for bad in ("0", "-3", "many"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["--max-sessions", bad])
+    assert "--max-sessions" in capsys.readouterr().err
 
 
 def test_refuses_a_missing_checkpoint(tmp_path):
