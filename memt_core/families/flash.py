@@ -20,6 +20,8 @@ ENCODER_FILES = ("encoding_dsv4.py", "encoding/encoding_dsv4.py")
 
 
 class Flash(Family):
+    """MemT-1.0-Flash (DeepSeek-V4-Flash backbone): flat config, prompts from the encoder script."""
+
     name = "memt-flash"
     model_type = "memt_deepseek_v4"
     architecture = "MemTDeepseekV4ForCausalLM"

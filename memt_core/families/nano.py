@@ -12,6 +12,8 @@ from memt_core.families.base import Family, refuse_quantized, tiny_memory
 
 
 class Nano(Family):
+    """MemT-1.0-Nano (Qwen3.6-35B-A3B backbone): nested backbone config, memory beside full attention."""
+
     name = "memt-nano"
     model_type = "memt_qwen3_5_moe"
     architecture = "MemTQwen3_5MoeForCausalLM"
