@@ -19,8 +19,9 @@ Fixtures (session scope, shared by every ``tests/e2e/test_proxy_*.py`` module; r
   without an end token: a stream that lasts a few seconds on a small CPU machine, well over
   ``LEASE_WAIT`` (the one-request-per-session test relies on that).
 
-``say`` appends one completed turn (question and answer) to a history. ``expected_prompt`` recomputes, independently of the proxy's own bookkeeping, the prompt a session
-request must produce: BOS + system block + uncommitted earlier messages as context + the open turn.
+``say`` appends one completed turn (question and answer) to a history. ``expected_prompt``
+recomputes, independently of the proxy's own bookkeeping, the prompt a session request must produce:
+BOS + system block + uncommitted earlier messages as context + the open turn.
 """
 
 from __future__ import annotations

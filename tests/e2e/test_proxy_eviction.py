@@ -4,14 +4,20 @@ the proxy's memory; its native session (and memory) stays upstream, unleased. Wh
 comes back, the proxy adopts it again: with ``--state-directory`` it re-reads the session's record and
 still trims the resent transcript; without, the history is unknown and the resent transcript is
 refused as edited (409 ``transcript_diverged``), while new messages alone continue the same memory.
+Last, 5,000 distinct sessions through the session layer (create, lease, release on a live upstream
+with room for them all) leave at most ``max_sessions`` states in the proxy's memory and no lease held.
 """
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from e2e.proxies import MODEL, ProxyServer, assert_openai_error, completed_turn, expected_prompt, say, unique
+from e2e.wire import metric
 
-from memt_proxy.sessions import native_session_id
+from memt_core.client.native import AsyncNativeClient
+from memt_proxy.sessions import Sessions, native_session_id
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -75,3 +81,33 @@ def test_without_a_state_directory_an_evicted_session_has_an_unknown_history(pro
         assert reply.usage.prompt_tokens == len(expected_prompt(proxy_chat_format, only_new, 0))
         assert proxy.inspect(a, None)["native"]["published_version"] == 2
         close(proxy, a, b, c)
+
+
+def test_five_thousand_sessions_leave_at_most_max_sessions_in_memory(memt_servers, nano_checkpoint, proxy_chat_format):
+    upstream = memt_servers(nano_checkpoint, "--max-sessions-per-rank", "5100")
+    names = [f"many-{number}" for number in range(5000)]
+
+    async def scenario():
+        sessions = Sessions(AsyncNativeClient(upstream.url), identity=proxy_chat_format.identity, max_sessions=64)
+        try:
+            await sessions.check_upstream()
+            largest = 0
+            for name in names:
+                async with sessions.turn("t", name) as held:
+                    await held.start()  # create, then a lease renewed while held
+                largest = max(largest, len(sessions.table))
+            first_dropped = sessions.table.get("t", names[0]) is None
+            async with sessions.turn("t", names[0]) as held:  # long dropped: adopted again from the upstream
+                await held.start()
+                adopted = (held.state.exists, held.state.history_known, held.state.version)
+            return largest, len(sessions.table), sessions.table.dropped, first_dropped, adopted
+        finally:
+            await sessions.client.aclose()
+
+    largest, kept, dropped, first_dropped, adopted = asyncio.run(scenario())
+    assert largest == kept == 64 and dropped == 5000 + 1 - 64 and first_dropped
+    assert adopted == (True, False, 0)  # its native session was there; without records its history is unknown
+    with upstream.client() as http:
+        text = http.get("/metrics").text
+    assert metric(text, "memt_sessions") == 5000  # every native session kept, none closed to make room
+    assert metric(text, "memt_leases") == 0  # and no lease left behind by a dropped state
