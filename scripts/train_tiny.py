@@ -60,9 +60,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--memory-heads", type=int, default=shape.memory_heads, help="memory heads per memory layer")
     parser.add_argument("--key-dim", type=int, default=shape.key_dim, help="memory key dimension")
     parser.add_argument("--value-dim", type=int, default=shape.value_dim, help="memory value dimension")
+    parser.add_argument("--eval-only", action="store_true",
+                        help="do not train: evaluate the checkpoint in --out (its training.json) and write eval.json + README.md")
     args = parser.parse_args(argv)
+    if args.eval_only:
+        record = json.loads((args.out / "training.json").read_text())
+        config = config_from_dict(record["config"])
+        write_evaluation(args.out, args.eval_episodes, args.eval_seed, record["minutes"], config, threads=args.threads)
+        return 0
 
-    from memt_core.demo.eval import evaluate, format_report
     from memt_core.demo.train import train
 
     shape = replace(defaults.shape, vocab_size=args.vocab_size, hidden_size=args.hidden_size, memory_heads=args.memory_heads,
@@ -92,14 +98,30 @@ def main(argv: list[str] | None = None) -> int:
               "minutes": round(minutes, 1), "config": asdict(config), "learning_curve": curve}
     (args.out / "training.json").write_text(json.dumps(record, indent=2) + "\n")
     if args.eval_episodes:
-        report = evaluate(args.out, args.eval_episodes, args.eval_seed, threads=args.threads)
-        report["command"] = f"python scripts/eval_tiny.py --episodes {args.eval_episodes} --seed {args.eval_seed}"
-        print(format_report(report), flush=True)
-        record = {"command": report["command"], "seconds": report["seconds"], "targets": report["targets"],
-                  "splits": {name: {k: split[k] for k in ("figures", "counts")} for name, split in report["splits"].items()}}
-        (args.out / "eval.json").write_text(json.dumps(record, indent=2) + "\n")
-        (args.out / "README.md").write_text(model_card(report, minutes, config))
+        write_evaluation(args.out, args.eval_episodes, args.eval_seed, minutes, config, threads=args.threads)
     return 0
+
+
+def config_from_dict(data: dict) -> TrainConfig:
+    """The :class:`TrainConfig` recorded in a ``training.json``."""
+    from memt_core.demo.train import ModelShape
+
+    shape = ModelShape(**{**data["shape"], "memory_layers": tuple(data["shape"]["memory_layers"])})
+    return TrainConfig(**{**data, "shape": shape})
+
+
+def write_evaluation(out: Path, episodes: int, seed: int, minutes: float, config: TrainConfig, *, threads: int) -> dict:
+    """Evaluate the checkpoint in ``out`` on both splits; write its ``eval.json`` and model card ``README.md``."""
+    from memt_core.demo.eval import evaluate, format_report
+
+    report = evaluate(out, episodes, seed, threads=threads)
+    report["command"] = f"python scripts/eval_tiny.py --episodes {episodes} --seed {seed}"
+    print(format_report(report), flush=True)
+    record = {"command": report["command"], "seconds": report["seconds"], "targets": report["targets"],
+              "splits": {name: {k: split[k] for k in ("figures", "counts")} for name, split in report["splits"].items()}}
+    (out / "eval.json").write_text(json.dumps(record, indent=2) + "\n")
+    (out / "README.md").write_text(model_card(report, minutes, config))
+    return report
 
 
 def model_card(report: dict, minutes: float, config) -> str:
