@@ -52,7 +52,7 @@ def stream_generate(
     device = next(model.parameters()).device
     read = memory_batch(model, [memory])
     cache = DynamicCache(config=model.config)
-    sampler = Sampler(params)
+    sampler = Sampler(params, prompt=tuple(token_ids), end_ids=frozenset(stop))
     ids = torch.as_tensor(list(token_ids), dtype=torch.long, device=device).reshape(1, -1)
     for produced in range(params.max_new_tokens):
         out = model(ids, memory=read, past_key_values=cache, use_cache=True, logits_to_keep=1)

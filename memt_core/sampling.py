@@ -1,10 +1,27 @@
-"""Sampling parameters of a generation request and the per-request sampler."""
+"""Sampling parameters of a generation request and the per-request sampler.
+
+The sampler turns one step's logits into a token in a fixed order, each stage a small function:
+grammar mask → logit bias → repetition / frequency / presence penalties → minimum length (end tokens
+masked) → temperature → top-k → top-p → min-p → draw. Log-probabilities, when asked for, are those of
+the model's own distribution (log-softmax of the raw logits), as OpenAI and SGLang report them.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import torch
+
+
+class TokenConstraint(Protocol):
+    """Which tokens may come next (e.g. a grammar); advanced with every chosen token."""
+
+    def allowed(self, vocab_size: int, remaining: int | None = None) -> torch.Tensor:
+        """A bool mask ``[vocab_size]`` of the tokens allowed next, ``remaining`` tokens of budget left."""
+
+    def advance(self, token: int) -> None:
+        """Take the chosen token."""
 
 
 @dataclass(frozen=True)
@@ -15,10 +32,19 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1  # -1: no limit
+    min_p: float = 0.0  # drop tokens below min_p × the most likely token's probability
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()  # in addition to the model's end-of-sequence tokens
     stop: tuple[str, ...] = ()  # stop strings, checked on decoded text by the server
+    frequency_penalty: float = 0.0  # minus penalty × count of the token in the output (OpenAI)
+    presence_penalty: float = 0.0  # minus penalty once the token occurs in the output (OpenAI)
+    repetition_penalty: float = 1.0  # logits of prompt and output tokens divided (positive) or multiplied (negative)
+    min_new_tokens: int = 0  # end tokens are masked until this many tokens were generated
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias added to its logit)
+    logprobs: bool = False  # report the chosen token's log-probability
+    top_logprobs: int = 0  # and this many most likely alternatives
     skip_eos: bool = False  # never set by requests (ignore_eos is refused); used by benchmarks
+    constraint: Any = field(default=None, compare=False)  # a TokenConstraint, one per request
 
     def __post_init__(self):
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 0:
@@ -29,6 +55,14 @@ class SamplingParams:
             raise ValueError("top_p must be in (0, 1]")
         if self.top_k == 0 or self.top_k < -1:
             raise ValueError("top_k must be -1 (no limit) or a positive integer")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError("min_p must be in [0, 1]")
+        if not -2 <= self.frequency_penalty <= 2 or not -2 <= self.presence_penalty <= 2:
+            raise ValueError("frequency_penalty and presence_penalty must be in [-2, 2]")
+        if not 0 < self.repetition_penalty <= 2:
+            raise ValueError("repetition_penalty must be in (0, 2]")
+        if self.min_new_tokens < 0 or self.top_logprobs < 0:
+            raise ValueError("min_new_tokens and top_logprobs must be non-negative")
 
     @property
     def greedy(self) -> bool:
@@ -36,11 +70,24 @@ class SamplingParams:
 
 
 @dataclass
+class Choice:
+    """The chosen token, with its log-probability and the top alternatives when asked for."""
+
+    token: int
+    logprob: float | None = None
+    top_logprobs: list[tuple[int, float]] | None = None
+
+
+@dataclass
 class Sampler:
-    """Picks the next token of one request; owns that request's random generator."""
+    """Picks the next token of one request; owns that request's random generator and output history."""
 
     params: SamplingParams
+    prompt: tuple[int, ...] = ()
+    end_ids: frozenset[int] = frozenset()  # tokens that end generation (masked before min_new_tokens)
     generator: torch.Generator | None = field(default=None, repr=False)
+    output: list[int] = field(default_factory=list)
+    last: Choice | None = None
 
     def __post_init__(self):
         if not self.params.greedy:
@@ -49,23 +96,73 @@ class Sampler:
                 self.generator.manual_seed(self.params.seed)
             else:
                 self.generator.seed()
+        self._counts: dict[int, int] = {}
 
     def __call__(self, logits: torch.Tensor) -> int:
-        """``logits [vocab]`` → the chosen token id."""
-        logits = logits.float()
+        """``logits [vocab]`` → the chosen token id (``last`` holds its log-probabilities when asked for)."""
+        raw = logits.float()
+        logits = self._processed(raw)
         if self.params.greedy:
-            return int(torch.argmax(logits))
+            token = int(torch.argmax(logits))
+        else:
+            token = int(torch.multinomial(self._distribution(logits).cpu(), 1, generator=self.generator))
+        self.last = self._choice(raw, token)
+        self.output.append(token)
+        self._counts[token] = self._counts.get(token, 0) + 1
+        if self.params.constraint is not None:
+            self.params.constraint.advance(token)
+        return token
+
+    def _processed(self, logits: torch.Tensor) -> torch.Tensor:
+        """Every stage that changes logits before temperature; a copy when anything applies."""
+        p = self.params
+        if p.constraint is not None:
+            allowed = p.constraint.allowed(logits.shape[-1], p.max_new_tokens - len(self.output)).to(logits.device)
+            logits = logits.masked_fill(~allowed, float("-inf"))
+        if p.logit_bias:
+            ids = torch.tensor([t for t, _ in p.logit_bias], device=logits.device)
+            logits = logits.index_add(0, ids, torch.tensor([b for _, b in p.logit_bias], device=logits.device))
+        if p.repetition_penalty != 1.0:
+            seen = torch.tensor(sorted(set(self.prompt) | self._counts.keys()), dtype=torch.long, device=logits.device)
+            if seen.numel():
+                picked = logits[seen]
+                logits = logits.index_copy(0, seen, torch.where(picked > 0, picked / p.repetition_penalty, picked * p.repetition_penalty))
+        if (p.frequency_penalty or p.presence_penalty) and self._counts:
+            ids = torch.tensor(list(self._counts), dtype=torch.long, device=logits.device)
+            counts = torch.tensor(list(self._counts.values()), dtype=logits.dtype, device=logits.device)
+            logits = logits.index_add(0, ids, -(p.frequency_penalty * counts + p.presence_penalty))
+        if len(self.output) < p.min_new_tokens and self.end_ids:
+            ends = torch.tensor(sorted(self.end_ids), dtype=torch.long, device=logits.device)
+            logits = logits.index_fill(0, ends[ends < logits.shape[-1]], float("-inf"))
+        return logits
+
+    def _distribution(self, logits: torch.Tensor) -> torch.Tensor:
+        """Temperature, top-k, top-p and min-p over processed logits → probabilities."""
+        p = self.params
         # in FP64 with the largest logit shifted to 0, so no valid temperature overflows to inf/nan
-        logits = (logits.double() - logits.max()) / self.params.temperature
-        if self.params.top_k > 0:
-            kth = torch.topk(logits, min(self.params.top_k, logits.shape[-1])).values[-1]
+        logits = (logits.double() - logits.max()) / p.temperature
+        if p.top_k > 0:
+            kth = torch.topk(logits, min(p.top_k, logits.shape[-1])).values[-1]
             logits = logits.masked_fill(logits < kth, float("-inf"))
         probs = torch.softmax(logits, dim=-1)
-        if self.params.top_p < 1.0:
+        if p.top_p < 1.0:
             sorted_probs, order = torch.sort(probs, descending=True)
             # keep the smallest prefix whose mass reaches top_p (always at least one token)
-            drop = sorted_probs.cumsum(-1) - sorted_probs >= self.params.top_p
+            drop = sorted_probs.cumsum(-1) - sorted_probs >= p.top_p
             drop[..., 0] = False  # (a top_p below float32's smallest value would otherwise drop them all)
             sorted_probs = sorted_probs.masked_fill(drop, 0.0)
             probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
-        return int(torch.multinomial(probs.cpu(), 1, generator=self.generator))
+        if p.min_p > 0:
+            probs = probs.masked_fill(probs < p.min_p * probs.max(), 0.0)
+        return probs
+
+    def _choice(self, raw: torch.Tensor, token: int) -> Choice:
+        p = self.params
+        if not (p.logprobs or p.top_logprobs):
+            return Choice(token)
+        logprobs = torch.log_softmax(raw.double(), dim=-1)
+        top = None
+        if p.top_logprobs:
+            values, ids = torch.topk(logprobs, min(p.top_logprobs, logprobs.shape[-1]))
+            top = [(int(i), float(v)) for i, v in zip(ids, values)]
+        return Choice(token, float(logprobs[token]), top)

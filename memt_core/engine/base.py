@@ -28,6 +28,8 @@ class TokenEvent:
     finish_reason: str | None = None  # "stop" | "length" | "abort"
     matched_stop: int | None = None
     error: Exception | None = None  # a MemTError when the request failed
+    logprob: float | None = None  # of ``token``, when the request asked for log-probabilities
+    top_logprobs: list[tuple[int, float]] | None = None  # (token id, log-probability), most likely first
 
 
 @dataclass

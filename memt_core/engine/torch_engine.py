@@ -367,7 +367,7 @@ class TorchEngine(Engine):
         self._stats.waiting = len(self._waiting)
 
     def _prefill(self, job: _Query) -> None:
-        job.sampler = Sampler(job.params)
+        job.sampler = Sampler(job.params, prompt=tuple(job.prompt), end_ids=frozenset(self.stop_ids | set(job.params.stop_token_ids)))
         if job.retained is not None:
             cache, start = job.retained.cache, len(job.retained.tokens)
         else:
@@ -397,7 +397,7 @@ class TorchEngine(Engine):
         self._stats.generated_tokens += 1
         verdict = self._verdict(job)
         if verdict is None:
-            job.loop.call_soon_threadsafe(job.events.put_nowait, TokenEvent(job.output[-1]))
+            job.loop.call_soon_threadsafe(job.events.put_nowait, self._token_event(job))
             return False
         reason, matched = verdict
         if reason == "abort":
@@ -411,8 +411,16 @@ class TorchEngine(Engine):
 
     def _finish(self, job: _Query, reason: str | None, *, token: int | None = None, matched: int | None = None, error: Exception | None = None) -> None:
         self._by_rid.pop(job.rid, None)
-        event = TokenEvent(token, finish_reason=reason, matched_stop=matched, error=error)
+        event = self._token_event(job) if token is not None else TokenEvent(None)
+        event.finish_reason, event.matched_stop, event.error = reason, matched, error
         job.loop.call_soon_threadsafe(job.events.put_nowait, event)
+
+    @staticmethod
+    def _token_event(job: _Query) -> TokenEvent:
+        choice = job.sampler.last if job.sampler is not None else None
+        if choice is None:
+            return TokenEvent(job.output[-1])
+        return TokenEvent(choice.token, logprob=choice.logprob, top_logprobs=choice.top_logprobs)
 
     def _retain(self, job: _Query, cache) -> None:
         state = self.store.sessions.get(job.session)

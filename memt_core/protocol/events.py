@@ -8,9 +8,10 @@ about HTTP, sessions or time.
 
 from __future__ import annotations
 
+import json
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from memt_core.errors import InvalidRequest
@@ -279,7 +280,10 @@ SAMPLING_FIELDS = {
     "max_new_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "sampling_seed", "stop",
     "stop_token_ids", "n", "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens",
     "no_stop_trim", "frequency_penalty", "presence_penalty", "repetition_penalty", "min_new_tokens",
+    "logit_bias", "json_schema", "regex", "ebnf",
 }
+GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf")
+MAX_TOP_LOGPROBS = 20
 UNSUPPORTED_INPUTS = ("text", "input_embeds", "image_data", "audio_data", "video_data")
 COMMIT_REFUSED = ("return_logprob", "return_hidden_states", "top_logprobs_num", "logprob_start_len", "return_text_in_logprobs")
 
@@ -296,6 +300,16 @@ class Sampling:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     skip_special_tokens: bool = True
+    min_p: float = 0.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_new_tokens: int = 0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    grammar: tuple[str, str] | None = None  # ("json_schema" | "regex" | "ebnf", source)
+    logprobs: bool = False  # return_logprob
+    top_logprobs: int = 0  # top_logprobs_num
+    logprob_text: bool = False  # return_text_in_logprobs
 
 
 @dataclass(frozen=True)
@@ -329,7 +343,7 @@ class PlainGeneration:
     stream: bool = False
 
 
-def parse_sampling(params: Any, *, where: str) -> Sampling:
+def parse_sampling(params: Any, *, where: str, vocab_size: int | None = None) -> Sampling:
     if params is None:
         raise InvalidRequest(f"{where}: 'sampling_params' with an explicit 'max_new_tokens' is required")
     if not isinstance(params, dict):
@@ -354,11 +368,32 @@ def parse_sampling(params: Any, *, where: str) -> Sampling:
         raise InvalidRequest(f"{where}: sampling_params.top_p must be in (0, 1]")
     if top_k == 0 or top_k < -1:
         raise InvalidRequest(f"{where}: sampling_params.top_k must be -1 or a positive integer")
-    for name in ("frequency_penalty", "presence_penalty", "min_p", "min_new_tokens"):
-        if f.get(name, "a finite number", default=0) != 0:
-            raise InvalidRequest(f"{where}: sampling_params.{name} is not supported by this engine")
-    if f.get("repetition_penalty", "a finite number", default=1) != 1:
-        raise InvalidRequest(f"{where}: sampling_params.repetition_penalty is not supported by this engine")
+    min_p = float(f.get("min_p", "a finite number", default=0.0))
+    if not 0 <= min_p <= 1:
+        raise InvalidRequest(f"{where}: sampling_params.min_p must be in [0, 1]")
+    penalties = {}
+    for name in ("frequency_penalty", "presence_penalty"):
+        penalties[name] = float(f.get(name, "a finite number", default=0.0))
+        if not -2 <= penalties[name] <= 2:
+            raise InvalidRequest(f"{where}: sampling_params.{name} must be in [-2, 2]")
+    repetition = float(f.get("repetition_penalty", "a finite number", default=1.0))
+    if not 0 < repetition <= 2:
+        raise InvalidRequest(f"{where}: sampling_params.repetition_penalty must be in (0, 2]")
+    min_new = f.get("min_new_tokens", "an integer", default=0)
+    if not 0 <= min_new <= max(max_new, 0):
+        raise InvalidRequest(f"{where}: sampling_params.min_new_tokens must be between 0 and max_new_tokens")
+    logit_bias = _logit_bias(f.get("logit_bias", "an object", default={}), where, vocab_size)
+    grammars = [(name, f.get(name, "a string")) for name in GRAMMAR_FIELDS if params.get(name) is not None]
+    if len(grammars) > 1:
+        raise InvalidRequest(f"{where}: give at most one of sampling_params.json_schema, regex, ebnf")
+    grammar = grammars[0] if grammars else None
+    if grammar and grammar[0] == "json_schema":
+        try:
+            schema = json.loads(grammar[1])
+        except ValueError as exc:
+            raise InvalidRequest(f"{where}: sampling_params.json_schema must be a JSON schema as a string: {exc}") from None
+        if not isinstance(schema, (dict, bool)):
+            raise InvalidRequest(f"{where}: sampling_params.json_schema must be a JSON object (or true)")
     seed = f.get("seed", "an integer")
     seed = f.get("sampling_seed", "an integer", default=seed)
     if seed is not None and not 0 <= seed < 2**63:
@@ -376,7 +411,39 @@ def parse_sampling(params: Any, *, where: str) -> Sampling:
     return Sampling(
         max_new_tokens=max_new, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
         stop=tuple(stop), stop_token_ids=tuple(stop_ids), skip_special_tokens=skip_special,
+        min_p=min_p, repetition_penalty=repetition, min_new_tokens=min_new, logit_bias=logit_bias, grammar=grammar,
+        **penalties,
     )
+
+
+def _logit_bias(bias: dict, where: str, vocab_size: int | None) -> tuple[tuple[int, float], ...]:
+    """SGLang's ``logit_bias``: token ids (as strings) → a bias in [-100, 100]."""
+    items = []
+    for key, value in bias.items():
+        if not (isinstance(key, str) and key.isdigit()) or (vocab_size is not None and int(key) >= vocab_size):
+            raise InvalidRequest(f"{where}: sampling_params.logit_bias keys must be token ids below {vocab_size}, got {key[:40]!r}")
+        if not _KINDS["a finite number"](value) or not -100 <= value <= 100:
+            raise InvalidRequest(f"{where}: sampling_params.logit_bias[{key!r}] must be a number in [-100, 100]")
+        items.append((int(key), float(value)))
+    return tuple(sorted(items))
+
+
+def _logprob_request(body: dict, where: str, sampling: Sampling) -> Sampling:
+    """Fold the request's log-probability fields into its sampling (queries and plain generations)."""
+    f = _Fields(body, where)
+    want = f.get("return_logprob", "a boolean", default=False)
+    top = f.get("top_logprobs_num", "an integer", default=0)
+    text = f.get("return_text_in_logprobs", "a boolean", default=False)
+    start = f.get("logprob_start_len", "an integer", default=-1)
+    if not 0 <= top <= MAX_TOP_LOGPROBS:
+        raise InvalidRequest(f"{where}: 'top_logprobs_num' must be between 0 and {MAX_TOP_LOGPROBS}")
+    if (top or text) and not want:
+        raise InvalidRequest(f"{where}: 'top_logprobs_num' and 'return_text_in_logprobs' need 'return_logprob': true")
+    if want and start != -1:
+        raise InvalidRequest(f"{where}: input-token log-probabilities are not supported; leave 'logprob_start_len' at -1")
+    if body.get("return_hidden_states"):
+        raise InvalidRequest(f"{where}: 'return_hidden_states' is not supported by this engine")
+    return replace(sampling, logprobs=want, top_logprobs=top if want else 0, logprob_text=text)
 
 
 def _input_ids(body: dict, where: str, *, vocab_size: int, max_prefill_tokens: int) -> tuple[int, ...]:
@@ -433,7 +500,8 @@ def parse_generate(body: Any, *, vocab_size: int, max_prefill_tokens: int) -> Qu
         if (text is None) == (body.get("input_ids") is None):
             raise InvalidRequest("generate: give exactly one of 'text' or 'input_ids'")
         ids = None if text is not None else _input_ids(body, "generate", vocab_size=vocab_size, max_prefill_tokens=max_prefill_tokens)
-        return PlainGeneration(rid=rid, input_ids=ids, text=text, sampling=parse_sampling(body.get("sampling_params"), where="generate"), stream=stream)
+        sampling = _logprob_request(body, "generate", parse_sampling(body.get("sampling_params"), where="generate", vocab_size=vocab_size))
+        return PlainGeneration(rid=rid, input_ids=ids, text=text, sampling=sampling, stream=stream)
 
     parsed = parse_rid(rid)
     where = f"{parsed.operation} {rid!r}"
@@ -447,7 +515,7 @@ def parse_generate(body: Any, *, vocab_size: int, max_prefill_tokens: int) -> Qu
     epoch = body.get("memt_epoch")
     if epoch is not None and not isinstance(epoch, str):
         raise InvalidRequest(f"{where}: 'memt_epoch' must be a string")
-    sampling = parse_sampling(body.get("sampling_params"), where=where)
+    sampling = parse_sampling(body.get("sampling_params"), where=where, vocab_size=vocab_size)
 
     if parsed.operation == "commit":
         if parsed.count != len(ids):
@@ -459,6 +527,8 @@ def parse_generate(body: Any, *, vocab_size: int, max_prefill_tokens: int) -> Qu
         for name in COMMIT_REFUSED:
             if body.get(name):
                 raise InvalidRequest(f"{where}: commits do not return output scores or hidden states ({name!r})")
+        if sampling.grammar is not None:
+            raise InvalidRequest(f"{where}: commits generate nothing, so sampling_params.{sampling.grammar[0]} has nothing to constrain")
         if body.get("session_params") is not None:
             raise InvalidRequest(f"{where}: session_params are not accepted on commits")
         transaction = body.get("memt_transaction")
@@ -469,9 +539,7 @@ def parse_generate(body: Any, *, vocab_size: int, max_prefill_tokens: int) -> Qu
 
     if body.get("memt_transaction") is not None:
         raise InvalidRequest(f"{where}: queries do not take 'memt_transaction'")
-    for name in COMMIT_REFUSED:
-        if body.get(name):
-            raise InvalidRequest(f"{where}: {name!r} is not supported by this engine")
+    sampling = _logprob_request(body, where, sampling)
     session_params = body.get("session_params")
     if session_params is not None and session_params != {"id": parsed.session}:
         raise InvalidRequest(f"{where}: session_params may only be {{\"id\": \"{parsed.session}\"}}")

@@ -16,6 +16,7 @@ from typing import Any, AsyncIterator
 
 from memt_core.detokenize import IncrementalDecoder
 from memt_core.engine.base import Engine, TokenEvent
+from memt_core.grammar import GrammarCompiler
 from memt_core.errors import InvalidRequest, MemTError, WorkerUnavailable
 from memt_core.protocol import (
     APPLIED,
@@ -63,6 +64,7 @@ class MemTService:
         self.engine = engine
         self.protocol = protocol
         self.tokenizer = tokenizer
+        self.grammars = GrammarCompiler(tokenizer) if tokenizer is not None else None
         self.max_prefill_tokens = max_prefill_tokens
         self.context_length = context_length
         self.ack_timeout = ack_timeout  # seconds the engine has to acknowledge a commit or a query's first token
@@ -112,10 +114,11 @@ class MemTService:
             # checked before admission, so a refusal consumes nothing (not even the nonce)
             self._check_context(len(request.input_ids), request.sampling)
             self.engine.check_prompt(request.rid.session, list(request.input_ids))
+            params = await self._params(request.sampling)
             ticket = self.protocol.start_query(request, self.clock())
             try:
                 events = self.engine.query(
-                    request.rid.text, list(request.input_ids), _params(request.sampling),
+                    request.rid.text, list(request.input_ids), params,
                     session=ticket.session, memory_read=ticket.memory_read, retain=ticket.retain_kv,
                 )
             except BaseException:
@@ -137,8 +140,24 @@ class MemTService:
                 raise InvalidRequest(f"{len(ids)} input tokens exceed max_prefill_tokens ({self.max_prefill_tokens})")
         self._check_context(len(ids), request.sampling)
         rid = request.rid or uuid.uuid4().hex
-        events = self.engine.query(rid, ids, _params(request.sampling))
+        events = self.engine.query(rid, ids, await self._params(request.sampling))
         return await self._respond(rid, ids, request.sampling, events, request.stream, None)
+
+    async def _params(self, sampling: Sampling) -> SamplingParams:
+        """The engine's sampling parameters; a grammar is compiled here, so a bad one is refused before admission."""
+        constraint = None
+        if sampling.grammar is not None:
+            if self.grammars is None:
+                raise InvalidRequest("this server has no tokenizer; grammar-constrained decoding needs one")
+            constraint = await asyncio.to_thread(self.grammars.compile, *sampling.grammar)
+        return SamplingParams(
+            max_new_tokens=sampling.max_new_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
+            top_k=sampling.top_k, min_p=sampling.min_p, seed=sampling.seed, stop_token_ids=sampling.stop_token_ids,
+            stop=sampling.stop, frequency_penalty=sampling.frequency_penalty, presence_penalty=sampling.presence_penalty,
+            repetition_penalty=sampling.repetition_penalty, min_new_tokens=sampling.min_new_tokens,
+            logit_bias=sampling.logit_bias, logprobs=sampling.logprobs, top_logprobs=sampling.top_logprobs,
+            constraint=constraint,
+        )
 
     def _check_context(self, prompt: int, sampling: Sampling) -> None:
         if prompt + sampling.max_new_tokens > self.context_length:
@@ -221,18 +240,6 @@ def _retrieved(task: asyncio.Task) -> None:
         task.exception()
 
 
-def _params(sampling: Sampling) -> SamplingParams:
-    return SamplingParams(
-        max_new_tokens=sampling.max_new_tokens,
-        temperature=sampling.temperature,
-        top_p=sampling.top_p,
-        top_k=sampling.top_k,
-        seed=sampling.seed,
-        stop_token_ids=sampling.stop_token_ids,
-        stop=sampling.stop,
-    )
-
-
 class _Generation:
     """Turns engine token events into response bodies, applying stop strings."""
 
@@ -248,6 +255,8 @@ class _Generation:
         self.decoder = IncrementalDecoder(tokenizer, skip_special_tokens=sampling.skip_special_tokens) if tokenizer else None
         self.longest_stop = max((len(stop) for stop in sampling.stop), default=0)
         self.first: TokenEvent | None = None
+        self.token_logprobs: list[list] = []  # [logprob, token id, text or None] per output token
+        self.top_logprobs: list[list[list]] = []
 
     async def acknowledged(self, timeout: float | None) -> None:
         """Wait for the engine's first event; a 503 when it does not come in time (the work is then cancelled)."""
@@ -290,12 +299,25 @@ class _Generation:
         self.service.engine.cancel(self.rid)
         return True
 
+    def _logprobs(self, event: TokenEvent) -> None:
+        def entry(token: int, logprob: float | None) -> list:
+            text = None
+            if self.sampling.logprob_text and self.service.tokenizer is not None:
+                text = self.service.tokenizer.decode([token], skip_special_tokens=False)
+            return [logprob, token, text]
+
+        self.token_logprobs.append(entry(event.token, event.logprob))
+        if self.sampling.top_logprobs:
+            self.top_logprobs.append([entry(token, logprob) for token, logprob in event.top_logprobs or ()])
+
     def _absorb(self, event: TokenEvent) -> bool:
         """Take one engine event; returns True when the generation is over."""
         if event.error is not None:
             raise event.error
         if event.token is not None:
             self.output.append(event.token)
+            if self.sampling.logprobs:
+                self._logprobs(event)
             if self.decoder is not None and self._append(self.decoder.push(event.token)):
                 return True
         if event.finish_reason is not None:
@@ -318,6 +340,10 @@ class _Generation:
             "completion_tokens": len(self.output),
             "e2e_latency": round(self.service.clock() - self.started, 6),
         }
+        if self.sampling.logprobs:
+            meta["output_token_logprobs"] = self.token_logprobs
+            if self.sampling.top_logprobs:
+                meta["output_top_logprobs"] = self.top_logprobs
         if self.memt is not None:
             meta["memt"] = self.memt
         return {"text": self.text, "output_ids": list(self.output), "meta_info": meta}

@@ -430,7 +430,20 @@ def test_input_ids_limited_by_max_prefill_tokens():
     ({"max_new_tokens": 0, "top_k": 0}, "top_k must be -1 or a positive integer"),
     ({"max_new_tokens": 0, "stop": [""]}, "stop must be a string or a list of nonempty strings"),
     ({"max_new_tokens": 0, "stop_token_ids": [True]}, "stop_token_ids must be a list of token ids"),
-    ({"max_new_tokens": 0, "repetition_penalty": 1.2}, "repetition_penalty is not supported"),
+    ({"max_new_tokens": 0, "repetition_penalty": 3}, "repetition_penalty must be in (0, 2]"),
+    ({"max_new_tokens": 0, "repetition_penalty": 0}, "repetition_penalty must be in (0, 2]"),
+    ({"max_new_tokens": 0, "min_p": 1.5}, "min_p must be in [0, 1]"),
+    ({"max_new_tokens": 0, "frequency_penalty": 2.5}, "frequency_penalty must be in [-2, 2]"),
+    ({"max_new_tokens": 0, "presence_penalty": "1"}, "'presence_penalty' must be a finite number"),
+    ({"max_new_tokens": 2, "min_new_tokens": 3}, "min_new_tokens must be between 0 and max_new_tokens"),
+    ({"max_new_tokens": 0, "logit_bias": {"abc": 1}}, "logit_bias keys must be token ids below"),
+    ({"max_new_tokens": 0, "logit_bias": {"999999": 1}}, "logit_bias keys must be token ids below"),
+    ({"max_new_tokens": 0, "logit_bias": {"5": 101}}, "must be a number in [-100, 100]"),
+    ({"max_new_tokens": 0, "logit_bias": [5]}, "'logit_bias' must be an object"),
+    ({"max_new_tokens": 0, "json_schema": "{", "regex": "a"}, "at most one of sampling_params.json_schema, regex, ebnf"),
+    ({"max_new_tokens": 0, "json_schema": "{not json"}, "json_schema must be a JSON schema as a string"),
+    ({"max_new_tokens": 0, "json_schema": {"type": "object"}}, "'json_schema' must be a string"),
+    ({"max_new_tokens": 0, "json_schema": "[1]"}, "json_schema must be a JSON object"),
 ])
 def test_sampling_rules(make, params, match):
     refused(generate, make(sampling_params=params), match=match)
@@ -455,13 +468,30 @@ def test_commit_rules():
 
 
 @pytest.mark.parametrize("field", ["return_logprob", "return_hidden_states", "top_logprobs_num", "logprob_start_len", "return_text_in_logprobs"])
-@pytest.mark.parametrize("make, match", [
-    (commit_body, "do not return output scores or hidden states"),
-    (query_body, "is not supported by this engine"),
-], ids=["commit", "query"])
-def test_scores_and_hidden_states_refused(field, make, match):
-    refused(generate, make(**{field: True if field.startswith("return") else 5}), match=match)
-    generate(make(**{field: False if field.startswith("return") else 0}))  # falsy values ask for nothing
+def test_commits_refuse_scores_and_hidden_states(field):
+    refused(generate, commit_body(**{field: True if field.startswith("return") else 5}), match="do not return output scores or hidden states")
+    generate(commit_body(**{field: False if field.startswith("return") else 0}))  # falsy values ask for nothing
+
+
+def test_queries_take_logprob_requests_but_not_hidden_states():
+    query = generate(query_body(return_logprob=True, top_logprobs_num=3, return_text_in_logprobs=True))
+    assert (query.sampling.logprobs, query.sampling.top_logprobs, query.sampling.logprob_text) == (True, 3, True)
+    assert generate(query_body()).sampling.logprobs is False
+    refused(generate, query_body(return_hidden_states=True), match="'return_hidden_states' is not supported by this engine")
+    refused(generate, query_body(top_logprobs_num=2), match="need 'return_logprob': true")
+    refused(generate, query_body(return_logprob=True, top_logprobs_num=21), match="'top_logprobs_num' must be between 0 and 20")
+    refused(generate, query_body(return_logprob=True, logprob_start_len=0), match="input-token log-probabilities are not supported")
+
+
+def test_sglang_sampling_fields_are_taken():
+    params = {"max_new_tokens": 4, "min_p": 0.1, "frequency_penalty": 0.5, "presence_penalty": -0.5, "repetition_penalty": 1.3,
+              "min_new_tokens": 2, "logit_bias": {"7": 5.0, "3": -100}, "json_schema": '{"type": "object"}'}
+    sampling = generate(query_body(sampling_params=params)).sampling
+    assert (sampling.min_p, sampling.frequency_penalty, sampling.presence_penalty, sampling.repetition_penalty) == (0.1, 0.5, -0.5, 1.3)
+    assert sampling.min_new_tokens == 2 and sampling.logit_bias == ((3, -100.0), (7, 5.0))
+    assert sampling.grammar == ("json_schema", '{"type": "object"}')
+    assert generate(query_body(sampling_params={"max_new_tokens": 4, "regex": "[a-z]+"})).sampling.grammar == ("regex", "[a-z]+")
+    refused(generate, commit_body(sampling_params={"max_new_tokens": 0, "regex": "a"}), match="commits generate nothing")
 
 
 @pytest.mark.parametrize("field, value", [
