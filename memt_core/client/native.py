@@ -74,10 +74,16 @@ def generate_body(input_ids, sampling_params, stream) -> dict:
     }
 
 
-def check_response(status: int, body: Any, stage: str) -> Any:
+def check_response(status: int, body: Any, stage: str, *, changes_state: bool = False) -> Any:
+    """The body of a success; a typed ``MemTClientError`` otherwise. A 503 to a state-changing request is
+    uncertain (the spec: the worker may have applied it before communication failed or timed out)."""
     if status >= 400:
         error = error_from_wire(status, body)
-        raise MemTClientError(f"{stage}: {error.message}", stage=stage, status=status, cause=error)
+        uncertain = changes_state and status == 503
+        message = f"{stage}: {error.message}"
+        if uncertain:
+            message += " (the outcome is uncertain: call status()/recover() before further writes)"
+        raise MemTClientError(message, stage=stage, status=status, cause=error, uncertain=uncertain)
     return body
 
 
@@ -167,7 +173,7 @@ class NativeClient(_Base):
     def _send(self, stage: str, method: str, path: str, *, body: dict | None = None, changes_state: bool) -> Any:
         with self._mapped(stage, changes_state=changes_state):
             response = self._http.request(method, path, json=body)
-        return check_response(response.status_code, _json_or_text(response.text), stage)
+        return check_response(response.status_code, _json_or_text(response.text), stage, changes_state=changes_state)
 
     def capabilities(self, *, refresh: bool = False) -> dict:
         """``GET /memt/capabilities`` (cached); also records the server epoch."""
@@ -265,7 +271,7 @@ class AsyncNativeClient(_Base):
         with self._mapped(stage, changes_state=changes_state, failures=_aiohttp_failures()):
             async with self._session().request(method, self.base_url + path, json=body) as response:
                 status, text = response.status, await response.text()
-        return check_response(status, _json_or_text(text), stage)
+        return check_response(status, _json_or_text(text), stage, changes_state=changes_state)
 
     async def capabilities(self, *, refresh: bool = False) -> dict:
         if self._capabilities is None or refresh:

@@ -164,3 +164,28 @@ def test_a_query_the_engine_does_not_start_answers_503_and_is_cancelled(nano_che
         assert wire.ctl("status", handle)["in_flight"] == []  # nothing left running or holding the session
         engine.hold.set()
         assert wire.query(handle, [5], max_new_tokens=2)["output_ids"] == [6, 7]
+
+
+def test_the_client_treats_a_503_to_a_write_as_uncertain_and_recovers(nano_checkpoint, tmp_path):
+    """The spec's 503: worker communication failed or acknowledgement timed out; the session may be uncertain."""
+    from memt_core.client import MemTClientError, NativeClient
+
+    with serve_fake(nano_checkpoint, tmp_path, "--ack-timeout", "0.3") as (wire, engine, _):
+        client = NativeClient(str(wire.http.base_url))
+        session = client.control("create")["session"]
+        lease = client.control("acquire", session)["lease"]
+        client.control("begin", session, lease=lease, transaction="t")
+        engine.hold = threading.Event()
+        with pytest.raises(MemTClientError) as info:
+            client.commit(session, lease, "t", [4, 5])
+        assert info.value.uncertain is True and info.value.status == 503 and "uncertain" in info.value.message
+        engine.hold.set()
+        until(lambda: client.control("status", session, lease=lease)["in_flight"] == [], "the commit to land")
+        receipt = client.control("status", session, lease=lease)["receipts"]["t"]
+        assert [c["status"] for c in receipt["commits"]] == ["applied"]  # never replayed blindly: the receipt says it landed
+        client.control("recover", session, lease=lease)
+        client.control("publish", session, lease=lease, transaction="t")
+        with pytest.raises(MemTClientError) as refused:
+            client.control("begin", session, lease="wrong", transaction="t2")
+        assert refused.value.uncertain is False and refused.value.status == 409  # other errors stay certain
+        client.close()
