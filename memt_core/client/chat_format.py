@@ -230,6 +230,22 @@ def load_encoder(path: str | Path):
     return module
 
 
+def register_tokenizer_types() -> None:
+    """Teach ``AutoTokenizer`` the ``tokenizer_type`` names the families document (Flash: ``deepseek_v4``).
+
+    Transformers keeps those names in a table of its own; a MemT tokenizer is a plain fast tokenizer
+    described by its ``tokenizer.json``, so each name maps to ``TokenizersBackend``.
+    """
+    from transformers.models.auto import tokenization_auto
+
+    from memt_core import families
+
+    for name in families.names():
+        kind = families.get(name).tokenizer_type
+        if kind:
+            tokenization_auto.TOKENIZER_MAPPING_NAMES.setdefault(kind, "TokenizersBackend")
+
+
 def load_tokenizer(path: str | Path, **kwargs):
     """``AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)`` for a MemT checkpoint.
 
@@ -240,6 +256,7 @@ def load_tokenizer(path: str | Path, **kwargs):
     """
     from transformers import AutoTokenizer
 
+    register_tokenizer_types()
     kwargs = {"local_files_only": True, "trust_remote_code": False, **kwargs}
     if kwargs["trust_remote_code"]:
         raise ValueError("trust_remote_code is refused: MemT never executes checkpoint Python code")

@@ -39,6 +39,7 @@ class Family:
     encoding: str  # name of the native prompt encoding, part of the snapshot identity
     takes_encoder: bool = False  # prompts come from an encoder script a client may name explicitly
     special_tokens: tuple[str, ...] = ()  # special tokens of a tiny checkpoint's tokenizer
+    tokenizer_type: str | None = None  # the name documented for AutoTokenizer.from_pretrained(tokenizer_type=...)
 
     def __repr__(self) -> str:
         return f"<family {self.name} ({self.model_type})>"

@@ -31,6 +31,7 @@ class Flash(Family):
     attn_implementation = "eager"  # transformers offers no SDPA path for DeepSeek-V4
     native_attention = frozenset({"sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"})
     encoding = "encoding_dsv4"
+    tokenizer_type = "deepseek_v4"  # the spec tells Flash users to pass it; transformers does not know it by itself
     takes_encoder = True
     special_tokens = (
         "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>", "<think>", "</think>",
