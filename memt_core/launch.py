@@ -200,9 +200,7 @@ def build_app(plan: LaunchPlan):
     """Load the chosen engine and the tokenizer, then assemble the server around them."""
     tokenizer = None
     if (plan.checkpoint.path / "tokenizer.json").is_file():
-        from transformers import PreTrainedTokenizerFast
-
-        tokenizer = PreTrainedTokenizerFast.from_pretrained(str(plan.checkpoint.path), local_files_only=True)
+        tokenizer = plan.checkpoint.family.load_tokenizer(plan.checkpoint.path)
     engine = plan.engine_class.load(plan.checkpoint, plan.engine_options())
     return assemble(plan, engine, tokenizer=tokenizer)
 
