@@ -18,9 +18,9 @@ from memt_core.client.turns import MemoryWrite
 if "transformers.models.auto.tokenization_auto" in sys.modules:
     # AutoTokenizer is already imported (the documented order): make tokenizer_type="deepseek_v4" work now;
     # otherwise load_tokenizer / load_chat_format register it when first used, without importing transformers here
-    from memt_core.client.chat_format import register_tokenizer_types
+    from memt_core.client.chat_format import register_with_transformers
 
-    register_tokenizer_types()
+    register_with_transformers()
 
 __all__ = [
     "ChatFormat", "FlashChatFormat", "MemTClientError", "MemTSession", "MemoryWrite", "NanoChatFormat", "NativeClient",

@@ -230,20 +230,32 @@ def load_encoder(path: str | Path):
     return module
 
 
-def register_tokenizer_types() -> None:
-    """Teach ``AutoTokenizer`` the ``tokenizer_type`` names the families document (Flash: ``deepseek_v4``).
+def register_with_transformers() -> None:
+    """Teach transformers' Auto classes the MemT names, so they read MemT checkpoints as documented.
 
-    Transformers keeps those names in a table of its own; a MemT tokenizer is a plain fast tokenizer
-    described by its ``tokenizer.json``, so each name maps to ``TokenizersBackend``.
+    ``AutoTokenizer.from_pretrained(path, tokenizer_type=...)`` learns the names the families document
+    (Flash: ``deepseek_v4``; a MemT tokenizer is a plain fast tokenizer, ``TokenizersBackend``), and
+    ``AutoConfig`` learns each family's ``model_type`` as a plain configuration, so loading a tokenizer
+    no longer warns that a ``memt_*`` model is being read as an unknown type. No model code is involved.
     """
+    global _registered
+    if _registered:
+        return
+    from transformers import AutoConfig, PreTrainedConfig
     from transformers.models.auto import tokenization_auto
 
     from memt_core import families
 
     for name in families.names():
-        kind = families.get(name).tokenizer_type
-        if kind:
-            tokenization_auto.TOKENIZER_MAPPING_NAMES.setdefault(kind, "TokenizersBackend")
+        family = families.get(name)
+        if family.tokenizer_type:
+            tokenization_auto.TOKENIZER_MAPPING_NAMES.setdefault(family.tokenizer_type, "TokenizersBackend")
+        config = type(f"{family.architecture.removesuffix('ForCausalLM')}Config", (PreTrainedConfig,), {"model_type": family.model_type})
+        AutoConfig.register(family.model_type, config, exist_ok=True)
+    _registered = True
+
+
+_registered = False
 
 
 def load_tokenizer(path: str | Path, **kwargs):
@@ -256,7 +268,7 @@ def load_tokenizer(path: str | Path, **kwargs):
     """
     from transformers import AutoTokenizer
 
-    register_tokenizer_types()
+    register_with_transformers()
     kwargs = {"local_files_only": True, "trust_remote_code": False, **kwargs}
     if kwargs["trust_remote_code"]:
         raise ValueError("trust_remote_code is refused: MemT never executes checkpoint Python code")

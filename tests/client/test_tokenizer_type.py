@@ -40,3 +40,20 @@ def test_without_the_registration_transformers_refuses_the_name(flash_checkpoint
     ''')
     run = subprocess.run([sys.executable, "-c", plain, str(flash_checkpoint)], capture_output=True, text=True, timeout=300)
     assert run.stdout.strip() == "refused True", run.stderr[-2000:]
+
+
+def test_loading_a_memt_tokenizer_as_the_readme_does_prints_no_warning():
+    """transformers used to warn that a ``memt_*`` model was instantiated as a model of type ``""``."""
+    from memt_core.bundled import BUNDLED_MODEL
+
+    snippet = textwrap.dedent('''
+        import sys
+        from transformers import AutoTokenizer
+        from memt_core.client import load_chat_format
+        tokenizer = AutoTokenizer.from_pretrained(sys.argv[1], local_files_only=True, trust_remote_code=False)
+        load_chat_format(sys.argv[1], tokenizer=tokenizer, chat_template_kwargs={"enable_thinking": False})
+        print("ok")
+    ''')
+    run = subprocess.run([sys.executable, "-c", snippet, str(BUNDLED_MODEL)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-2000:]
+    assert "instantiate a model of type" not in run.stderr and "Warning" not in run.stderr, run.stderr[-2000:]
