@@ -18,6 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from memt_core.errors import WIRE_TYPE, AuthenticationError, MemTError, RouteDisabled, WorkerUnavailable
 from memt_core.request_body import parse_json, read_limited
+from memt_core.server.docs import offline_docs
 from memt_core.server.metrics import CONTENT_TYPE, Metrics
 from memt_core.server.service import MemTService
 
@@ -39,14 +40,15 @@ def create_app(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
 ) -> FastAPI:
     """The HTTP application for one service."""
-    # with an API key every route but /health needs it, so FastAPI's unauthenticated docs routes go
-    no_docs = {} if api_key is None else {"docs_url": None, "redoc_url": None, "openapi_url": None}
+    # with an API key every route but /health needs it, so the unauthenticated docs routes go
     app = FastAPI(
         title="MemT serve — memt-http-v1",
         version=identity.get("extra", {}).get("engine_version", ""),
         description="Native MemT protocol: sessions, leases, transactions and snapshots over latent memory.",
-        **no_docs,
+        docs_url=None, redoc_url=None, openapi_url=None if api_key is not None else "/openapi.json",
     )
+    if api_key is None:
+        offline_docs(app, title="MemT serve — memt-http-v1")
     metrics = Metrics(service)
 
     async def authorised(request: Request) -> None:
@@ -67,7 +69,13 @@ def create_app(
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         # unknown routes (404) and methods (405) answer the same error body as every other refusal
-        body = {"error": {"type": WIRE_TYPE, "message": f"{request.method} {request.url.path}: {exc.detail}"}}
+        message = f"{request.method} {request.url.path}: {exc.detail}"
+        if exc.status_code == 404 and request.url.path.startswith("/v1/"):
+            message += (
+                " — this is the native memt-http-v1 server; the OpenAI-compatible API (/v1/chat/completions, "
+                "/v1/models, …) is served by memt_proxy: python -m memt_proxy --upstream <this server's URL>"
+            )
+        body = {"error": {"type": WIRE_TYPE, "message": message}}
         return JSONResponse(body, status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
     async def json_body(request: Request) -> Any:

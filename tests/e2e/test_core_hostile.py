@@ -83,3 +83,27 @@ def test_a_nonce_with_a_surrogate_never_breaks_a_stream(wire):
     assert_error(raw(wire, "/generate", payload.encode()), 400, match="surrogate")
     assert wire.query(h, PROMPT, 2, nonce_=nonce())["output_ids"]  # nothing was consumed, the session works
     wire.ctl("close", h)
+
+
+def test_openai_paths_on_the_native_server_point_to_the_proxy(nano_server):
+    import openai
+
+    client = openai.OpenAI(base_url=f"{nano_server.url}/v1", api_key="unused", max_retries=0)
+    with pytest.raises(openai.NotFoundError) as info:
+        client.chat.completions.create(model="memt", messages=[{"role": "user", "content": "hi"}])
+    assert "native memt-http-v1 server" in str(info.value) and "python -m memt_proxy" in str(info.value)
+
+
+def test_docs_render_without_network(wire):
+    """Swagger UI's page and every asset it names come from this server (no CDN)."""
+    import re
+
+    page = wire.http.get("/docs")
+    assert page.status_code == 200 and "swagger-ui" in page.text
+    urls = re.findall(r"""(?:src|href|url)\s*[:=]\s*['"]([^'"]+)['"]""", page.text)
+    assert urls and not [u for u in urls if u.startswith(("http://", "https://", "//"))], urls
+    for url in urls:
+        asset = wire.http.get(url)
+        assert asset.status_code == 200 and len(asset.content) > 100, url
+    schema = wire.http.get("/openapi.json").json()
+    assert "/generate" in schema["paths"] and "/memt/control" in schema["paths"]
