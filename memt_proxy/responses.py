@@ -1,0 +1,437 @@
+"""The Responses API over the proxy's session layer: request → plan (which memory, which prompt) → response.
+
+Where the memory comes from (see ``memt_proxy.conversations`` for threads and records):
+
+* ``conversation`` — the conversation's session; the prompt holds only what memory does not (the new
+  input, after anything the conversation recorded as uncommitted).
+* ``previous_response_id`` of a thread's latest response — that thread's session, continued.
+* ``previous_response_id`` of an older response — a **branch**: a new chain whose session starts from
+  that response's snapshot (or empty, for one answered before any commit). Past the snapshots kept per
+  chain the request is refused (409): memory is never silently taken from another version.
+* ``previous_response_id`` of a response answered without memory — a new chain whose first turn
+  carries that response's messages as context.
+* neither — answered without memory; if stored, kept so that it can be continued.
+
+A completed answer commits its turn (context + input + answer) and, in a chain, exports a snapshot of
+the new version; a response that calls functions leaves its turn pending in the session (exact token
+ids), and the ``function_call_output`` items that answer it continue that turn; a response cut by
+``max_output_tokens`` is not committed: its messages are sent with the next input. Usage
+``input_tokens`` is the prompt the model read, so the constant cost of memory shows in it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import AsyncIterator
+
+from memt_core.client.chat_format import ChatFormat
+from memt_core.client.parsers import OutputParser
+from memt_proxy.conversations import SNAPSHOTS_PER_CHAIN, ResponseRecord, ResponseRecords, Thread, session_name
+from memt_proxy.errors import ProxyError
+from memt_proxy.responses_protocol import (
+    ConversationRequest, Events, InputItems, ResponseRequest, conversation_object, function_call_item, item_list,
+    item_messages, message_item, new_id, reasoning_item, response_object, usage,
+)
+from memt_proxy.sessions import HeldSession, PendingTurn, Sessions
+from memt_proxy.transcript import message_hash
+
+log = logging.getLogger("memt.proxy")
+
+STREAM_START_TIMEOUT = 60.0  # seconds a held session waits for its stream to be consumed
+
+
+@dataclass
+class Plan:
+    """Everything decided before the model runs."""
+
+    request: ResponseRequest
+    tenant: str
+    items: list[dict]  # the request's input items (stored form)
+    thread: Thread | None  # where the response lands (None: no memory)
+    base_version: int = 0  # the session's memory version the prompt reads
+    context: list[dict] = field(default_factory=list)  # messages before the turn that memory lacks
+    turn: list[dict] = field(default_factory=list)  # the open turn's messages
+    prompt: list[int] = field(default_factory=list)
+    context_ids: list[int] = field(default_factory=list)
+    turn_ids: list[int] = field(default_factory=list)
+    prefix: str = ""
+    thinking: bool = False
+    sampling: dict = field(default_factory=dict)
+    started: bool = False  # streams: the response began
+
+
+class ResponsesService:
+    """Serves /v1/responses and /v1/conversations for one upstream model, over its session layer."""
+
+    def __init__(
+        self, sessions: Sessions, chat_format: ChatFormat, parser: OutputParser, records: ResponseRecords, *,
+        model_names: list[str], default_thinking: bool = False, snapshots_per_chain: int = SNAPSHOTS_PER_CHAIN,
+    ):
+        self.sessions = sessions
+        self.chat_format = chat_format
+        self.parser = parser
+        self.records = records
+        self.model_names = model_names
+        self.default_thinking = default_thinking
+        self.snapshots_per_chain = snapshots_per_chain
+
+    # ------------------------------------------------------------------ POST /v1/responses
+
+    async def create(self, request: ResponseRequest, *, tenant: str) -> dict | AsyncIterator[dict]:
+        """A response object, or (``stream``) an iterator of Responses stream events."""
+        ignored = request.checked()
+        if ignored:
+            log.info("ignoring request field(s): %s", ", ".join(ignored))
+        if request.model not in self.model_names:
+            raise ProxyError(404, f"model {request.model!r} does not exist; this proxy serves {', '.join(self.model_names)}", param="model", code="model_not_found")
+        items = InputItems.of(request.input).items
+        await self.sessions.check_upstream()
+        if request.conversation_id is not None:
+            thread = self.records.thread(tenant, request.conversation_id)
+            if thread is None or not thread.conversation:
+                raise ProxyError(404, f"conversation {request.conversation_id!r} not found; create one with POST /v1/conversations", param="conversation", code="conversation_not_found")
+            return await self._in_thread(request, items, tenant, thread, None)
+        if request.previous_response_id is not None:
+            return await self._continue(request, items, tenant, self._previous(request, tenant))
+        plan = self._plan(request, tenant, items, None, [], [], None)
+        return self._stream(plan, None, None) if request.stream else await self._run(plan, None)
+
+    def _previous(self, request: ResponseRequest, tenant: str) -> ResponseRecord:
+        previous = self.records.response(tenant, request.previous_response_id)
+        if previous is None:
+            raise ProxyError(400, f"previous response {request.previous_response_id!r} not found (it was never stored, was deleted, or belongs to another API key)", param="previous_response_id", code="previous_response_not_found")
+        thread = self.records.thread(tenant, previous.thread) if previous.thread else None
+        if thread is not None and thread.conversation:
+            raise ProxyError(400, f"response {previous.id!r} belongs to conversation {thread.id!r}: continue it with 'conversation', not 'previous_response_id'", param="previous_response_id", code="invalid_request")
+        return previous
+
+    async def _continue(self, request: ResponseRequest, items: list[dict], tenant: str, previous: ResponseRecord):
+        """Continue a stored response: in its thread if it is the latest there, else in a new chain (a branch)."""
+        restore = None
+        if previous.thread is not None:
+            thread = self.records.thread(tenant, previous.thread)
+            if thread is not None and thread.head == previous.id:
+                result = await self._in_thread(request, items, tenant, thread, previous.id)
+                if result is not None:
+                    return result
+            restore = thread.snapshot(previous.snapshot_of) if thread is not None else None
+            if previous.version > 0 and restore is None:
+                raise ProxyError(
+                    409, f"response {previous.id!r} is no longer the latest of its chain and its memory snapshot was dropped: the proxy keeps snapshots "
+                    f"for the {self.snapshots_per_chain} most recent responses of each chain (--response-snapshots). Continue a more recent response, or the latest.",
+                    param="previous_response_id", code="snapshot_expired",
+                )
+        branch = Thread(id=new_id("chain"), tenant=tenant, session="", created_at=int(time.time()), uncommitted=list(previous.uncommitted), calls=list(previous.calls))
+        branch.session = session_name(branch.id)
+        return await self._in_thread(request, items, tenant, branch, None, restore=restore)
+
+    async def _in_thread(self, request: ResponseRequest, items: list[dict], tenant: str, thread: Thread, head: str | None, *, restore: str | None = None):
+        """Run on the thread's session. With ``head``, only while that response is still the thread's
+        latest (checked under the session's lock); returns None when it no longer is."""
+        hold = contextlib.AsyncExitStack()
+        held = await hold.enter_async_context(self.sessions.turn(tenant, thread.session))
+        handed_off = False
+        try:
+            if head is not None and thread.head != head:
+                return None
+            await held.start()
+            if restore is not None:
+                await held.restore(restore, name=restore)
+            state = held.state
+            if restore is None and state.version != thread.version:
+                raise ProxyError(
+                    409, f"the memory of {thread.id!r} is at version {state.version} upstream but this proxy recorded version {thread.version}: "
+                    "it was changed outside the proxy (or a write was lost); start a new conversation", code="memory_version_mismatch",
+                )
+            plan = self._plan(request, tenant, items, thread, thread.uncommitted, thread.calls, state.pending)
+            plan.base_version = state.version
+            if request.stream:
+                handed_off = True  # the stream lets the session go when it ends
+                asyncio.get_running_loop().call_later(STREAM_START_TIMEOUT, self._unstarted, plan, hold)
+                return self._stream(plan, held, hold)
+            return await self._run(plan, held)
+        finally:
+            if not handed_off:
+                await hold.aclose()
+
+    # ------------------------------------------------------------------ the prompt
+
+    def _plan(self, request: ResponseRequest, tenant: str, items: list[dict], thread: Thread | None, uncommitted: list[dict], calls: list[str], pending: PendingTurn | None) -> Plan:
+        """Decide the prompt: the system block, the context memory lacks, and the open turn."""
+        plan = Plan(request, tenant, items, thread)
+        tools = request.chat_tools()
+        plan.thinking = self._thinking(request)
+        if tools and request.tool_choice == "required":
+            plan.prefix = self.chat_format.tool_call_prefix()
+        elif tools and isinstance(request.tool_choice, dict):
+            plan.prefix = self.chat_format.tool_call_prefix(request.tool_choice["name"])
+        echoed = set(calls)  # an app may resend the function calls it answers (the Agents SDK may): already known
+        new = item_messages([item for item in items if not (item["type"] == "function_call" and item["call_id"] in echoed)])
+        answered = {m["tool_call_id"] for m in new if m["role"] == "tool"}
+        if calls and not set(calls) <= answered:
+            raise ProxyError(400, f"the previous response called functions and waits for their results: send a function_call_output item for each of call_id(s) {sorted(set(calls) - answered)} first", param="input", code="tool_results_missing")
+        messages = list(uncommitted) + new
+        last_user = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=None)
+        if last_user is None:
+            raise ProxyError(400, "input must hold a user message (or function_call_output items answering the previous response's function calls)", param="input", code="invalid_input")
+        plan.context, plan.turn = messages[:last_user], messages[last_user:]
+        if pending is not None and calls and all(m["role"] == "tool" for m in new):
+            # function results continue the pending turn from the model's exact tokens
+            results = [{"tool_call_id": m["tool_call_id"], "content": m["content"]} for m in new]
+            plan.turn_ids = pending.ids + self.chat_format.tool_results_ids(results, enable_thinking=pending.thinking)
+            plan.thinking = pending.thinking
+        else:
+            plan.turn_ids = self.chat_format.open_turn_ids(plan.turn, enable_thinking=plan.thinking)
+        plan.turn_ids += self._encode(plan.prefix)
+        plan.context_ids = self.chat_format.history_ids(plan.context)
+        plan.prompt = list(self.chat_format.bos_ids) + self.chat_format.system_ids(request.instructions, tools) + plan.context_ids + plan.turn_ids
+        limit = self.sessions.max_prefill_tokens
+        if limit and len(plan.prompt) > limit:
+            raise ProxyError(400, f"the prompt has {len(plan.prompt)} tokens; the upstream accepts at most {limit}", param="input", code="context_length_exceeded")
+        plan.sampling = dict(self.chat_format.default_sampling())
+        plan.sampling["max_new_tokens"] = request.max_output_tokens or 1024
+        for name in ("temperature", "top_p"):
+            if getattr(request, name) is not None:
+                plan.sampling[name] = getattr(request, name)
+        return plan
+
+    def _thinking(self, request: ResponseRequest) -> bool:
+        effort = (request.reasoning or {}).get("effort")
+        return self.default_thinking if effort is None else effort not in ("none", "minimal")
+
+    def _encode(self, text: str) -> list[int]:
+        return self.chat_format.tokenizer.encode(text, add_special_tokens=False) if text else []
+
+    # ------------------------------------------------------------------ generation
+
+    async def _run(self, plan: Plan, held: HeldSession | None) -> dict:
+        body = await (held.query(plan.prompt, plan.sampling) if held is not None else self.sessions.generate(plan.prompt, plan.sampling))
+        output_ids = body["output_ids"]
+        parsed = self.parser.parse(plan.prefix + self.chat_format.decode(output_ids), thinking=plan.thinking)
+        output = []
+        if parsed.reasoning:
+            output.append(reasoning_item(parsed.reasoning))
+        calls = [call.to_openai() for call in parsed.tool_calls]
+        if parsed.content or not calls:
+            output.append(message_item(parsed.content))
+        output += [function_call_item(call) for call in calls[: None if plan.request.parallel_tool_calls is not False else 1]]
+        return await self._settle(plan, held, new_id("resp"), int(time.time()), output, output_ids, _finish(body))
+
+    async def _stream(self, plan: Plan, held: HeldSession | None, hold: contextlib.AsyncExitStack | None) -> AsyncIterator[dict]:
+        """The Responses stream events; the last one (``response.completed``) carries the settled response."""
+        if plan.started:  # too late: the session was already let go
+            raise ProxyError(503, "the stream was not consumed in time", code="stream_expired")
+        plan.started = True
+        response_id, created, events = new_id("resp"), int(time.time()), Events()
+        try:
+            opening = response_object(plan.request, response_id=response_id, created_at=created, status="in_progress", output=[], usage=None)
+            yield events.event("response.created", response=opening)
+            yield events.event("response.in_progress", response=opening)
+            items = StreamedItems(events, one_call=plan.request.parallel_tool_calls is False)
+            stream = self.parser.stream(thinking=plan.thinking)
+            upstream = held.query_stream(plan.prompt, plan.sampling) if held is not None else self.sessions.generate_stream(plan.prompt, plan.sampling)
+            body: dict = {"output_ids": [], "meta_info": {}}
+            try:
+                async for body in upstream:
+                    for event in items.feed(stream.feed(plan.prefix + self.chat_format.decode(body["output_ids"]))):
+                        yield event
+                    if (body["meta_info"].get("finish_reason") or {}).get("type") is not None:
+                        break
+            finally:
+                await upstream.aclose()
+            for event in items.feed(stream.finish(plan.prefix + self.chat_format.decode(body["output_ids"]))) + items.close():
+                yield event
+            response = await self._settle(plan, held, response_id, created, items.output, body["output_ids"], _finish(body))
+            yield events.event("response.completed" if response["status"] == "completed" else "response.incomplete", response=response)
+        except ProxyError as exc:
+            yield events.event("error", code=exc.code, message=exc.message, param=exc.param)
+        finally:
+            if hold is not None:  # the client may have gone away: let the session go in a task of its own
+                asyncio.get_running_loop().create_task(hold.aclose())
+
+    def _unstarted(self, plan: Plan, hold: contextlib.AsyncExitStack) -> None:
+        """A stream the server never started (client gone before the response): let its session go."""
+        if not plan.started:
+            plan.started = True
+            asyncio.get_running_loop().create_task(hold.aclose())
+
+    # ------------------------------------------------------------------ after the answer
+
+    async def _settle(self, plan: Plan, held: HeldSession | None, response_id: str, created: int, output: list[dict], output_ids: list[int], finish: str) -> dict:
+        """Commit or keep open the turn, record the thread and the response; returns the response object."""
+        request, thread = plan.request, plan.thread
+        calls = [item["call_id"] for item in output if item["type"] == "function_call"]
+        incomplete = finish == "length"
+        body = response_object(
+            request, response_id=response_id, created_at=created, status="incomplete" if incomplete else "completed", output=output,
+            usage=usage(len(plan.prompt), len(output_ids)), incomplete="max_output_tokens" if incomplete else None,
+        )
+        messages = plan.context + plan.turn + item_messages(output)
+        if thread is None:
+            uncommitted, version, snapshot_of = messages, 0, None
+        else:
+            await self._advance(plan, held, thread, response_id, messages, calls, output, output_ids, incomplete)
+            uncommitted, version, snapshot_of = list(thread.uncommitted), thread.version, thread.snapshot_of
+        if request.stored:
+            self.records.save(ResponseRecord(response_id, plan.tenant, body, plan.items, thread.id if thread else None, version, snapshot_of, uncommitted, calls if not incomplete else []))
+        return body
+
+    async def _advance(self, plan: Plan, held: HeldSession, thread: Thread, response_id: str, messages: list[dict], calls: list[str], output: list[dict], output_ids: list[int], incomplete: bool) -> None:
+        """The thread after this response: its turn committed (a completed answer; in a chain, snapshotted
+        too), left pending (function calls), or left open (cut by max_output_tokens)."""
+        state = held.state
+        version = plan.base_version
+        if calls and not incomplete:
+            hashes = [message_hash(m) for m in plan.turn + item_messages(output)]
+            self.sessions.set_pending(state, PendingTurn(hashes, plan.turn_ids + output_ids, plan.thinking))
+            thread.uncommitted, thread.calls = messages, calls
+        elif incomplete:
+            self.sessions.set_pending(state, None)
+            thread.uncommitted, thread.calls = messages, []
+        else:
+            committed = state.committed + [message_hash(m) for m in messages]
+            await held.commit_turn(plan.context_ids, plan.turn_ids + output_ids, committed)
+            version = plan.base_version + 1  # one publish per turn
+            thread.uncommitted, thread.calls, thread.snapshot_of = [], [], None
+            if not thread.conversation:  # what a branch from this response will start from
+                file = thread.next_snapshot(self.snapshots_per_chain)
+                await held.save(file, overwrite=True, name=file)
+                thread.keep_snapshot(response_id, file, self.snapshots_per_chain)
+        thread.head, thread.version = response_id, version
+        if thread.conversation:
+            thread.items += plan.items + output
+        self.records.save(thread)
+
+    # ------------------------------------------------------------------ stored responses
+
+    def get(self, tenant: str, response_id: str) -> dict:
+        return self._stored(tenant, response_id).body
+
+    def delete(self, tenant: str, response_id: str) -> dict:
+        """Forget a stored response (its thread and memory stay: later responses build on them)."""
+        self.records.delete(self._stored(tenant, response_id))
+        return {"id": response_id, "object": "response.deleted", "deleted": True}
+
+    def input_items(self, tenant: str, response_id: str, *, after: str | None, limit: int, order: str) -> dict:
+        return item_list(self._stored(tenant, response_id).input_items, after=after, limit=limit, order=order)
+
+    def _stored(self, tenant: str, response_id: str) -> ResponseRecord:
+        record = self.records.response(tenant, response_id)
+        if record is None:
+            raise ProxyError(404, f"response {response_id!r} not found (it was never stored, was deleted, or belongs to another API key)", param="response_id", code="response_not_found")
+        return record
+
+    # ------------------------------------------------------------------ conversations
+
+    def create_conversation(self, tenant: str, request: ConversationRequest) -> dict:
+        """A new conversation: a new session, made upstream on its first response; initial items are
+        sent with that response's input and committed with its turn."""
+        items = InputItems.of(request.items or []).items
+        conversation = Thread(id=new_id("conv"), tenant=tenant, session="", created_at=int(time.time()), metadata=request.metadata or {}, items=items, uncommitted=item_messages(items))
+        conversation.session = session_name(conversation.id)
+        self.records.save(conversation)
+        return conversation_object(conversation.id, conversation.created_at, conversation.metadata)
+
+    def conversation(self, tenant: str, conversation_id: str) -> dict:
+        conversation = self._conversation(tenant, conversation_id)
+        return conversation_object(conversation.id, conversation.created_at, conversation.metadata)
+
+    async def delete_conversation(self, tenant: str, conversation_id: str) -> dict:
+        """Close the conversation's session (its memory goes with it) and drop its records."""
+        conversation = self._conversation(tenant, conversation_id)
+        await self.sessions.admin(tenant, conversation.session, "close")
+        self.records.delete(conversation)
+        return {"id": conversation_id, "object": "conversation.deleted", "deleted": True}
+
+    def conversation_items(self, tenant: str, conversation_id: str, *, after: str | None, limit: int, order: str) -> dict:
+        return item_list(self._conversation(tenant, conversation_id).items, after=after, limit=limit, order=order)
+
+    async def add_items(self, tenant: str, conversation_id: str, raw: list[dict]) -> dict:
+        """Append items: recorded now, sent to the model with the next response and committed with its turn."""
+        conversation = self._conversation(tenant, conversation_id)
+        items = InputItems.of(raw).items
+        async with self.sessions.turn(tenant, conversation.session):  # not while a response runs on it
+            if conversation.calls:
+                raise ProxyError(400, f"the conversation's latest response waits for function results (call_id(s) {conversation.calls}); send them with POST /v1/responses first", param="items", code="tool_results_missing")
+            conversation.items += items
+            conversation.uncommitted += item_messages(items)
+            self.records.save(conversation)
+        return item_list(items, after=None, limit=len(items) or 1, order="asc")
+
+    def _conversation(self, tenant: str, conversation_id: str) -> Thread:
+        conversation = self.records.thread(tenant, conversation_id)
+        if conversation is None or not conversation.conversation:
+            raise ProxyError(404, f"conversation {conversation_id!r} not found", param="conversation_id", code="conversation_not_found")
+        return conversation
+
+
+def _finish(body: dict) -> str:
+    """The native finish reason as "stop" (an end token or stop string) or "length"."""
+    return "stop" if (body["meta_info"].get("finish_reason") or {}).get("type") == "stop" else "length"
+
+
+class StreamedItems:
+    """Output items built from the parser's stream deltas, with the events that announce them.
+
+    Order as in a non-streamed response: reasoning first, then the message, then function calls; a
+    response with neither text nor calls still gets an (empty) message item.
+    """
+
+    def __init__(self, events: Events, *, one_call: bool):
+        self.events = events
+        self.one_call = one_call
+        self.output: list[dict] = []
+        self.reasoning: list[str] = []
+        self.text: dict | None = None  # the message item being streamed
+        self.texts: list[str] = []
+        self.calls = 0
+
+    def feed(self, deltas) -> list[dict]:
+        out: list[dict] = []
+        for delta in deltas:
+            if delta.kind == "reasoning":
+                self.reasoning.append(delta.text)
+                continue
+            out += self._reasoning_done()
+            if delta.kind == "content":
+                if self.text is None:
+                    self.text = message_item("", status="in_progress")
+                    self.output.append(self.text)
+                    out += self.events.text_opened(len(self.output) - 1, self.text)
+                self.texts.append(delta.text)
+                out.append(self.events.text_delta(self.output.index(self.text), self.text["id"], delta.text))
+            elif not (self.one_call and self.calls):
+                out += self._text_done()
+                self.calls += 1
+                item = function_call_item(delta.call.to_openai())
+                self.output.append(item)
+                out += self.events.call(len(self.output) - 1, item)
+        return out
+
+    def close(self) -> list[dict]:
+        out = self._reasoning_done()
+        if self.text is None and not self.calls:
+            self.text = message_item("", status="in_progress")
+            self.output.append(self.text)
+            out += self.events.text_opened(len(self.output) - 1, self.text)
+        return out + self._text_done()
+
+    def _reasoning_done(self) -> list[dict]:
+        if not self.reasoning:
+            return []
+        item = reasoning_item("".join(self.reasoning))
+        self.reasoning = []
+        self.output.append(item)
+        return self.events.item(len(self.output) - 1, item)
+
+    def _text_done(self) -> list[dict]:
+        if self.text is None or self.text["status"] != "in_progress":
+            return []
+        index = self.output.index(self.text)
+        done = message_item("".join(self.texts), item_id=self.text["id"])
+        self.output[index] = self.text = done
+        return self.events.text_closed(index, done)
