@@ -88,6 +88,7 @@ class LaunchPlan:
     max_request_bytes: int
     api_key: str | None
     log_level: str
+    defaulted_model: bool = False  # no --model-path was given: the bundled demo model is served
 
     @property
     def engine_class(self) -> type[Engine]:
@@ -182,6 +183,7 @@ def plan_launch(args: argparse.Namespace, environ=os.environ) -> LaunchPlan:
         max_prefill_tokens=args.max_prefill_tokens, max_running_requests=args.max_running_requests,
         context_length=context, enable_streaming_session=args.enable_streaming_session,
         deterministic_communication=args.deterministic_communication, host=args.host, port=args.port,
+        defaulted_model=args.model_path is None,
         state_directory=args.state_directory, ack_timeout=args.ack_timeout, max_request_bytes=args.max_request_bytes, api_key=args.api_key, log_level=args.log_level,
     )
     plan.engine_class.check_options(plan.engine_options())
@@ -272,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     except CheckpointError as exc:
         print(f"memt_core.launch: refused: {exc}", file=sys.stderr)
         return 2
-    if plan.bundled_demo:
+    if plan.defaulted_model:
         print(f"memt_core.launch: WARNING: no --model-path given: using the BUNDLED TINY DEMO MODEL at {plan.checkpoint.path} "
               "(a few MB, synthetic skills only); pass --model-path CHECKPOINT to serve a real model", file=sys.stderr, flush=True)
     if plan.checkpoint.unknown_keys:

@@ -3,7 +3,7 @@
 #
 #   sh scripts/start_memt_flash.sh /models/MemT-1.0-Flash [extra launcher arguments ...]
 #
-# Environment: MEMT_PYTHON (default python), MEMT_PORT (default 30000), MEMT_STATE_DIRECTORY (default
+# Environment: MEMT_PYTHON (default: the project's .venv/bin/python, else python3), MEMT_PORT (default 30000), MEMT_STATE_DIRECTORY (default
 # ./memt-state), CUDA_VISIBLE_DEVICES (default 0,1,2,3,4,5,6,7). Extra arguments come last, so they
 # override the values below (the launcher's startup checks still apply). Try --dry-run first.
 set -eu
@@ -18,7 +18,16 @@ shift
 CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0,1,2,3,4,5,6,7}
 export CUDA_VISIBLE_DEVICES
 
-exec "${MEMT_PYTHON:-python}" -m memt_core.launch \
+# The project's .venv when it exists (scripts/setup.sh makes it), else python3 on PATH; MEMT_PYTHON wins.
+if [ -z "${MEMT_PYTHON:-}" ]; then
+    MEMT_PYTHON=python3
+    _memt_root=$(CDPATH='' cd -- "$(dirname -- "$0")/.." && pwd)
+    if [ -x "$_memt_root/.venv/bin/python" ]; then
+        MEMT_PYTHON="$_memt_root/.venv/bin/python"
+    fi
+fi
+
+exec "$MEMT_PYTHON" -m memt_core.launch \
     --model-path "$MODEL_PATH" \
     --host 127.0.0.1 \
     --port "${MEMT_PORT:-30000}" \

@@ -1,11 +1,19 @@
 #!/bin/sh
 # Start the OpenAI-compatible MemT proxy in front of a memt_core server.
 # Usage: sh scripts/start_proxy.sh [CHECKPOINT_DIR] [extra python -m memt_proxy arguments]
-# Environment: MEMT_PYTHON (python), MEMT_UPSTREAM (http://127.0.0.1:30000), MEMT_PROXY_PORT (8000),
+# Environment: MEMT_PYTHON (the project's .venv/bin/python, else python3), MEMT_UPSTREAM (http://127.0.0.1:30000), MEMT_PROXY_PORT (8000),
 #              MEMT_API_KEY (the upstream server's key, if it has one),
 #              MEMT_PROXY_STATE (./memt-proxy-state: per-session records, so a restart keeps trimming).
 set -e
-PY="${MEMT_PYTHON:-python}"
+# The project's .venv when it exists (scripts/setup.sh makes it), else python3 on PATH; MEMT_PYTHON wins.
+if [ -z "${MEMT_PYTHON:-}" ]; then
+    MEMT_PYTHON=python3
+    _memt_root=$(CDPATH='' cd -- "$(dirname -- "$0")/.." && pwd)
+    if [ -x "$_memt_root/.venv/bin/python" ]; then
+        MEMT_PYTHON="$_memt_root/.venv/bin/python"
+    fi
+fi
+PY="$MEMT_PYTHON"
 MODEL_ARGS=""
 if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then
   MODEL_ARGS="--model-path $1"

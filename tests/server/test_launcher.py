@@ -110,6 +110,8 @@ def _cases(c: dict[str, Path]) -> dict[str, Case]:
                                 env={**script_env, "MEMT_PORT": "31999", "MEMT_STATE_DIRECTORY": "/srv/memt", "CUDA_VISIBLE_DEVICES": "3"},
                                 script="start_memt_nano.sh"),
         "script without checkpoint": Case([], env=script_env, script="start_memt_nano.sh"),
+        "script finds the venv": Case([nano, "--dry-run"], script="start_memt_nano.sh", unset=("MEMT_PYTHON", "CUDA_VISIBLE_DEVICES")),
+        "bundled path given": Case(["--model-path", str(REPO / "memt_core" / "bundled" / "memt-tiny-demo"), *dry]),
     }
 
 
@@ -117,7 +119,7 @@ IN_PROCESS = {
     "merge all", "merge json", "defaults", "defaults + flags", "header overrides off", "header overrides true",
     "config merging", "override other keys", "override memt", "override not JSON", "override unknown runtime field",
     "override non-positive", "flag non-positive", "prefill below chunk", "context beyond model", "missing checkpoint",
-    "engine flag unused", "engine kv too small", "bundled default",
+    "engine flag unused", "engine kv too small", "bundled default", "bundled path given",
 }
 
 
@@ -200,6 +202,14 @@ def test_without_model_path_the_bundled_demo_is_served_loudly(runs):
     assert extra["bundled_demo_model"] is True and extra["checkpoint_path"].endswith("memt-tiny-demo")
     assert "WARNING" in outcome.stderr and "BUNDLED TINY DEMO MODEL" in outcome.stderr and "--model-path" in outcome.stderr
     assert "WARNING" not in runs["nano"].stderr
+    chosen = runs["bundled path given"]  # chosen on purpose: reported, not warned about
+    assert chosen.json()["launch_identity"]["extra"]["bundled_demo_model"] is True and "WARNING" not in chosen.stderr
+
+
+def test_start_scripts_use_the_project_venv_without_memt_python(runs):
+    """Run from another directory with MEMT_PYTHON unset: the script finds .venv/bin/python (python3 has no torch in CI)."""
+    outcome = runs["script finds the venv"]
+    assert outcome.json()["engine_args"]["max_running_requests"] == 8
 
 
 def test_dry_run_never_reads_weights(runs, checkpoints):
