@@ -1,47 +1,80 @@
-"""FastAPI routes of the OpenAI-compatible proxy: thin adapters over ``ChatService`` and its session layer."""
+"""FastAPI routes of the OpenAI-compatible proxy: thin adapters over ``ChatService`` and its session layer.
+
+Every JSON body is read through ``memt_core.request_body``: at most ``max_request_bytes`` (413 past it,
+refused from ``Content-Length`` before anything is read), parsed with bounded integers, nesting and valid
+Unicode (400 naming where), a large one parsed off the event loop, and then validated by a pydantic
+model of ``memt_proxy.protocol`` (400 naming the field). With API keys, every route but the two health
+checks needs one, the OpenAPI document and its docs page included.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hmac
 import json
 import logging
+import re
+from typing import Any, TypeVar
 
-from fastapi import Body, FastAPI, Header, Request
+from fastapi import FastAPI, Header, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ValidationError
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import HTMLResponse, JSONResponse
+from pydantic import BaseModel, ConfigDict, ValidationError
 from sse_starlette.sse import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from memt_core.protocol.events import check_name, check_snapshot_name
-from memt_core.errors import InvalidRequest
-from memt_proxy.errors import ProxyError
+from memt_core.client.errors import MemTClientError
+from memt_core.errors import InvalidRequest, PayloadTooLarge
+from memt_core.protocol.events import check_name
+from memt_core.request_body import parse_json, read_limited
+from memt_proxy.errors import ProxyError, from_native
 from memt_proxy.protocol import ChatCompletionRequest
+from memt_proxy.responses import ResponsesService
+from memt_proxy.responses_routes import add_responses_routes
 from memt_proxy.serving import ChatService
 
 log = logging.getLogger("memt.proxy")
 SESSION_HEADER = "X-MemT-Session"
 MEMORY_HEADER = "X-MemT-Memory"
 DIVERGENCE_HEADER = "X-MemT-On-Divergence"
+#: default --max-request-bytes: far above any chat a context window holds, far below what stalls a server
+DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024
+#: bodies larger than this are parsed in a worker thread, so that they slow only themselves
+OFF_LOOP_BYTES = 256 * 1024
+#: default --body-timeout: seconds a client has to send its whole body (408 past it)
+DEFAULT_BODY_TIMEOUT = 60.0
+#: seconds /health/ready waits for the upstream's capabilities
+READY_TIMEOUT = 5.0
+_WHERE = re.compile(r"\$((?:\.[^ .\[]+|\[\d+\])*)")
+
+Model = TypeVar("Model", bound=BaseModel)
 
 
 class SnapshotRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
     name: str | None = None
     overwrite: bool = False
 
 
 class RestoreRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
     name: str
 
 
-def create_app(service: ChatService, *, api_keys: dict[str, str] | None = None) -> FastAPI:
-    """``api_keys`` maps key → tenant; without keys every caller is tenant "default"."""
+def create_app(
+    service: ChatService, *, api_keys: dict[str, str] | None = None,
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, body_timeout: float = DEFAULT_BODY_TIMEOUT,
+    responses: ResponsesService | None = None,
+) -> FastAPI:
+    """``api_keys`` maps key → tenant; without keys every caller is tenant "default"; ``responses`` adds
+    the Responses and Conversations APIs (``memt_proxy.responses_routes``)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         yield
-        await service.sessions.client.aclose()  # the upstream connections
+        await service.sessions.aclose()  # lease keepers, then the upstream connections
 
     app = FastAPI(
         lifespan=lifespan,
@@ -50,6 +83,9 @@ def create_app(service: ChatService, *, api_keys: dict[str, str] | None = None) 
             "OpenAI chat completions with latent memory. Send `X-MemT-Session: <id>` to give a conversation "
             "memory and `X-MemT-Memory: auto|read|off` to choose the policy."
         ),
+        docs_url=None,  # served below, behind the API key
+        redoc_url=None,
+        openapi_url=None,
     )
 
     def tenant_of(request: Request) -> str:
@@ -70,6 +106,36 @@ def create_app(service: ChatService, *, api_keys: dict[str, str] | None = None) 
         except InvalidRequest as exc:
             raise ProxyError(400, exc.message, param=SESSION_HEADER, code="invalid_session") from None
 
+    async def json_body(request: Request) -> Any:
+        """The request's JSON body, read and parsed within the bounds above."""
+        try:
+            data = await asyncio.wait_for(
+                read_limited(request.stream(), limit=max_request_bytes, declared=request.headers.get("content-length")), body_timeout
+            )
+            if len(data) > OFF_LOOP_BYTES:
+                return await asyncio.to_thread(parse_json, data)
+            return parse_json(data)
+        except asyncio.TimeoutError:
+            raise ProxyError(408, f"the request body did not arrive within {body_timeout:g} s (--body-timeout)", code="request_timeout") from None
+        except PayloadTooLarge as exc:
+            raise ProxyError(413, f"{exc.message}; send a smaller request, or raise the proxy's --max-request-bytes", code="request_too_large") from None
+        except InvalidRequest as exc:
+            found = _WHERE.search(exc.message)
+            param = found.group(1).lstrip(".") if found and found.group(1) else None
+            raise ProxyError(400, exc.message, param=param, code="invalid_json") from None
+
+    async def model_body(request: Request, model: type[Model], *, empty: Model | None = None) -> Model:
+        """The body validated as ``model`` (``empty`` stands for an absent body, where one may be)."""
+        if empty is not None and not await _has_body(request):
+            return empty
+        body = await json_body(request)
+        try:
+            return model.model_validate(body)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            param = ".".join(str(p) for p in first.get("loc", ())) or None
+            raise ProxyError(400, f"invalid request: {param}: {first.get('msg')}", param=param) from None
+
     @app.exception_handler(ProxyError)
     async def proxy_error(request: Request, exc: ProxyError) -> JSONResponse:
         return JSONResponse(exc.body(), status_code=exc.status)
@@ -89,16 +155,36 @@ def create_app(service: ChatService, *, api_keys: dict[str, str] | None = None) 
         param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
         return JSONResponse(ProxyError(400, f"invalid request: {first.get('msg', exc)}", param=param).body(), status_code=400)
 
-    @app.get("/health")
+    @app.get("/health", summary="Liveness: the proxy process answers (cheap; asks nobody)", tags=["health"])
     async def health() -> dict:
         return {"status": "ok"}
+
+    @app.get("/health/ready", summary="Readiness: the upstream MemT server answers and serves this proxy's model", tags=["health"])
+    async def ready() -> dict:
+        try:
+            await asyncio.wait_for(service.sessions.check_upstream(refresh=True), READY_TIMEOUT)
+        except asyncio.TimeoutError:
+            raise ProxyError(503, f"not ready: the upstream MemT server did not answer within {READY_TIMEOUT:g} s", code="upstream_timeout") from None
+        except ProxyError as exc:
+            raise ProxyError(503, f"not ready: {exc.message}", code=exc.code or "upstream_unavailable") from None
+        return {"status": "ready"}
+
+    @app.get("/openapi.json", include_in_schema=False)
+    async def openapi(request: Request) -> JSONResponse:
+        tenant_of(request)
+        return JSONResponse(app.openapi())
+
+    @app.get("/docs", include_in_schema=False)
+    async def docs(request: Request) -> HTMLResponse:
+        tenant_of(request)
+        return get_swagger_ui_html(openapi_url="/openapi.json", title=app.title)
 
     @app.get("/v1/models")
     async def models(request: Request) -> dict:
         tenant_of(request)
         return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "memt"} for name in service.model_names]}
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", openapi_extra=_request_body(ChatCompletionRequest))
     async def chat_completions(
         request: Request,
         x_memt_session: str | None = Header(default=None, alias=SESSION_HEADER),
@@ -106,16 +192,7 @@ def create_app(service: ChatService, *, api_keys: dict[str, str] | None = None) 
         x_memt_on_divergence: str | None = Header(default=None, alias=DIVERGENCE_HEADER),
     ):
         tenant = tenant_of(request)
-        try:
-            body = json.loads(await request.body())
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ProxyError(400, f"the request body is not valid JSON: {exc}") from None
-        try:
-            completion = ChatCompletionRequest.model_validate(body)
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            param = ".".join(str(p) for p in first.get("loc", ())) or None
-            raise ProxyError(400, f"invalid request: {param}: {first.get('msg')}", param=param) from None
+        completion = await model_body(request, ChatCompletionRequest)
         if x_memt_on_divergence not in (None, "reject", "reset"):
             raise ProxyError(400, f"{DIVERGENCE_HEADER} must be 'reject' or 'reset'", param=DIVERGENCE_HEADER)
         result = await service.complete(
@@ -131,15 +208,19 @@ def create_app(service: ChatService, *, api_keys: dict[str, str] | None = None) 
     async def inspect(session: str, request: Request) -> dict:
         return await service.sessions.admin(tenant_of(request), session_of(session), "inspect")
 
-    @app.post(sessions + "/snapshots", summary="Save the session's memory as a snapshot", tags=["sessions"])
-    async def save(session: str, request: Request, body: SnapshotRequest = Body(default_factory=SnapshotRequest)) -> dict:
-        _snapshot_name(body.name, required=False)
-        return await service.sessions.admin(tenant_of(request), session_of(session), "save", name=body.name, overwrite=body.overwrite)
+    @app.post(sessions + "/snapshots", summary="Save the session's memory as a snapshot (a name of this tenant's)", tags=["sessions"],
+              openapi_extra=_request_body(SnapshotRequest, required=False))
+    async def save(session: str, request: Request) -> dict:
+        tenant = tenant_of(request)
+        body = await model_body(request, SnapshotRequest, empty=SnapshotRequest())
+        return await service.sessions.admin(tenant, session_of(session), "save", name=body.name, overwrite=body.overwrite)
 
-    @app.post(sessions + "/restore", summary="Restore a snapshot into the session (replaces its memory)", tags=["sessions"])
-    async def restore(session: str, body: RestoreRequest, request: Request) -> dict:
-        _snapshot_name(body.name, required=True)
-        return await service.sessions.admin(tenant_of(request), session_of(session), "restore", name=body.name)
+    @app.post(sessions + "/restore", summary="Restore one of this tenant's snapshots into the session (replaces its memory)", tags=["sessions"],
+              openapi_extra=_request_body(RestoreRequest))
+    async def restore(session: str, request: Request) -> dict:
+        tenant = tenant_of(request)
+        body = await model_body(request, RestoreRequest)
+        return await service.sessions.admin(tenant, session_of(session), "restore", name=body.name)
 
     @app.post(sessions + "/reset", summary="Clear the session's memory", tags=["sessions"])
     async def reset(session: str, request: Request) -> dict:
@@ -149,16 +230,34 @@ def create_app(service: ChatService, *, api_keys: dict[str, str] | None = None) 
     async def close(session: str, request: Request) -> dict:
         return await service.sessions.admin(tenant_of(request), session_of(session), "close")
 
+    if responses is not None:
+        add_responses_routes(app, responses, tenant_of=tenant_of, model_body=model_body)
     return app
 
 
-def _snapshot_name(name: str | None, *, required: bool) -> None:
-    if name is None and not required:
-        return
-    try:
-        check_snapshot_name(name)
-    except InvalidRequest as exc:
-        raise ProxyError(400, exc.message, param="name", code="invalid_snapshot_name") from None
+async def _has_body(request: Request) -> bool:
+    """Whether the request declares or carries a body (an optional body may be left out)."""
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        return declared.strip() != "0"
+    return "transfer-encoding" in request.headers
+
+
+def _request_body(model: type[BaseModel], *, required: bool = True) -> dict:
+    """The OpenAPI ``requestBody`` of a route that reads its JSON itself: ``model``'s schema, inlined."""
+    schema = model.model_json_schema()
+    definitions = schema.pop("$defs", {})
+
+    def inline(node: Any) -> Any:
+        if isinstance(node, dict):
+            if "$ref" in node:
+                return inline(definitions[node["$ref"].rsplit("/", 1)[-1]])
+            return {key: inline(value) for key, value in node.items()}
+        if isinstance(node, list):
+            return [inline(item) for item in node]
+        return node
+
+    return {"requestBody": {"required": required, "content": {"application/json": {"schema": inline(schema)}}}}
 
 
 async def _sse(chunks):
@@ -168,4 +267,6 @@ async def _sse(chunks):
             yield {"data": json.dumps(chunk, ensure_ascii=False)}
     except ProxyError as exc:
         yield {"data": json.dumps(exc.body())}
+    except MemTClientError as exc:  # mapped where it enters; this is the last line of defence
+        yield {"data": json.dumps(from_native(exc).body())}
     yield {"data": "[DONE]"}

@@ -1,23 +1,32 @@
 """OpenAI-shaped errors of the proxy, and the one mapping from native MemT errors to them.
 
-Body: ``{"error": {"message", "type", "param", "code"}}``. Native statuses map as
+Body: ``{"error": {"message", "type", "param", "code"}}``; a message never carries more than
+``MAX_MESSAGE`` characters (it may quote the client's input). Native statuses map as
 400 → invalid_request_error, 401 → authentication_error, 409 → conflict, 429 → rate_limit_error,
-502/503 (and an unreachable upstream) → upstream_error.
+502/503 (and an unreachable upstream) → upstream_error; an upstream that took longer than the proxy's
+``--timeout`` is a 504 ``upstream_timeout``. The proxy's own statuses: 408 (a client too slow to send its
+body), 413 (a body over ``--max-request-bytes``).
 """
 
 from __future__ import annotations
 
+import asyncio
+
 from memt_core.errors import MemTError
+
+MAX_MESSAGE = 2000
 
 TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
     404: "invalid_request_error",
+    408: "invalid_request_error",
     409: "conflict",
     413: "invalid_request_error",
     429: "rate_limit_error",
     502: "upstream_error",
     503: "upstream_error",
+    504: "upstream_error",
 }
 
 
@@ -25,6 +34,8 @@ class ProxyError(Exception):
     """An error answered in OpenAI's shape."""
 
     def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None, type: str | None = None):
+        if len(message) > MAX_MESSAGE:
+            message = message[:MAX_MESSAGE] + f"… ({len(message) - MAX_MESSAGE} more characters)"
         super().__init__(message)
         self.status = status
         self.message = message
@@ -38,9 +49,23 @@ class ProxyError(Exception):
 
 def from_native(exc: MemTError) -> ProxyError:
     """Translate a native (client or server) MemT error."""
+    if _timed_out(exc):
+        return ProxyError(504, f"upstream MemT server did not answer in time (the proxy's --timeout): {getattr(exc, 'stage', None) or 'request'}", code="upstream_timeout")
     status = getattr(exc, "status", 503) or 503
-    if status not in TYPES or status in (404, 413):
+    if status not in TYPES or status in (404, 408, 413, 504):  # 408/504 are the proxy's own answers
         status = 503 if status >= 500 else 400
     codes = {409: "session_conflict", 429: "rate_limit_exceeded", 502: "upstream_invalid_response", 503: "upstream_unavailable"}
     message = exc.message if hasattr(exc, "message") else str(exc)
     return ProxyError(status, f"upstream MemT server: {message}", code=codes.get(status))
+
+
+def _timed_out(exc: BaseException) -> bool:
+    """Whether a native client error was caused by the upstream not answering within the client's timeout."""
+    cause = exc.__cause__
+    while cause is not None:
+        if type(cause).__name__ in ("ConnectionTimeoutError", "ConnectTimeout"):
+            return False  # never reached the upstream: 503 unavailable, not 504
+        if isinstance(cause, (TimeoutError, asyncio.TimeoutError)) or type(cause).__name__ in ("ReadTimeout", "ServerTimeoutError", "SocketTimeoutError"):
+            return True
+        cause = cause.__cause__
+    return False

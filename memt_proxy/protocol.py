@@ -16,10 +16,23 @@ from pydantic import BaseModel, ConfigDict, Field
 from memt_proxy.errors import ProxyError
 
 
+#: Bounds of integer fields: Python integers are unbounded, the engine's are not.
+MAX_TOKENS_BOUND = 1 << 31
+SEED_BOUND = 1 << 63
+
+
 class FunctionCall(BaseModel):
     model_config = ConfigDict(extra="allow")
     name: str
     arguments: str = "{}"
+
+
+class ContentPart(BaseModel):
+    """One part of a message's content; only ``text`` parts are served (``validate_semantics`` says so)."""
+
+    model_config = ConfigDict(extra="allow")
+    type: str
+    text: str | None = None
 
 
 class ToolCallIn(BaseModel):
@@ -32,7 +45,7 @@ class ToolCallIn(BaseModel):
 class Message(BaseModel):
     model_config = ConfigDict(extra="allow")
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[dict[str, Any]] | None = None
+    content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_calls: list[ToolCallIn] | None = None
     tool_call_id: str | None = None
@@ -52,6 +65,19 @@ class Tool(BaseModel):
     function: FunctionSpec
 
 
+class FunctionName(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    """``{"type": "function", "function": {"name": ...}}``: the model must call that function."""
+
+    model_config = ConfigDict(extra="allow")
+    type: Literal["function"] = "function"
+    function: FunctionName
+
+
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="allow")
     include_usage: bool = False
@@ -68,21 +94,21 @@ class ChatCompletionRequest(BaseModel):
     messages: list[Message] = Field(min_length=1)
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS_BOUND)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS_BOUND)
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=-SEED_BOUND, lt=SEED_BOUND)
     stream: bool = False
     stream_options: StreamOptions | None = None
     tools: list[Tool] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     user: str | None = None
     reasoning_effort: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
-    n: int | None = None
+    n: int | None = Field(default=None, ge=1, le=128)
     logprobs: bool | None = None
-    top_logprobs: int | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
     response_format: dict[str, Any] | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
@@ -116,18 +142,18 @@ class ChatCompletionRequest(BaseModel):
             raise ProxyError(400, "max_tokens and max_completion_tokens disagree", param="max_completion_tokens")
         for index, message in enumerate(self.messages):
             if isinstance(message.content, list):
-                for part in message.content:
-                    if part.get("type") != "text":
+                for number, part in enumerate(message.content):
+                    if part.type != "text":
                         raise ProxyError(
-                            400, f"content part type {part.get('type')!r} is not supported; text only",
+                            400, f"content part type {part.type[:100]!r} is not supported; text only",
                             param=f"messages[{index}].content", code="unsupported_content",
                         )
-        if isinstance(self.tool_choice, str) and self.tool_choice not in ("auto", "none", "required"):
-            raise ProxyError(400, f"tool_choice {self.tool_choice!r} must be auto, none, required or a named function", param="tool_choice")
+                    if part.text is None:
+                        raise ProxyError(400, "a text content part needs its text", param=f"messages[{index}].content[{number}].text")
         if self.tool_choice not in (None, "auto", "none") and not self.tools:
             raise ProxyError(400, "tool_choice needs tools", param="tool_choice")
-        if isinstance(self.tool_choice, dict):
-            name = (self.tool_choice.get("function") or {}).get("name")
+        if isinstance(self.tool_choice, NamedToolChoice):
+            name = self.tool_choice.function.name
             if name not in {t.function.name for t in self.tools or []}:
                 raise ProxyError(400, f"tool_choice names an unknown function {name!r}", param="tool_choice")
         return sorted(set(self.model_extra or {}) | {n for n in HARMLESS if getattr(self, n, None) is not None})
@@ -137,13 +163,14 @@ class ChatCompletionRequest(BaseModel):
         return self.max_completion_tokens or self.max_tokens
 
 
-def text_of(content: str | list[dict] | None) -> str:
+def text_of(content: str | list[ContentPart] | list[dict] | None) -> str:
     """The text of a message's content (a string or text parts)."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content
-    return "".join(part.get("text", "") for part in content if part.get("type") == "text")
+    parts = [part if isinstance(part, dict) else part.model_dump() for part in content]
+    return "".join(part.get("text") or "" for part in parts if part.get("type") == "text")
 
 
 class Usage(BaseModel):

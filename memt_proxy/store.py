@@ -9,6 +9,10 @@ neither does (memory changed by someone else, or a lost write), the history coun
 request is handled as an edited history. A turn waiting for tool results is recorded too, with the
 version it was made at, so that a restarted proxy continues it when the results come. Files are
 replaced atomically (temporary file + rename), so a killed proxy never leaves half a record.
+
+A session offloaded to make room upstream has an offload record beside it (``<native>.offload.json``):
+the upstream snapshot holding its memory, the hashes that memory holds and its turn waiting for tool
+results. Without a directory the newest ``MEMORY_OFFLOADS`` offload records are kept in memory.
 """
 
 from __future__ import annotations
@@ -17,9 +21,14 @@ import json
 import logging
 import os
 import tempfile
+from collections import OrderedDict
 from pathlib import Path
 
+from memt_core.names import SNAPSHOT_NAME
+
 log = logging.getLogger("memt.proxy")
+
+MEMORY_OFFLOADS = 65536  # offload records kept in memory without a directory (about 100 bytes each, plus hashes)
 
 
 class SessionRecordStore:
@@ -29,9 +38,45 @@ class SessionRecordStore:
         self.directory = Path(directory) if directory is not None else None
         if self.directory is not None:
             self.directory.mkdir(parents=True, exist_ok=True)
+        self._offloads: OrderedDict[str, dict] = OrderedDict()  # without a directory
 
-    def _path(self, native: str) -> Path:
-        return self.directory / f"{native}.json"  # native ids are [A-Za-z0-9_.-]: safe file names
+    def _path(self, native: str, suffix: str = ".json") -> Path:
+        return self.directory / f"{native}{suffix}"  # native ids are [A-Za-z0-9_.-]: safe file names
+
+    def save_offload(self, native: str, file: str, committed: list[str] | None, pending: dict | None) -> None:
+        """Record that the session's memory is in the upstream snapshot ``file`` and holds ``committed`` (None: unknown)."""
+        record = {"file": file, "committed": committed, "pending": pending}
+        if self.directory is None:
+            self._offloads[native] = record
+            self._offloads.move_to_end(native)
+            while len(self._offloads) > MEMORY_OFFLOADS:
+                self._offloads.popitem(last=False)
+            return
+        self._write(native, record, suffix=".offload.json")
+
+    def load_offload(self, native: str) -> dict | None:
+        """The session's offload record (``file``, ``committed``, ``pending``), or None if it is not offloaded."""
+        if self.directory is None:
+            return self._offloads.get(native)
+        record = self._read(native, suffix=".offload.json")
+        if record is None:
+            return None
+        file, committed, pending = record.get("file"), record.get("committed"), record.get("pending")
+        valid = (
+            isinstance(file, str) and SNAPSHOT_NAME.fullmatch(file) is not None
+            and (committed is None or isinstance(committed, list) and all(isinstance(h, str) for h in committed))
+            and (pending is None or isinstance(pending, dict) and set(pending) == {"hashes", "ids", "thinking"})
+        )
+        if not valid:
+            log.warning("ignoring unreadable offload record of %s", native)
+            return None
+        return {"file": file, "committed": committed, "pending": pending}
+
+    def forget_offload(self, native: str) -> None:
+        """The session is no longer offloaded (restored, or closed)."""
+        self._offloads.pop(native, None)
+        if self.directory is not None:
+            self._path(native, ".offload.json").unlink(missing_ok=True)
 
     def save(self, native: str, version: int, committed: list[str] | None, next_committed: list[str]) -> None:
         """Record ``committed`` at ``version`` (None: unknown) and ``next_committed`` at ``version + 1`` (the change under way).
@@ -52,26 +97,26 @@ class SessionRecordStore:
             record["pending"] = {"version": version, "hashes": pending["hashes"], "ids": pending["ids"], "thinking": pending["thinking"]}
         self._write(native, record)
 
-    def _write(self, native: str, record: dict) -> None:
+    def _write(self, native: str, record: dict, suffix: str = ".json") -> None:
         fd, temporary = tempfile.mkstemp(dir=self.directory, prefix=f".{native}.", suffix=".tmp")
         try:
             with os.fdopen(fd, "w") as out:
                 json.dump(record, out)
-            os.replace(temporary, self._path(native))
+            os.replace(temporary, self._path(native, suffix))
         except BaseException:
             Path(temporary).unlink(missing_ok=True)
             raise
 
-    def _read(self, native: str) -> dict | None:
+    def _read(self, native: str, suffix: str = ".json") -> dict | None:
         try:
-            record = json.loads(self._path(native).read_text())
+            record = json.loads(self._path(native, suffix).read_text())
             if not isinstance(record, dict):
                 raise TypeError("a record is a JSON object")
             return record
         except FileNotFoundError:
             return None
         except (OSError, ValueError, TypeError) as exc:
-            log.warning("ignoring unreadable session record %s: %s", self._path(native), exc)
+            log.warning("ignoring unreadable session record %s: %s", self._path(native, suffix), exc)
             return None
 
     def load(self, native: str, version: int) -> list[str] | None:
