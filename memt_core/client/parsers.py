@@ -119,7 +119,12 @@ class OutputParser:
 
 
 class StreamParser:
-    """Feed cumulative text; get the deltas decided since the last feed."""
+    """Feed cumulative text; get the deltas decided since the last feed.
+
+    Incremental: each feed searches only text it has not searched before and slices only the part not
+    yet turned into deltas, so a long answer costs work proportional to its length, not its square.
+    ``OutputParser.parse`` is the reference; reassembled deltas equal what it returns.
+    """
 
     def __init__(self, parser: OutputParser, *, thinking: bool):
         self.parser = parser
@@ -127,34 +132,102 @@ class StreamParser:
         self._reasoning = _Trimmed()
         self._content = _Trimmed()
         self.calls: list[ToolCall] = []
+        self._phase = "start"  # start (reasoning undecided) → reasoning → body
+        self._pos = 0  # text before this is already in deltas (or held in a _Trimmed)
+        self._searched = 0  # the tag being looked for does not start before this
+        self._block: int | None = None  # where an unclosed tool-call block opens
 
     def feed(self, text: str, *, final: bool = False) -> list[Delta]:
-        reasoning, segments = self.parser._split(text, thinking=self.thinking, final=final)
-        deltas = [Delta("reasoning", piece) for piece in self._reasoning.extend(reasoning or "", final)]
-        content, calls = self.parser._assemble(segments)
-        deltas += [Delta("content", piece) for piece in self._content.extend(content, final)]
-        for call in calls[len(self.calls):]:
-            self.calls.append(call)
-            deltas.append(Delta("tool_call", index=len(self.calls) - 1, call=call))
-        return deltas
+        p = self.parser
+        if self._phase == "start":
+            if not final and _is_prefix(text, p.think_open):
+                return []  # could still become the opening tag (in thinking mode too)
+            if self.thinking or text.startswith(p.think_open):
+                self._phase = "reasoning"
+                self._pos = self._searched = len(p.think_open) if text.startswith(p.think_open) else 0
+            else:
+                self._phase = "body"
+        deltas: list[Delta] = []
+        if self._phase == "reasoning":
+            at = self._find(text, p.think_close)
+            if at < 0:
+                end = len(text) if final else self._pos + len(hold_partial(text[self._pos:], (p.think_close,)))
+                deltas += [Delta("reasoning", piece) for piece in self._reasoning.extend(text[self._pos:end], final)]
+                self._pos = end
+                return deltas + self._close(final)
+            deltas += [Delta("reasoning", piece) for piece in self._reasoning.extend(text[self._pos:at], False)]
+            self._phase = "body"
+            self._pos = self._searched = at + len(p.think_close)
+        return deltas + self._body(text, final) + self._close(final)
 
     def finish(self, text: str) -> list[Delta]:
         return self.feed(text, final=True)
 
+    def _find(self, text: str, tag: str) -> int:
+        """``tag``'s first place at or after ``_searched`` (a tag may straddle the last search's end)."""
+        at = text.find(tag, self._searched)
+        self._searched = max(self._searched, len(text) - len(tag) + 1) if at < 0 else at
+        return at
+
+    def _body(self, text: str, final: bool) -> list[Delta]:
+        p, deltas = self.parser, []
+        while True:
+            if self._block is None:
+                at = self._find(text, p.call_open)
+                if at < 0:
+                    end = len(text) if final else self._pos + len(hold_partial(text[self._pos:], (p.call_open,)))
+                    deltas += self._text(text[self._pos:end])
+                    self._pos = end
+                    return deltas
+                deltas += self._text(text[self._pos:at])
+                self._block = self._pos = at
+                self._searched = at + len(p.call_open)
+            end = self._find(text, p.call_close)
+            if end < 0:
+                if final:  # an unterminated call block stays plain text
+                    deltas += self._text(text[self._block:])
+                    self._pos, self._block = len(text), None
+                return deltas
+            block = text[self._block + len(p.call_open): end]
+            calls = p._calls(block)
+            if calls is None:  # a malformed call block counts as text
+                deltas += self._text(p.call_open + block + p.call_close)
+            for call in calls or ():
+                self.calls.append(call)
+                deltas.append(Delta("tool_call", index=len(self.calls) - 1, call=call))
+            self._pos = self._searched = end + len(p.call_close)
+            self._block = None
+
+    def _text(self, piece: str) -> list[Delta]:
+        return [Delta("content", text) for text in self._content.extend(piece, False)]
+
+    def _close(self, final: bool) -> list[Delta]:
+        if final:
+            self._reasoning.extend("", True)
+            self._content.extend("", True)
+        return []
+
 
 class _Trimmed:
-    """Emits a growing text without its leading and trailing whitespace, as ``str.strip`` would."""
+    """Emits a text given piece by piece without its leading and trailing whitespace, as ``str.strip``
+    would: leading whitespace is dropped, trailing whitespace waits for what follows (dropped at the end)."""
 
     def __init__(self):
-        self.sent = 0  # characters of the stripped text already emitted
+        self.started = False
+        self.pending = ""  # whitespace not emitted yet: it may turn out to be trailing
 
-    def extend(self, text: str, final: bool) -> list[str]:
-        decided = text.strip() if final else text.lstrip().rstrip()  # trailing whitespace waits for what follows
-        if len(decided) <= self.sent:
+    def extend(self, piece: str, final: bool) -> list[str]:
+        if not self.started:
+            piece = piece.lstrip()
+            self.started = bool(piece)
+        if not piece:
+            if final:
+                self.pending = ""
             return []
-        piece = decided[self.sent:]
-        self.sent = len(decided)
-        return [piece]
+        text = self.pending + piece
+        core = text.rstrip()
+        self.pending = "" if final else text[len(core):]
+        return [core] if core else []
 
 
 def _is_prefix(text: str, tag: str) -> bool:
