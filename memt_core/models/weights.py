@@ -146,11 +146,15 @@ def load_model(
             raise CheckpointError(
                 f"tensor {name!r} has shape {list(header[name][1])}; the configuration gives {list(tensor.shape)}"
             )
-    with torch.no_grad():
+    from tqdm.auto import tqdm
+
+    # a progress bar on a terminal (tqdm stays silent when stderr is not one, as in logs and tests)
+    with torch.no_grad(), tqdm(total=len(expected), desc="loading weights", unit="tensor", disable=None, leave=False) as bar:
         for file in weight_files(checkpoint.path):
             with safe_open(str(file), framework="pt", device=str(device)) as handle:
                 for name in handle.keys():
                     expected[name].copy_(handle.get_tensor(name))
+                    bar.update()
     model.eval()
     return model
 
