@@ -1,0 +1,137 @@
+"""Responses API wire shapes without a server: request checks, input items → chat messages, response
+objects and stream events as the official ``openai`` SDK's typed models validate them, cursor pages,
+and streamed items reassembled equal to the non-streamed output (tiny Nano's real parser)."""
+
+from __future__ import annotations
+
+import pytest
+from openai.types.conversations import Conversation, ConversationItemList
+from openai.types.responses import Response, ResponseItemList, ResponseStreamEvent
+from pydantic import TypeAdapter
+
+from memt_core.client.chat_format import load_chat_format, load_tokenizer
+from memt_proxy.errors import ProxyError
+from memt_proxy.responses import StreamedItems
+from memt_proxy.responses_protocol import (
+    Events, InputItems, ResponseRequest, conversation_object, function_call_item, item_list, message_item, reasoning_item,
+    response_object, usage,
+)
+
+TOOL = {"type": "function", "name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
+CALL = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}
+
+
+def request(**fields) -> ResponseRequest:
+    return ResponseRequest.model_validate({"model": "m", "input": "hi", **fields})
+
+
+def refusal(**fields) -> ProxyError:
+    with pytest.raises(ProxyError) as refused:
+        request(**fields).checked()
+    assert refused.value.status == 400
+    return refused.value
+
+
+def test_what_cannot_be_honoured_is_refused_naming_the_field():
+    assert refusal(conversation="conv_a", previous_response_id="resp_b").param == "previous_response_id"
+    assert refusal(tools=[{"type": "file_search"}]).code == "unsupported_tool"
+    assert refusal(input=[{"type": "web_search_call"}]).param == "input[0].type"
+    assert refusal(input=[{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]).code == "unsupported_content"
+    assert refusal(tools=[TOOL], tool_choice={"type": "function", "name": "other"}).param == "tool_choice"
+    assert refusal(tool_choice={"type": "web_search"}).code == "invalid_tool_choice"
+    assert refusal(background=True).param == "background"
+    assert refusal(input=[{"type": "function_call", "name": "f", "arguments": "{}"}]).param == "input[0].call_id"
+
+
+def test_harmless_unknown_fields_are_reported_not_refused():
+    assert request(include=["x"], truncation="auto", something=1).checked() == ["include", "truncation", "something"]
+    assert request(conversation={"id": "conv_a"}).conversation_id == "conv_a"
+    assert request(tools=[TOOL], tool_choice="none").chat_tools() is None
+    assert request(tools=[TOOL]).chat_tools() == [{"type": "function", "function": {"name": "get_weather", "parameters": TOOL["parameters"]}}]
+
+
+def test_input_items_become_chat_messages():
+    items = InputItems.of([
+        {"role": "developer", "content": "be brief"},
+        {"role": "user", "content": [{"type": "input_text", "text": "weather in "}, {"type": "input_text", "text": "Oslo?"}]},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Let me check."}]},
+        {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": '{"city": "Oslo"}'},
+        {"type": "function_call", "call_id": "c2", "name": "get_weather", "arguments": '{"city": "Bergen"}'},
+        {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+        {"type": "function_call_output", "call_id": "c2", "output": [{"type": "input_text", "text": "rain"}]},
+        {"type": "reasoning", "summary": []},
+    ])
+    assert items.messages() == [
+        {"role": "developer", "content": "be brief"},
+        {"role": "user", "content": "weather in Oslo?"},
+        {"role": "assistant", "content": "Let me check.", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}},
+            {"id": "c2", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Bergen"}'}},
+        ]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+        {"role": "tool", "tool_call_id": "c2", "content": "rain"},
+    ]
+    assert len({item["id"] for item in items.items}) == len(items.items)  # every stored item has its own id
+    assert InputItems.of("hello").messages() == [{"role": "user", "content": "hello"}]
+
+
+def test_the_sdk_validates_every_object():
+    output = [reasoning_item("thinking"), message_item("Hello"), function_call_item(CALL)]
+    for status, incomplete in (("completed", None), ("incomplete", "max_output_tokens"), ("in_progress", None)):
+        body = response_object(request(tools=[TOOL], conversation="conv_a", metadata={"k": "v"}), response_id="resp_1", created_at=1, status=status, output=output, usage=usage(10, 3), incomplete=incomplete)
+        parsed = Response.model_validate(body)  # strict validation, not the SDK's lenient construct
+        assert parsed.output_text == "Hello" and parsed.usage.input_tokens == 10 and parsed.status == status
+    items = InputItems.of([{"role": "user", "content": "hi"}, {"type": "function_call_output", "call_id": "c", "output": "x"}]).items
+    ResponseItemList.model_validate(item_list(items, after=None, limit=20, order="asc"))
+    ConversationItemList.model_validate(item_list(items + output, after=None, limit=20, order="asc"))
+    Conversation.model_validate(conversation_object("conv_a", 1, None))
+
+
+def test_item_pages_follow_the_cursor():
+    items = [{"id": f"i{n}"} for n in range(5)]
+    page = item_list(items, after=None, limit=2, order="asc")
+    assert [i["id"] for i in page["data"]] == ["i0", "i1"] and page["has_more"] and page["last_id"] == "i1"
+    page = item_list(items, after="i1", limit=10, order="asc")
+    assert [i["id"] for i in page["data"]] == ["i2", "i3", "i4"] and not page["has_more"]
+    assert [i["id"] for i in item_list(items, after=None, limit=2, order="desc")["data"]] == ["i4", "i3"]
+    with pytest.raises(ProxyError):
+        item_list(items, after="nope", limit=2, order="asc")
+
+
+@pytest.fixture(scope="module")
+def nano(nano_checkpoint):
+    return load_chat_format(nano_checkpoint, tokenizer=load_tokenizer(nano_checkpoint))
+
+
+@pytest.mark.parametrize("text", [
+    "Plain answer.",
+    "",
+    "Checking.\n{call}",
+    "{call}{call}",
+])
+@pytest.mark.parametrize("one_call", [False, True])
+def test_streamed_items_reassemble_to_the_parsed_output(nano, text, one_call):
+    parser = nano[1]
+    calls = text.count("{call}")
+    text = text.replace("{call}", _call_block(parser))
+    parsed = parser.parse(text)
+    assert len(parsed.tool_calls) == calls
+    expected = [("message", parsed.content)] if parsed.content or not parsed.tool_calls else []
+    expected += [("function_call", c.name, c.arguments) for c in parsed.tool_calls[: 1 if one_call else None]]
+    events, stream = Events(), parser.stream()
+    items = StreamedItems(events, one_call=one_call)
+    emitted = []
+    for end in range(1, len(text) + 1):  # character by character, as a worst-case token stream
+        emitted += items.feed(stream.feed(text[:end]))
+    emitted += items.feed(stream.finish(text)) + items.close()
+    for event in emitted:
+        TypeAdapter(ResponseStreamEvent).validate_python(event)
+    assert [e["sequence_number"] for e in emitted] == list(range(len(emitted)))
+    got = [("message", i["content"][0]["text"]) if i["type"] == "message" else ("function_call", i["name"], i["arguments"]) for i in items.output]
+    assert got == expected, emitted
+    texts = "".join(e["delta"] for e in emitted if e["type"] == "response.output_text.delta")
+    assert texts == (parsed.content if expected and expected[0][0] == "message" else "")
+
+
+def _call_block(parser) -> str:
+    return f'{parser.call_open}{{"name": "get_weather", "arguments": {{"city": "Oslo"}}}}{parser.call_close}'
