@@ -11,6 +11,7 @@ from pathlib import Path
 
 from memt_core.checkpoint import read_checkpoint
 from memt_core.errors import CheckpointError
+from memt_proxy.conversations import SNAPSHOTS_PER_CHAIN
 from memt_proxy.sessions import MAX_SESSIONS
 
 
@@ -57,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--on-divergence", choices=["reject", "reset"], default="reject", help="when a transcript's earlier messages differ from what the session committed: reject with 409, or reset the session's memory and start over")
     parser.add_argument("--state-directory", default=None, help="keep each session's record of what its memory holds here, so that a restarted proxy still trims transcripts and continues turns waiting for tool results (default: in memory only; after a restart, resent histories count as edited)")
     parser.add_argument("--max-sessions", type=positive, default=MAX_SESSIONS, help="session states kept in memory; beyond it the least recently used idle one is dropped (its native session and memory stay upstream; its next request re-reads its record from --state-directory, or without one counts its history as unknown); when all are busy a new session gets 429")
+    parser.add_argument("--response-snapshots", type=positive, default=SNAPSHOTS_PER_CHAIN, help="Responses API: memory snapshots kept per previous_response_id chain, so that continuing one of its last N responses (not the latest) branches from the right memory; an older one is refused with 409")
     parser.add_argument("--lease-wait", type=float, default=30.0, help="seconds a request waits for another request on the same session before 409")
     parser.add_argument("--lease-ttl", type=lease_ttl, default=30, help="seconds of each native session lease; renewed every third of it while a request runs, so a proxy that dies frees its sessions within this time")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the upstream server")
@@ -92,6 +94,8 @@ def build_app(args: argparse.Namespace):
     from memt_core.client.native import AsyncNativeClient
     from memt_core.bundled import BUNDLED_MODEL
     from memt_proxy.app import create_app
+    from memt_proxy.conversations import ResponseRecords
+    from memt_proxy.responses import ResponsesService
     from memt_proxy.serving import ChatService
     from memt_proxy.sessions import Sessions
     from memt_proxy.store import SessionRecordStore
@@ -110,7 +114,11 @@ def build_app(args: argparse.Namespace):
         sessions, chat_format, parser, model_names=names, default_memory=args.default_memory,
         default_thinking=args.thinking == "on", on_divergence=args.on_divergence,
     )
-    return create_app(service, api_keys=load_api_keys(args.api_key, args.api_keys_file)), names
+    records = ResponseRecords(Path(args.state_directory) / "responses" if args.state_directory else None)
+    responses = ResponsesService(
+        sessions, chat_format, parser, records, model_names=names, default_thinking=args.thinking == "on", snapshots_per_chain=args.response_snapshots,
+    )
+    return create_app(service, api_keys=load_api_keys(args.api_key, args.api_keys_file), responses=responses), names
 
 
 def main(argv: list[str] | None = None) -> int:
