@@ -11,8 +11,9 @@ from pathlib import Path
 
 from memt_core.checkpoint import read_checkpoint
 from memt_core.errors import CheckpointError
+from memt_proxy.app import DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_REQUEST_BYTES
 from memt_proxy.conversations import SNAPSHOTS_PER_CHAIN
-from memt_proxy.sessions import MAX_SESSIONS
+from memt_proxy.sessions import LEASE_IDLE, MAX_SESSIONS
 
 
 def lease_ttl(text: str) -> int:
@@ -61,7 +62,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--response-snapshots", type=positive, default=SNAPSHOTS_PER_CHAIN, help="Responses API: memory snapshots kept per previous_response_id chain, so that continuing one of its last N responses (not the latest) branches from the right memory; an older one is refused with 409")
     parser.add_argument("--lease-wait", type=float, default=30.0, help="seconds a request waits for another request on the same session before 409")
     parser.add_argument("--lease-ttl", type=lease_ttl, default=30, help="seconds of each native session lease; renewed every third of it while a request runs, so a proxy that dies frees its sessions within this time")
+    parser.add_argument("--lease-idle", type=float, default=LEASE_IDLE, help="seconds a session keeps its native lease after its last request (renewed meanwhile), so that an active conversation's turns need no acquire and release; 0 releases it after each request")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the upstream server")
+    parser.add_argument("--embedded", action="store_true", help="one process: run the core (engine and memt-http-v1 server) inside the proxy, called in process instead of over HTTP; --upstream is then unused. The two-process deployment (no --embedded) is the one that scales out")
+    parser.add_argument("--core-args", default="", help="with --embedded: flags of python -m memt_core.launch for the embedded core, as one string (e.g. \"--device cpu --max-sessions-per-rank 64 --state-directory /var/memt/snapshots\"); --model-path is shared")
+    parser.add_argument("--max-request-bytes", type=positive, default=DEFAULT_MAX_REQUEST_BYTES, help="largest request body accepted; larger ones get 413 (refused from Content-Length before they are read)")
+    parser.add_argument("--body-timeout", type=float, default=DEFAULT_BODY_TIMEOUT, help="seconds a client has to send its whole request body before 408")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"], help="log verbosity")
     return parser
 
@@ -105,10 +111,18 @@ def build_app(args: argparse.Namespace):
     tokenizer = load_tokenizer(path)  # AutoTokenizer alone cannot configure the memt_* model types (Flash)
     chat_format, parser = load_chat_format(path, tokenizer=tokenizer)
     names = args.served_model_name or [checkpoint.checkpoint_id or path.name]
-    client = AsyncNativeClient(args.upstream, api_key=args.upstream_api_key, timeout=args.timeout)
+    core = None
+    if args.embedded:
+        from memt_proxy.embedded import InProcessNativeClient, build_core, core_plan
+
+        plan = core_plan(args.model_path, args.core_args)
+        core = build_core(plan)
+        client = InProcessNativeClient(core, api_key=plan.api_key, timeout=args.timeout)
+    else:
+        client = AsyncNativeClient(args.upstream, api_key=args.upstream_api_key, timeout=args.timeout)
     sessions = Sessions(
         client, identity=chat_format.identity, records=SessionRecordStore(args.state_directory), max_sessions=args.max_sessions,
-        lease_wait=args.lease_wait, lease_ttl=args.lease_ttl, native_encoding=chat_format.native_encoding,
+        lease_wait=args.lease_wait, lease_ttl=args.lease_ttl, lease_idle=args.lease_idle, native_encoding=chat_format.native_encoding,
     )
     service = ChatService(
         sessions, chat_format, parser, model_names=names, default_memory=args.default_memory,
@@ -118,7 +132,15 @@ def build_app(args: argparse.Namespace):
     responses = ResponsesService(
         sessions, chat_format, parser, records, model_names=names, default_thinking=args.thinking == "on", snapshots_per_chain=args.response_snapshots,
     )
-    return create_app(service, api_keys=load_api_keys(args.api_key, args.api_keys_file), responses=responses), names
+    app = create_app(
+        service, api_keys=load_api_keys(args.api_key, args.api_keys_file), max_request_bytes=args.max_request_bytes, body_timeout=args.body_timeout,
+        responses=responses,
+    )
+    if core is not None:
+        from memt_proxy.embedded import embed
+
+        embed(app, core)  # the engine starts before the proxy and stops after its pending commits
+    return app, names
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -131,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import uvicorn
 
-    print(f"memt_proxy: serving {', '.join(names)} on http://{args.host}:{args.port}/v1 (upstream {args.upstream})", flush=True)
+    print(f"memt_proxy: serving {', '.join(names)} on http://{args.host}:{args.port}/v1 ({'embedded core' if args.embedded else f'upstream {args.upstream}'})", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
     return 0
 

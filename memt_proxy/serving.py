@@ -1,7 +1,8 @@
 """Chat completions over the proxy's session layer: request → prepared turn → OpenAI response or chunks.
 
 A request with ``X-MemT-Session`` runs on one session of ``memt_proxy.sessions`` (lock → create or
-adopt → lease → query → [commit the completed turn] → release); without one, or with memory ``off``,
+adopt → lease, kept across requests → query → answer; the completed turn is committed behind the
+answer, before the session's next request runs); without one, or with memory ``off``,
 it is a plain generation over the whole transcript. Memory policy: ``auto`` reads memory and commits
 each completed turn, ``read`` only reads, ``off`` neither. This module decides what the model sees
 (transcript trimming, tool rounds, thinking, stop strings) and shapes what the app gets back; the
@@ -12,8 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
@@ -28,6 +31,8 @@ log = logging.getLogger("memt.proxy")
 
 POLICIES = ("auto", "read", "off")
 STREAM_START_TIMEOUT = 60.0
+#: requests with more text than this are templated and tokenized in a worker thread, off the event loop
+OFF_LOOP_CHARS = 64 * 1024
 
 
 @dataclass
@@ -46,6 +51,23 @@ class Prepared:
     stops: list[str]
     parallel_tools: bool
     started: bool = False  # for streams: the response began
+    digest: str = ""  # the request's digest (``request_digest``), kept with a committed turn's answer
+
+
+@dataclass
+class AnsweredTurn:
+    """The answer to a session's last committed turn, kept so that an identical retry gets it again."""
+
+    digest: str
+    version: int  # the session's published version right after the commit
+    message: dict
+    finish: str
+    usage: Usage
+
+
+def request_digest(request: ChatCompletionRequest) -> str:
+    """SHA-256 of the whole request as received: a client's retry of the same request has the same digest."""
+    return hashlib.sha256(request.model_dump_json().encode()).hexdigest()
 
 
 class ChatService:
@@ -69,6 +91,15 @@ class ChatService:
         self.default_memory = default_memory
         self.default_thinking = default_thinking
         self.on_divergence = on_divergence
+        # one thread: tokenizer and templates are used from one worker at a time, off the event loop
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memt-prepare")
+
+    async def _off_loop(self, request: ChatCompletionRequest, work, *args):
+        """``work(*args)`` — in the worker thread when ``request`` is large, so it slows only itself."""
+        size = sum(len(m.model_dump_json()) for m in request.messages) if len(request.messages) < 10_000 else OFF_LOOP_CHARS + 1
+        if size <= OFF_LOOP_CHARS:
+            return work(*args)
+        return await asyncio.get_running_loop().run_in_executor(self._worker, work, *args)
 
     async def complete(self, request: ChatCompletionRequest, *, tenant: str, session: str | None, memory: str | None, on_divergence: str | None = None) -> dict | AsyncIterator[dict]:
         """A chat.completion body, or (``stream``) an iterator of chat.completion.chunk bodies."""
@@ -82,7 +113,7 @@ class ChatService:
             raise ProxyError(400, f"X-MemT-Memory must be one of {', '.join(POLICIES)}", param="X-MemT-Memory")
         await self.sessions.check_upstream()
         if session is None or policy == "off":
-            prepared = self._prepare_stateless(request)
+            prepared = await self._off_loop(request, self._prepare_stateless, request)
             if request.stream:
                 return self._stream(request, prepared, None, None)
             return await self._run(request, prepared, None)
@@ -92,6 +123,9 @@ class ChatService:
         try:
             state = held.state
             divergence = on_divergence or self.on_divergence
+            replayed = self._replay(request, state)
+            if replayed is not None:
+                return replayed
             # prepared before the native session exists, so a refused request never creates one
             prepared = await self._prepare_session(request, state, policy, divergence)
             if not state.exists:
@@ -99,6 +133,7 @@ class ChatService:
                 if state.committed or not state.history_known or state.pending:
                     # adopted: the native session already held memory (its record says what, or nobody knows)
                     prepared = await self._prepare_session(request, state, policy, divergence)
+            prepared.digest = request_digest(request)
             await held.start()
             if request.stream:
                 handed_off = True  # the stream lets the session go when it ends
@@ -120,8 +155,8 @@ class ChatService:
         prefix = ""
         if tools and request.tool_choice == "required":
             prefix = self.chat_format.tool_call_prefix()
-        elif tools and isinstance(request.tool_choice, dict):
-            prefix = self.chat_format.tool_call_prefix(request.tool_choice["function"]["name"])
+        elif tools and request.tool_choice not in (None, "auto", "none"):  # a NamedToolChoice
+            prefix = self.chat_format.tool_call_prefix(request.tool_choice.function.name)
         return thinking, tools, prefix, request.parallel_tool_calls is not False
 
     def _sampling(self, request: ChatCompletionRequest) -> dict:
@@ -145,14 +180,17 @@ class ChatService:
         return Prepared(None, "off", prompt, [], [], None, thinking, sampling, prefix, sampling.get("stop", []), parallel)
 
     async def _prepare_session(self, request: ChatCompletionRequest, state: SessionState, policy: str, on_divergence: str) -> Prepared:
-        thinking, tools, prefix, parallel = self._options(request)
         try:
-            split = split_transcript(request.messages, state.committed, history_known=state.history_known)
+            return await self._off_loop(request, self._prepare_split, request, state, policy)
         except ProxyError as exc:
             if exc.code != "transcript_diverged" or on_divergence != "reset":
                 raise
-            await self.sessions.reset(state)
-            split = split_transcript(request.messages, state.committed, history_known=state.history_known)
+        await self.sessions.reset(state)
+        return await self._off_loop(request, self._prepare_split, request, state, policy)
+
+    def _prepare_split(self, request: ChatCompletionRequest, state: SessionState, policy: str) -> Prepared:
+        thinking, tools, prefix, parallel = self._options(request)
+        split = split_transcript(request.messages, state.committed, history_known=state.history_known)
         turn = [as_dict(m) for m in split.turn]
         turn_hashes = [message_hash(m) for m in turn]
         last_assistant = max((i for i, m in enumerate(turn) if m["role"] == "assistant"), default=None)
@@ -247,7 +285,35 @@ class ChatService:
             + [message_hash(m) for m in turn]
             + [message_hash(message)]
         )
-        await held.commit_turn(prepared.context_ids, prepared.turn_ids + self._reply_ids(prepared, output_ids), committed)
+        # committed behind the answer: the app has it first, and the session's next request waits for the commit
+        held.commit_turn_later(prepared.context_ids, prepared.turn_ids + self._reply_ids(prepared, output_ids), committed)
+        usage = Usage(prompt_tokens=len(prepared.prompt), completion_tokens=len(output_ids), total_tokens=len(prepared.prompt) + len(output_ids))
+        # the version the session has once that commit is published (a failed one leaves nothing to replay)
+        state.last_turn = AnsweredTurn(prepared.digest, state.version + 1, message, finish, usage)
+
+    def _replay(self, request: ChatCompletionRequest, state: SessionState) -> dict | AsyncIterator[dict] | None:
+        """The kept answer when ``request`` repeats the session's last committed turn exactly (e.g. the
+        openai SDK retrying after the answer was lost): nothing is generated or committed again."""
+        last = state.last_turn
+        if not isinstance(last, AnsweredTurn) or last.version != state.version or last.digest != request_digest(request):
+            return None
+        log.info("an identical retry of the last committed turn of %s: answered again, not committed twice", state.native)
+        if request.stream:
+            return self._replayed_stream(request, last)
+        return response_body(id=completion_id(), model=request.model, message=last.message, finish_reason=last.finish, usage=last.usage)
+
+    async def _replayed_stream(self, request: ChatCompletionRequest, last: AnsweredTurn) -> AsyncIterator[dict]:
+        """``last`` as chunks: role, reasoning, content, tool calls, finish, usage when asked."""
+        cid, created = completion_id(), int(time.time())
+        yield chunk_body(id=cid, model=request.model, created=created, delta={"role": "assistant", "content": ""})
+        for key in ("reasoning_content", "content"):
+            if last.message.get(key):
+                yield chunk_body(id=cid, model=request.model, created=created, delta={key: last.message[key]})
+        for index, call in enumerate(last.message.get("tool_calls") or []):
+            yield chunk_body(id=cid, model=request.model, created=created, delta={"tool_calls": [{"index": index, **call}]})
+        yield chunk_body(id=cid, model=request.model, created=created, delta={}, finish_reason=last.finish)
+        if request.stream_options and request.stream_options.include_usage:
+            yield chunk_body(id=cid, model=request.model, created=created, delta=None, usage=last.usage)
 
     def _reply_ids(self, prepared: Prepared, output_ids: list[int]) -> list[int]:
         """The reply as committed: the generated ids, or for a reply cut by a stop string the ids of the

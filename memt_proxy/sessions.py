@@ -10,17 +10,42 @@ completion: a surface decides what to send and what a turn commits; this layer r
 state loses nothing upstream: the native session and its memory stay, and the next request on that
 name adopts them again, reading the session's record from ``--state-directory`` (without one, the
 history counts as unknown and a resent transcript is refused as edited, as after a proxy restart).
-Native sessions are never closed to make room: their memory is the user's; the upstream's own
-``--max-sessions-per-rank`` bounds them and answers 429 when full.
+States without a native session are dropped first, so the proxy keeps sight of the native sessions it made.
+
+Native sessions are bounded by the upstream's ``--max-sessions-per-rank`` (429 when full). When a new
+native session is refused for that, the least recently used idle one is *offloaded* (``offload``): its
+published memory exported to a content-addressed snapshot in the upstream's state directory (written
+atomically there, its name the hash of its bytes, verified and checked against the model's identity on
+import), the snapshot's name and the session's record kept by ``SessionRecordStore.save_offload``, and
+the native session closed. Its next request restores it (create → import → publish) before anything
+else, so the conversation goes on as if it had stayed. Without ``--state-directory`` the proxy keeps the
+offload records in memory only (the newest ``MEMORY_OFFLOADS``): after a proxy restart, or past that
+many, an offloaded session starts with empty memory and a resent transcript is committed again as
+context, so only what memory held beyond the app's transcript is lost. An upstream without a state
+directory cannot export: its idle sessions are then closed to make room, with the same loss.
+
+Client-chosen snapshot names are tenant-scoped like session ids (``snapshot_file``): a name of one
+tenant is another file upstream than the same name of another, so no tenant can read, overwrite or
+probe another's snapshots; offload snapshots have names no client name maps to.
 
 A request holds a session with ``turn(tenant, session)``::
 
     async with sessions.turn(tenant, session) as held:   # the session's lock (bounded wait → 409)
         ...                                               # decide from held.state; a refusal here creates nothing
-        await held.start()                                # create or adopt, then the lease (renewed while held)
+        await held.start()                                # create or adopt, then the session's (kept) lease
         body = await held.query(prompt, sampling)
-        await held.commit_turn(context_ids, turn_ids, committed)
-    # lease released, lock released
+        held.commit_turn_later(context_ids, turn_ids, committed)   # or: await held.commit_turn(...) now
+    # lock released, or handed to the turn's commit; lease kept while the session is active
+
+A session's lease outlives the request: it is kept (renewed every third of ``lease_ttl``) while the
+session is active and released once the session has been idle for ``lease_idle`` seconds, when its
+state is dropped from the table, or at shutdown (``aclose``); a leased session's turn then costs one
+round trip before its answer, the query. A completed turn is committed *behind* the answer
+(``held.commit_turn_later``): the request returns, and a task of the session's own writes the turn
+(begin → commit → publish) still holding the session's lock, so the session's next request waits for
+it (a wait that does not count against ``lease_wait``). A commit that fails leaves memory as it was:
+the turn stays in the app's transcript and goes in with the next turn as context. ``aclose`` finishes
+the commits still under way before it lets the leases go.
 
 Every native failure is mapped to ``ProxyError`` here, once; an epoch mismatch means the upstream
 restarted, which forgets every session (their native sessions are gone).
@@ -40,21 +65,38 @@ from typing import AsyncIterator, Iterator
 from memt_core.client.errors import MemTClientError
 from memt_core.client.native import AsyncNativeClient, new_nonce, new_transaction
 from memt_core.client.turns import AbortStep, BeginStep, CommitStep, ImportStep, MemoryWrite, PublishStep, Step, WaitStep
-from memt_core.errors import EpochMismatch, LeaseConflict, SessionBusy, SessionExists, UnknownSession
+from memt_core.errors import EpochMismatch, InvalidRequest, LeaseConflict, SessionBusy, SessionExists, UnknownSession
+from memt_core.names import check_snapshot_name
 from memt_proxy.errors import ProxyError, from_native
 from memt_proxy.store import SessionRecordStore
 
 log = logging.getLogger("memt.proxy")
 
 MAX_SESSIONS = 1024  # default --max-sessions: session states kept in memory
-LEASE_TTL = 30  # default native lease lifetime (seconds); renewed while a request holds it
+LEASE_TTL = 30  # default native lease lifetime (seconds); renewed while the session is active
+LEASE_IDLE = 30.0  # default seconds a session's lease is kept after its last request
+SHUTDOWN_COMMIT_WAIT = 30.0  # seconds aclose() gives the commits still under way
 COMMIT_CAPACITY_WAIT = 30.0  # seconds a commit retries while the upstream's in-flight commit capacity is full (429)
 RELEASE_WAIT = 10.0  # seconds a release retries while a cancelled query is still winding down upstream
+OFFLOAD_TRIES = 3  # sessions offloaded, at most, to make room for one new native session
+SNAPSHOT_NAME_LIMIT = 207  # the native snapshot-name grammar's longest name
 
 
 def native_session_id(tenant: str, session: str) -> str:
     """Tenant-scoped, collision-resistant native session ID within the native grammar."""
     return "p-" + hashlib.sha256(f"{tenant}\x00{session}".encode()).hexdigest()[:40]
+
+
+def snapshot_file(tenant: str, name: str) -> str:
+    """The upstream file of a tenant's snapshot ``name``: ``t<hash of tenant>-<name>``, so names never meet across tenants."""
+    try:
+        check_snapshot_name(name)
+    except InvalidRequest as exc:
+        raise ProxyError(400, exc.message, param="name", code="invalid_snapshot_name") from None
+    file = f"t{hashlib.sha256(tenant.encode()).hexdigest()[:16]}-{name}"
+    if len(file) > SNAPSHOT_NAME_LIMIT:
+        raise ProxyError(400, f"snapshot names are at most {SNAPSHOT_NAME_LIMIT - len(file) + len(name)} characters here", param="name", code="invalid_snapshot_name")
+    return file
 
 
 @dataclass
@@ -77,12 +119,27 @@ class SessionState:
     pending: PendingTurn | None = None
     exists: bool = False
     version: int = 0  # the upstream's published_version of the memory that ``committed`` describes
-    keeper: asyncio.Task | None = None  # renews the native lease while a request holds it
-    users: int = 0  # requests holding or waiting for this state: while any, it is never dropped
+    lease: str | None = None  # the native lease, kept across requests while the session is active
+    keeper: asyncio.Task | None = None  # renews the lease, and releases it once the session is idle
+    idle_since: float | None = None  # monotonic time the last user let go (None: in use)
+    nudge: asyncio.Event = field(default_factory=asyncio.Event)  # wakes the keeper when the session goes idle
+    committing: asyncio.Task | None = None  # the commit of the previous turn, while under way
+    users: int = 0  # requests holding or waiting for this state, and its commit: while any, it is never dropped
+    last_turn: object = None  # the surface's answer to the last committed turn, for an identical retry
 
     def forget(self) -> None:
         """The native session is gone (closed, or the upstream restarted): start over on next use."""
         self.exists, self.version, self.committed, self.pending, self.history_known = False, 0, [], None, True
+        self.last_turn = None
+        self.drop_lease()
+
+    def drop_lease(self) -> str | None:
+        """Stop renewing the lease and forget it (no I/O); returns it, for a release upstream."""
+        lease, self.lease = self.lease, None
+        if self.keeper is not None:
+            self.keeper.cancel()
+            self.keeper = None
+        return lease
 
 
 class SessionTable:
@@ -99,6 +156,7 @@ class SessionTable:
         self.capacity = capacity
         self._states: OrderedDict[tuple[str, str], SessionState] = OrderedDict()
         self.dropped = 0  # states dropped to make room, since start
+        self.evicted: list[SessionState] = []  # dropped states whose lease is still to be released
 
     def __len__(self) -> int:
         return len(self._states)
@@ -131,11 +189,14 @@ class SessionTable:
     def _make_room(self) -> None:
         if len(self._states) < self.capacity:
             return
-        for key, state in self._states.items():  # least recently used first
-            if state.users == 0:
-                del self._states[key]
-                self.dropped += 1
-                return
+        idle = [key for key, state in self._states.items() if state.users == 0]  # least recently used first
+        # a state without a native session first: the proxy keeps sight of the native sessions it may offload
+        for key in sorted(idle, key=lambda key: self._states[key].exists):
+            state = self._states.pop(key)
+            self.dropped += 1
+            if state.lease is not None:
+                self.evicted.append(state)
+            return
         raise ProxyError(
             429, f"the proxy is serving {self.capacity} sessions at once (--max-sessions); retry when one finishes",
             code="too_many_sessions",
@@ -154,6 +215,7 @@ class Sessions:
         max_sessions: int = MAX_SESSIONS,
         lease_wait: float = 30.0,
         lease_ttl: int = LEASE_TTL,
+        lease_idle: float = LEASE_IDLE,
         native_encoding: str | None = None,
     ):
         self.client = client
@@ -162,16 +224,21 @@ class Sessions:
         self.table = SessionTable(max_sessions)
         self.lease_wait = lease_wait
         self.lease_ttl = lease_ttl
+        self.lease_idle = lease_idle  # seconds an idle session keeps its lease (0: released after each request)
+        self.behind: set[asyncio.Task] = set()  # commits under way behind their answers
         self.native_encoding = native_encoding  # snapshot encoding of save/restore
         self.max_prefill_tokens: int | None = None
         self.chunk_tokens: int | None = None
         self._upstream_checked = False
+        self.offloads = 0  # native sessions offloaded to make room, since start
+        self.restores = 0  # offloaded sessions restored, since start
 
     # ------------------------------------------------------------------ upstream
 
-    async def check_upstream(self) -> None:
-        """The upstream must serve the checkpoint this proxy encodes prompts for; learn its limits."""
-        if self._upstream_checked:
+    async def check_upstream(self, *, refresh: bool = False) -> None:
+        """The upstream must serve the checkpoint this proxy encodes prompts for; learn its limits.
+        ``refresh``: ask it again even if it answered before (readiness)."""
+        if self._upstream_checked and not refresh:
             return
         try:
             capabilities = await self.client.capabilities(refresh=True)
@@ -200,6 +267,21 @@ class Sessions:
         finally:
             await upstream.aclose()
 
+    async def aclose(self) -> None:
+        """The proxy is shutting down: finish the commits under way (up to ``SHUTDOWN_COMMIT_WAIT``), release
+        every kept lease, then close the upstream connections."""
+        if self.behind:
+            _, late = await asyncio.wait(set(self.behind), timeout=SHUTDOWN_COMMIT_WAIT)
+            for task in late:  # its turn stays in the app's transcript: committed with the session's next turn
+                log.warning("shutting down with a commit still under way; its turn will be committed with the next one")
+                task.cancel()
+        for state in [*self.table, *self.table.evicted]:
+            lease = state.drop_lease()
+            if lease is not None and not state.lock.locked():
+                await self.release(state, lease)
+        self.table.evicted.clear()
+        await self.client.aclose()
+
     def upstream_error(self, exc: MemTClientError) -> ProxyError:
         """The ProxyError for a native failure; an epoch mismatch means the upstream restarted."""
         if isinstance(exc.cause, EpochMismatch):
@@ -223,9 +305,15 @@ class Sessions:
 
     @contextlib.asynccontextmanager
     async def turn(self, tenant: str, session: str) -> AsyncIterator["HeldSession"]:
-        """Hold the session for one request: its lock now, its lease from ``start()``, both released on exit."""
+        """Hold the session for one request: its lock now (after its previous turn's commit), its lease from
+        ``start()``; on exit the lock goes to the turn's commit, if one was left to do, or is let go."""
         state = self.table.take(tenant, session)
+        state.idle_since = None
+        handed = False
         try:
+            await self.release_evicted()
+            if state.committing is not None:
+                await asyncio.wait({state.committing})  # the session's own previous turn, not another request
             try:
                 await asyncio.wait_for(state.lock.acquire(), timeout=self.lease_wait)
             except asyncio.TimeoutError:
@@ -233,42 +321,188 @@ class Sessions:
             held = HeldSession(self, state)
             try:
                 yield held
+                if held.later is not None:
+                    self._commit_behind(state, held.later)
+                    handed = True
             finally:
-                try:
-                    if held.lease is not None:
-                        await self.release(state, held.lease)
-                finally:
+                if not handed:
                     state.lock.release()
         finally:
             self.table.give_back(state)
+            self._rest(state)
+
+    def _rest(self, state: SessionState) -> None:
+        """A user let go of the state: once none is left, the keeper counts the session's idle time from now."""
+        if state.users == 0 and state.idle_since is None:
+            state.idle_since = time.monotonic()
+            state.nudge.set()
+
+    async def release_evicted(self) -> None:
+        """Release the leases of states dropped from the table to make room."""
+        while self.table.evicted:
+            state = self.table.evicted.pop()
+            lease = state.drop_lease()
+            if lease is not None:
+                await self.release(state, lease)
+
+    def _commit_behind(self, state: SessionState, commits: tuple[list[list[int]], list[str]]) -> None:
+        """Write a turn's commits in a task of the session's own, which holds the lock (taken over from the
+        request) and a use of the state until the write ends, so its next request waits for it."""
+        state.users += 1
+        task = asyncio.get_running_loop().create_task(self._write_behind(state, *commits))
+        state.committing = task
+        self.behind.add(task)
+        task.add_done_callback(self.behind.discard)
+
+    async def _write_behind(self, state: SessionState, commits: list[list[int]], committed: list[str]) -> None:
+        try:
+            try:
+                await self.write(state, state.lease, commits, committed)
+            except ProxyError as exc:
+                # the app resends this turn in its transcript, and it is committed with the next one
+                log.warning("committing a turn of %s failed (%s); it will be committed with the session's next turn", state.native, exc.message)
+                await self.settle(state, committed)
+        except Exception:
+            log.exception("committing a turn of %s failed", state.native)
+        finally:
+            state.committing = None
+            state.lock.release()
+            self.table.give_back(state)
+            self._rest(state)
+
+    async def settle(self, state: SessionState, committed: list[str]) -> None:
+        """After a failed write: release the lease (abandoning a transaction left open), then learn from the
+        upstream whether the write was published after all (memory holds ``committed``) or not (as it was);
+        if neither, the session is adopted again on its next request."""
+        lease = state.drop_lease()
+        if lease is not None:
+            await self.release(state, lease)
+        try:
+            version = (await self.client.control("inspect", state.native))["published_version"]
+        except MemTClientError:
+            version = None
+        if version == state.version + 1:
+            self.changed(state, committed)
+        elif version != state.version:
+            state.exists = False
 
     async def ensure(self, state: SessionState) -> None:
-        """Create the native session, or adopt it if it exists already (e.g. made by an earlier proxy)."""
+        """Create the native session, or adopt it if it exists already (e.g. made by an earlier proxy),
+        or restore it if it was offloaded."""
         if state.exists:
             return
-        try:
-            await self.client.control("create", state.native, memory_read=True)
-        except MemTClientError as exc:
-            # errors rebuilt from the wire carry the generic class of their status (Conflict), not SessionExists
-            if not isinstance(exc.cause, SessionExists):
-                raise self.upstream_error(exc) from None
+        offloaded = self.records.load_offload(state.native)
+        if not await self._create(state):
             self.adopt(state, await self.call(self.client.control, "inspect", state.native))
+            return
+        if offloaded is not None:
+            await self._restore(state, offloaded)
             return
         self.records.delete(state.native)  # a record from an earlier life of this id (before an upstream restart)
         state.exists, state.version, state.committed, state.history_known = True, 0, [], True
+
+    async def _create(self, state: SessionState) -> bool:
+        """Create the native session (True), or find it exists (False); when the upstream is full, offload
+        idle sessions to make room (up to ``OFFLOAD_TRIES``) before passing its 429 on."""
+        for attempt in range(OFFLOAD_TRIES + 1):
+            try:
+                await self.client.control("create", state.native, memory_read=True)
+                return True
+            except MemTClientError as exc:
+                # errors rebuilt from the wire carry the generic class of their status (Conflict), not SessionExists
+                if isinstance(exc.cause, SessionExists):
+                    return False
+                if getattr(exc, "status", None) != 429 or attempt == OFFLOAD_TRIES or not await self.offload_idle(state):
+                    raise self.upstream_error(exc) from None
+        raise AssertionError("unreachable")
+
+    async def offload_idle(self, keep: SessionState) -> bool:
+        """Offload the least recently used idle session with a native session (never ``keep``); False if none could be."""
+        for state in self.table:  # least recently used first
+            if state is not keep and state.exists and state.users == 0 and not state.lock.locked():
+                if await self.offload(state):
+                    return True
+        return False
+
+    async def offload(self, state: SessionState) -> bool:
+        """Export an idle session's published memory, record where, and close its native session (see the
+        module docstring); False, changing nothing, if it is busy or the upstream refuses."""
+        if state.users or state.lock.locked() or not state.exists:
+            return False
+        state.users += 1
+        await state.lock.acquire()  # free: taken at once
+        try:
+            try:
+                lease = state.drop_lease() or (await self.client.control("acquire", state.native, ttl=self.lease_ttl))["lease"]
+            except MemTClientError:
+                return False  # leased by another client, or gone: not ours to offload now
+            try:
+                exported = await self.client.control("export", state.native, lease=lease, encoding=self.native_encoding)
+                file = exported["file"]
+            except MemTClientError as exc:
+                if getattr(exc, "status", None) != 400:
+                    await self.client.control("release", state.native, lease=lease)
+                    return False
+                file = None  # the upstream cannot export (no state directory): close it all the same, losing its memory
+                log.warning("offloading %s without a snapshot: the upstream cannot export (%s); its memory is lost", state.native, exc.message)
+            if file is not None:
+                pending = asdict(state.pending) if state.pending is not None else None
+                self.records.save_offload(state.native, file, state.committed if state.history_known else None, pending)
+            await self.client.control("close", state.native, lease=lease)
+            if file is None:
+                self.records.delete(state.native)
+                state.forget()
+            else:
+                state.exists, state.version = False, 0
+            self.offloads += 1
+            return True
+        except MemTClientError as exc:
+            log.warning("offloading %s failed: %s", state.native, exc.message)
+            return False
+        finally:
+            state.lock.release()
+            state.users -= 1
+
+    async def _restore(self, state: SessionState, offloaded: dict) -> None:
+        """Load an offloaded session's snapshot into its new native session (begin → import → publish)."""
+        state.exists, state.version = True, 0
+        state.committed, state.history_known = offloaded["committed"] or [], offloaded["committed"] is not None
+        lease = await self.lease_of(state)  # kept for the request that brought the session back
+        try:
+            write = MemoryWrite(new_transaction(), new_nonce=new_nonce, import_file=offloaded["file"], memory_read=True, abort_on_failure=True)
+            await self.drive(write, state, lease, state.committed)
+            state.history_known = offloaded["committed"] is not None
+        except ProxyError as exc:
+            # the snapshot is gone or damaged: the session goes on with empty memory, rebuilt from resent transcripts
+            log.warning("restoring offloaded %s from %s failed (%s); it starts with empty memory", state.native, offloaded["file"], exc.message)
+            state.version, state.committed, state.history_known = 0, [], True
+        self.records.forget_offload(state.native)
+        if offloaded.get("pending") is not None and state.committed == (offloaded["committed"] or []):
+            self.set_pending(state, PendingTurn(**offloaded["pending"]))
+        self.restores += 1
 
     def adopt(self, state: SessionState, native: dict) -> None:
         """Take over a native session that exists upstream: its record, if one matches its version, says
         what memory holds and which turn, if any, waits for tool results."""
         version = native["published_version"]
         committed = self.records.load(state.native, version)
+        if committed is None and version == 0:
+            committed = []  # never published to: its memory is empty (e.g. a proxy died before its first commit)
         state.exists, state.version = True, version
         state.committed, state.history_known = committed or [], committed is not None
         pending = self.records.load_pending(state.native, version) if committed is not None else None
         state.pending = PendingTurn(**pending) if pending is not None else None
 
+    async def lease_of(self, state: SessionState) -> str:
+        """The session's kept lease, or a new one (kept from now on); the caller holds the lock."""
+        if state.lease is None:
+            await self.acquire(state)
+        return state.lease
+
     async def acquire(self, state: SessionState) -> str:
-        """The native lease (waiting up to ``lease_wait`` while another client holds it), renewed until released."""
+        """A new native lease (waiting up to ``lease_wait`` while another client holds it), kept as the session's
+        and renewed until released, or until the session has been idle for ``lease_idle`` seconds."""
+        state.drop_lease()
         deadline = time.monotonic() + self.lease_wait
         while True:
             try:
@@ -278,25 +512,47 @@ class Sessions:
                 if not isinstance(exc.cause, LeaseConflict) or time.monotonic() > deadline:
                     raise self.upstream_error(exc) from None
             await asyncio.sleep(0.2)
+        state.lease = lease
         state.keeper = asyncio.get_running_loop().create_task(self._keep(state, lease))
         return lease
 
     async def _keep(self, state: SessionState, lease: str) -> None:
-        """Renew the lease every third of its lifetime until released: long generations keep it, and
-        a proxy that dies leaves its sessions leased for at most ``lease_ttl`` seconds."""
-        while True:
-            await asyncio.sleep(self.lease_ttl / 3)
-            try:
-                await self.client.control("renew", state.native, lease=lease, ttl=self.lease_ttl)
-            except MemTClientError:
-                log.warning("renewing the lease of %s failed", state.native, exc_info=True)
+        """Renew the lease every third of its lifetime while the session is in use or was used within
+        ``lease_idle`` seconds, then release it: long generations and active conversations keep it, and a
+        proxy that dies leaves its sessions leased for at most ``lease_ttl`` seconds."""
+        renew_at = time.monotonic() + self.lease_ttl / 3
+        while state.lease == lease:
+            now = time.monotonic()
+            idle_at = state.idle_since + self.lease_idle if state.idle_since is not None else renew_at
+            if state.users == 0 and state.idle_since is not None and now >= idle_at and not state.lock.locked():
+                state.users += 1  # not dropped from the table while it releases
+                async with state.lock:  # free: taken at once; a request arriving now waits for the release
+                    try:
+                        if state.lease == lease:
+                            state.lease, state.keeper = None, None
+                            await self.release(state, lease)
+                    finally:
+                        state.users -= 1
                 return
+            if now >= renew_at:
+                try:
+                    await self.client.control("renew", state.native, lease=lease, ttl=self.lease_ttl)
+                except MemTClientError as exc:
+                    if not isinstance(exc.cause, UnknownSession):  # closed, or the upstream restarted: nothing to renew
+                        log.warning("renewing the lease of %s failed", state.native, exc_info=True)
+                    if state.lease == lease:
+                        state.lease, state.keeper = None, None  # the next request acquires a new one
+                    return
+                renew_at = time.monotonic() + self.lease_ttl / 3
+                continue
+            state.nudge.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(state.nudge.wait(), max(0.0, min(renew_at, idle_at) - now))
 
     async def release(self, state: SessionState, lease: str) -> None:
-        """Stop renewing and release the lease (an open transaction upstream is abandoned with it)."""
-        if state.keeper is not None:
-            state.keeper.cancel()
-            state.keeper = None
+        """Release ``lease`` (an open transaction upstream is abandoned with it); stop keeping it if it is the session's."""
+        if state.lease == lease:
+            state.drop_lease()
         deadline = time.monotonic() + RELEASE_WAIT
         while True:
             try:
@@ -413,14 +669,9 @@ class Sessions:
         raise TypeError(step)
 
     async def reset(self, state: SessionState, lease: str | None = None) -> None:
-        """Clear the session's memory (in ``lease``, or in a lease of its own); the caller holds the lock."""
+        """Clear the session's memory (in ``lease``, or in the session's kept lease); the caller holds the lock."""
         if lease is None:
-            lease = await self.acquire(state)
-            try:
-                await self.reset(state, lease)
-            finally:
-                await self.release(state, lease)
-            return
+            lease = await self.lease_of(state)
         self.changing(state, [])
         await self.call(self.client.control, "reset", state.native, lease=lease)
         self.changed(state, [])
@@ -428,17 +679,28 @@ class Sessions:
     # ------------------------------------------------------------------ admin
 
     async def admin(self, tenant: str, session: str, action: str, **fields) -> dict:
-        """inspect | save | restore | reset | close, under the session's lock (and lease, but for inspect)."""
+        """inspect | save | restore | reset | close, under the session's lock (and lease, but for inspect).
+
+        Every action needs a session that exists (upstream, or offloaded): an unknown one is a 404 and
+        nothing is created. Snapshot names are the tenant's (``snapshot_file``); a save without a name
+        gets a fresh one.
+        """
+        name = fields.get("name")
+        if action == "save" and name is None:
+            name = f"snapshot-{new_nonce()}.safetensors"
+        file = snapshot_file(tenant, name) if name is not None else None
         await self.check_upstream()
         async with self.turn(tenant, session) as held:
+            await held.find(session)
             if action == "inspect":
                 return await held.inspect(session)
             await held.start()
             if action == "save":
-                return {"snapshot": await held.save(**fields)}
+                await held.save(file, overwrite=fields.get("overwrite", False), name=name)
+                return {"snapshot": name}
             if action == "restore":
-                await held.restore(**fields)
-                return {"restored": fields["name"]}
+                await held.restore(file, name=name)
+                return {"restored": name}
             if action == "reset":
                 await self.reset(held.state, held.lease)
                 return {"reset": True}
@@ -455,62 +717,125 @@ class HeldSession:
         self.sessions = sessions
         self.state = state
         self.lease: str | None = None
+        self.later: tuple[list[list[int]], list[str]] | None = None  # a commit left for after the request
+        self.kept = False  # the lease was kept from an earlier request (it may have lapsed since)
 
     async def ensure(self) -> None:
         """Create or adopt the native session (``state.history_known`` says whether its history is known)."""
         await self.sessions.ensure(self.state)
 
     async def start(self) -> None:
-        """Create or adopt the native session, then take its lease (renewed until the turn ends)."""
+        """Create or adopt the native session, then take its lease: the one kept from an earlier request, or a new one."""
         await self.sessions.ensure(self.state)
-        self.lease = await self.sessions.acquire(self.state)
+        self.kept = self.state.lease is not None
+        self.lease = await self.sessions.lease_of(self.state)
+
+    def _lapsed(self, exc: MemTClientError) -> bool:
+        """Whether a query failed only because the lease kept from an earlier request lapsed (then it is retaken, once)."""
+        if not (self.kept and isinstance(exc.cause, LeaseConflict)):
+            return False
+        self.kept = False
+        return True
 
     async def query(self, prompt: list[int], sampling: dict) -> dict:
         """Generate from ``prompt`` reading the session's memory."""
-        return await self.sessions.call(self.sessions.client.query, self.state.native, self.lease, prompt, sampling_params=sampling)
+        sessions = self.sessions
+        try:
+            return await sessions.client.query(self.state.native, self.lease, prompt, sampling_params=sampling)
+        except MemTClientError as exc:
+            if not self._lapsed(exc):
+                raise sessions.upstream_error(exc) from None
+        self.lease = await sessions.acquire(self.state)
+        return await sessions.call(sessions.client.query, self.state.native, self.lease, prompt, sampling_params=sampling)
 
-    def query_stream(self, prompt: list[int], sampling: dict) -> AsyncIterator[dict]:
+    async def query_stream(self, prompt: list[int], sampling: dict) -> AsyncIterator[dict]:
         """``query`` as cumulative stream bodies; closing the iterator early cancels the upstream query."""
-        return self.sessions.stream(self.sessions.client.query_stream(self.state.native, self.lease, prompt, sampling_params=sampling))
+        sessions = self.sessions
+        upstream = sessions.client.query_stream(self.state.native, self.lease, prompt, sampling_params=sampling)
+        try:
+            first = await upstream.__anext__()
+        except StopAsyncIteration:
+            return
+        except MemTClientError as exc:
+            await upstream.aclose()
+            if not self._lapsed(exc):
+                raise sessions.upstream_error(exc) from None
+            self.lease = await sessions.acquire(self.state)
+            async for body in sessions.stream(sessions.client.query_stream(self.state.native, self.lease, prompt, sampling_params=sampling)):
+                yield body
+            return
+        except BaseException:
+            await upstream.aclose()
+            raise
+        yield first
+        async for body in sessions.stream(upstream):
+            yield body
 
     async def commit_turn(self, context_ids: list[int], turn_ids: list[int], committed: list[str]) -> None:
         """Write a completed turn (after the uncommitted context before it) into memory, which then holds ``committed``."""
         commits = ([context_ids] if context_ids else []) + self.sessions.pieces(turn_ids)
-        await self.sessions.write(self.state, self.lease, commits, committed)
+        try:
+            await self.sessions.write(self.state, self.lease, commits, committed)
+        except ProxyError:
+            await self.sessions.settle(self.state, committed)
+            self.lease = None
+            raise
+
+    def commit_turn_later(self, context_ids: list[int], turn_ids: list[int], committed: list[str]) -> None:
+        """``commit_turn``, done once the request lets the session go (its answer is out by then); the session's
+        next request waits for it. If it fails, memory stays as it was (see the module docstring)."""
+        self.later = (([context_ids] if context_ids else []) + self.sessions.pieces(turn_ids), committed)
+
+    async def find(self, session: str) -> None:
+        """Adopt the session if it exists upstream, restore it if it was offloaded; 404 if neither (nothing is created)."""
+        sessions, state = self.sessions, self.state
+        if state.exists:
+            return
+        try:
+            native = await sessions.client.control("inspect", state.native)
+        except MemTClientError as exc:
+            if not isinstance(exc.cause, UnknownSession):
+                raise sessions.upstream_error(exc) from None  # e.g. the upstream is unreachable: not a 404
+            if sessions.records.load_offload(state.native) is None:
+                raise ProxyError(404, f"session {session!r} does not exist", code="session_not_found") from None
+            await sessions.ensure(state)  # offloaded: bring it back
+            return
+        sessions.adopt(state, native)
 
     async def inspect(self, session: str) -> dict:
-        """The session as the proxy and the upstream see it; 404 if neither has it."""
+        """The session as the proxy and the upstream see it (``find`` first)."""
         sessions, state = self.sessions, self.state
-        if not state.exists:
-            try:
-                native = await sessions.client.control("inspect", state.native)
-            except MemTClientError as exc:
-                if not isinstance(exc.cause, UnknownSession):
-                    raise sessions.upstream_error(exc) from None  # e.g. the upstream is unreachable: not a 404
-                raise ProxyError(404, f"session {session!r} does not exist", code="session_not_found") from None
-            sessions.adopt(state, native)
-        else:
-            native = await sessions.call(sessions.client.control, "inspect", state.native)
+        native = await sessions.call(sessions.client.control, "inspect", state.native)
         return {"session": session, "native": native, "committed_messages": len(state.committed), "history_known": state.history_known, "pending_tool_calls": state.pending is not None}
 
-    async def save(self, name: str | None = None, overwrite: bool = False) -> str:
-        """Export the published memory as a snapshot on the upstream; returns its file name."""
+    async def save(self, file: str, *, overwrite: bool = False, name: str) -> None:
+        """Export the published memory as the upstream snapshot ``file`` (the client calls it ``name``)."""
         sessions = self.sessions
-        result = await sessions.call(sessions.client.control, "export", self.state.native, lease=self.lease, encoding=sessions.native_encoding, file=name, overwrite=overwrite)
-        return result["file"]
+        try:
+            await sessions.client.control("export", self.state.native, lease=self.lease, encoding=sessions.native_encoding, file=file, overwrite=overwrite)
+        except MemTClientError as exc:
+            raise _renamed(sessions.upstream_error(exc), file, name) from None
 
-    async def restore(self, name: str) -> None:
-        """Replace memory with a snapshot (begin → import → publish): it then holds no transcript message the proxy knows."""
-        write = MemoryWrite(new_transaction(), new_nonce=new_nonce, import_file=name, memory_read=True, abort_on_failure=True)
-        await self.sessions.drive(write, self.state, self.lease, [])
+    async def restore(self, file: str, *, name: str) -> None:
+        """Replace memory with the snapshot ``file`` (begin → import → publish): it then holds no transcript message the proxy knows."""
+        write = MemoryWrite(new_transaction(), new_nonce=new_nonce, import_file=file, memory_read=True, abort_on_failure=True)
+        try:
+            await self.sessions.drive(write, self.state, self.lease, [])
+        except ProxyError as exc:
+            raise _renamed(exc, file, name) from None
 
     async def close(self) -> None:
         """Delete the native session (the lease goes with it) and its record."""
         sessions, state = self.sessions, self.state
+        state.drop_lease()  # the renewal task ends before the session does
         await sessions.call(sessions.client.control, "close", state.native, lease=self.lease)
-        if state.keeper is not None:
-            state.keeper.cancel()
-            state.keeper = None
         self.lease = None
         sessions.records.delete(state.native)
+        sessions.records.forget_offload(state.native)
         state.forget()
+
+
+def _renamed(error: ProxyError, file: str, name: str) -> ProxyError:
+    """``error`` with the upstream's file name replaced by the client's own name for it."""
+    error.message = error.message.replace(file, name)
+    return error

@@ -1,8 +1,9 @@
 #!/usr/bin/env python
 """The MemT serve demo: latent memory for an unchanged OpenAI SDK app, on a laptop CPU.
 
-Starts the MemT core server on the bundled tiny demo model and the OpenAI-compatible proxy in front of
-it, then holds a short conversation through the official ``openai`` SDK. The app resends its whole
+Starts the OpenAI-compatible proxy with the MemT core (engine and memt-http-v1 server) inside it, on the
+bundled tiny demo model (one process, ``python -m memt_proxy --embedded``; with ``--two-process`` the
+core and the proxy run as two processes talking HTTP, the deployment that scales out), then holds a short conversation through the official ``openai`` SDK. The app resends its whole
 history each turn, as chat apps do; the proxy commits each completed turn to the session's latent
 memory and sends the model only what memory does not hold. The model then answers questions about
 earlier turns from memory alone — and no longer can once the session's memory is reset. Finally a tool
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import socket
 import subprocess
 import sys
@@ -66,6 +68,7 @@ def main() -> int:
     parser.add_argument("--name", default="Belkavo", help="the name the user tells the model (any name: it is copied through memory)")
     parser.add_argument("--city", default="Lisbon", help="the city the user tells the model")
     parser.add_argument("--food", default="sushi", help="the favourite food the user tells the model")
+    parser.add_argument("--two-process", action="store_true", help="run the core and the proxy as two processes (the scale-out deployment) instead of one")
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="memt-demo-"))
@@ -74,12 +77,18 @@ def main() -> int:
     model = ["--model-path", args.model_path] if args.model_path else []
     processes = []
     try:
-        say("1. Starting the MemT core server (memt-http-v1) on the bundled tiny model, CPU only ...")
-        processes.append(start(["-m", "memt_core.launch", *model, "--port", str(core_port), "--state-directory", str(work / "state")], core_url, work / "core.log", "the core server"))
-        identity = httpx.get(core_url + "/memt/identity").json()
-        say(f"   serving {identity['model']} (checkpoint {identity['checkpoint_id']}) at {core_url}")
-        say("2. Starting the OpenAI-compatible proxy in front of it ...")
-        processes.append(start(["-m", "memt_proxy", "--upstream", core_url, *model, "--port", str(proxy_port)], proxy_url, work / "proxy.log", "the proxy"))
+        snapshots = ["--state-directory", str(work / "state")]
+        if args.two_process:
+            say("1. Starting the MemT core server (memt-http-v1) on the bundled tiny model, CPU only ...")
+            processes.append(start(["-m", "memt_core.launch", *model, "--port", str(core_port), *snapshots], core_url, work / "core.log", "the core server"))
+            identity = httpx.get(core_url + "/memt/identity").json()
+            say(f"   serving {identity['model']} (checkpoint {identity['checkpoint_id']}) at {core_url}")
+            say("2. Starting the OpenAI-compatible proxy in front of it ...")
+            processes.append(start(["-m", "memt_proxy", "--upstream", core_url, *model, "--port", str(proxy_port)], proxy_url, work / "proxy.log", "the proxy"))
+        else:
+            say("1-2. Starting the OpenAI-compatible proxy with the MemT core inside it (one process, --embedded), CPU only ...")
+            processes.append(start(["-m", "memt_proxy", "--embedded", "--core-args", shlex.join(snapshots), *model, "--port", str(proxy_port)],
+                                   proxy_url, work / "proxy.log", "the proxy"))
         say(f"   OpenAI base_url = {proxy_url}/v1")
 
         client = OpenAI(base_url=proxy_url + "/v1", api_key="demo")

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The main job: install into .venv (CPU PyTorch), then run the latent-memory demo on the bundled tiny model.
+# The main job: install into .venv (CPU PyTorch), then run the latent-memory demo on the bundled tiny model
+# (one process: the proxy with the core inside it; `bash scripts/demo.sh --two-process` runs them as two).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh dev

@@ -190,6 +190,7 @@ def test_turn_longer_than_one_commit(http, small, small_upstream, proxy_chat_for
         commits, tokens = counters()
         reply = client.chat.completions.create(model=MODEL, messages=[question], max_tokens=12, seed=seed, temperature=1.0,
                                                stop=[" ", "e"], extra_headers={"X-MemT-Session": session})
+        small.inspect(session, None)  # waits for the commit behind the answer
         commits, tokens = counters()[0] - commits, counters()[1] - tokens
         if reply.choices[0].finish_reason == "stop" and tokens > MAX_PREFILL:
             break
@@ -211,8 +212,8 @@ def test_native_errors_map_to_openai(http, small, small_upstream):
     assert "context length" in error["message"]
     # 409: another client holds the native session's lease longer than --lease-wait
     session = unique("held")
-    assert http.post("/v1/chat/completions", json=GOOD, headers={"X-MemT-Session": session, "X-MemT-Memory": "read"}).status_code == 200
     with NativeClient(small_upstream.url) as native:
+        native.control("create", native_session_id("default", session), memory_read=True)  # the proxy adopts it
         lease = native.control("acquire", native_session_id("default", session), ttl=30)["lease"]
         started = time.monotonic()
         response = http.post("/v1/chat/completions", json=GOOD, headers={"X-MemT-Session": session})

@@ -59,7 +59,7 @@ def test_a_commit_whose_answer_was_lost_is_recovered_by_receipt(proxy_upstream, 
                 status = await client.control("status", held.state.native, lease=held.lease)
             state = held.state
             assert records.load(state.native, 1) == ["h1", "h2"]
-            await client.control("close", state.native, lease=(await client.control("acquire", state.native, ttl=5))["lease"])
+            await client.control("close", state.native, lease=state.drop_lease())  # the lease the session layer kept
             return client.lost, state, status
         finally:
             await client.aclose()

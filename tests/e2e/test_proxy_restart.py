@@ -61,6 +61,7 @@ def test_restarted_proxy_without_records_refuses_the_unknown_history(proxy_upstr
     first = ProxyServer(proxy_upstream.url, nano_checkpoint).start()
     try:
         say(first.openai("unused"), history, "first question", session)
+        assert first.inspect(session, None)["native"]["published_version"] == 1  # the commit behind the answer is done
     finally:
         killed(first)
     with ProxyServer(proxy_upstream.url, nano_checkpoint) as second:
@@ -147,7 +148,8 @@ def test_a_killed_proxy_frees_its_sessions_within_the_lease_ttl(proxy_upstream, 
 
 
 def test_a_lease_is_renewed_while_held(proxy_upstream, nano_checkpoint):
-    """The proxy's own session layer against the live upstream: a lease held past its TTL stays valid, and goes on release."""
+    """The proxy's own session layer against the live upstream: a lease held past its TTL stays valid, is kept
+    after the request while the session is active, and goes at shutdown."""
     from memt_core.client.chat_format import load_chat_format, load_tokenizer
     from memt_core.client.native import AsyncNativeClient
     from memt_proxy.sessions import Sessions
@@ -155,18 +157,21 @@ def test_a_lease_is_renewed_while_held(proxy_upstream, nano_checkpoint):
     chat_format, parser = load_chat_format(nano_checkpoint, tokenizer=load_tokenizer(nano_checkpoint))
 
     async def scenario():
-        client = AsyncNativeClient(proxy_upstream.url)
+        client, observer = AsyncNativeClient(proxy_upstream.url), AsyncNativeClient(proxy_upstream.url)
         sessions = Sessions(client, identity=chat_format.identity, lease_ttl=3)
         await sessions.check_upstream()
         async with sessions.turn("t", unique("renewed")) as held:
             await held.start()
             await asyncio.sleep(4.5)  # past the 3 s the lease was granted for
-            held_info = await client.control("inspect", held.state.native)
-        released = await client.control("inspect", held.state.native)
-        await client.control("close", held.state.native, lease=(await client.control("acquire", held.state.native, ttl=5))["lease"])
-        await client.aclose()
-        return held_info, released
+            held_info = await observer.control("inspect", held.state.native)
+        kept = await observer.control("inspect", held.state.native)
+        await sessions.aclose()
+        released = await observer.control("inspect", held.state.native)
+        await observer.control("close", held.state.native, lease=(await observer.control("acquire", held.state.native, ttl=5))["lease"])
+        await observer.aclose()
+        return held_info, kept, released
 
-    held, released = asyncio.run(scenario())
+    held, kept, released = asyncio.run(scenario())
     assert held["leased"] is True and held["lease_expires_in"] > 0
+    assert kept["leased"] is True  # between requests the session keeps its lease (--lease-idle)
     assert released["leased"] is False

@@ -144,3 +144,11 @@ def test_without_records_a_dropped_session_has_an_unknown_history():
 def test_the_table_needs_room_for_one():
     with pytest.raises(ValueError):
         SessionTable(0)
+
+
+def test_a_session_never_published_to_is_adopted_as_empty():
+    """Published version 0: nothing was ever written (e.g. a proxy died between an answer and its commit), record or not."""
+    layer = sessions(1)
+    state = layer.state("t", "a")
+    layer.adopt(state, {"published_version": 0})
+    assert state.history_known is True and state.committed == [] and state.exists
