@@ -138,6 +138,7 @@ class ResponsesService:
         try:
             if head is not None and thread.head != head:
                 return None
+            self._plan(request, tenant, items, thread, thread.uncommitted, thread.calls, None)  # a refusal creates nothing upstream
             await held.start()
             if restore is not None:
                 await held.restore(restore, name=restore)
@@ -179,8 +180,8 @@ class ResponsesService:
         if last_user is None:
             raise ProxyError(400, "input must hold a user message (or function_call_output items answering the previous response's function calls)", param="input", code="invalid_input")
         plan.context, plan.turn = messages[:last_user], messages[last_user:]
-        if pending is not None and calls and all(m["role"] == "tool" for m in new):
-            # function results continue the pending turn from the model's exact tokens
+        if pending is not None and calls and all(m["role"] == "tool" for m in new) and pending.hashes == [message_hash(m) for m in plan.turn[: len(plan.turn) - len(new)]]:
+            # function results continue the pending turn (the one recorded for these calls) from the model's exact tokens
             results = [{"tool_call_id": m["tool_call_id"], "content": m["content"]} for m in new]
             plan.turn_ids = pending.ids + self.chat_format.tool_results_ids(results, enable_thinking=pending.thinking)
             plan.thinking = pending.thinking
@@ -343,7 +344,11 @@ class ResponsesService:
     async def delete_conversation(self, tenant: str, conversation_id: str) -> dict:
         """Close the conversation's session (its memory goes with it) and drop its records."""
         conversation = self._conversation(tenant, conversation_id)
-        await self.sessions.admin(tenant, conversation.session, "close")
+        try:
+            await self.sessions.admin(tenant, conversation.session, "close")
+        except ProxyError as exc:
+            if exc.status != 404:  # 404: no response ever made its session upstream
+                raise
         self.records.delete(conversation)
         return {"id": conversation_id, "object": "conversation.deleted", "deleted": True}
 

@@ -193,3 +193,18 @@ def test_deleting_a_conversation_forgets_it(client):
         client.conversations.retrieve(conversation.id)
     with pytest.raises(openai.NotFoundError):
         create(client, conversation=conversation.id, input="Where do I live?")
+    unused = client.conversations.create(items=[{"type": "message", "role": "user", "content": "I live in Lisbon."}])
+    assert client.conversations.delete(unused.id).deleted  # no response made its session upstream: nothing to close
+
+
+def test_items_given_to_a_conversation_are_sent_once_then_in_memory(client):
+    conversation = client.conversations.create(items=[{"type": "message", "role": "user", "content": "My name is Tomasz."}])
+    client.conversations.items.create(conversation.id, items=[{"type": "message", "role": "user", "content": "I live in Lisbon."}])
+    first = create(client, conversation=conversation.id, input="Where do I live?")
+    chat_format = demo_chat_format()
+    given = chat_format.history_ids([{"role": "user", "content": "My name is Tomasz."}, {"role": "user", "content": "I live in Lisbon."}])
+    assert first.usage.input_tokens == prompt_tokens("Where do I live?") + len(given)  # the given items, as context this once
+    second = create(client, conversation=conversation.id, input="Where do I live?")
+    assert second.usage.input_tokens == prompt_tokens("Where do I live?")
+    texts = [item.content[0].text for item in client.conversations.items.list(conversation.id).data]
+    assert texts[:3] == ["My name is Tomasz.", "I live in Lisbon.", "Where do I live?"] and len(texts) == 6
