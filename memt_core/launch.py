@@ -59,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--host", default="127.0.0.1", help="address to bind")
     server.add_argument("--port", type=int, default=30000, help="port to bind")
     server.add_argument("--state-directory", default=None, help="server-owned snapshot directory; required for export/import")
+    server.add_argument("--snapshot-store", default=None, help="directory (e.g. shared by several servers) that keeps every session's latest published memory; a session created under a name the store knows starts from it")
     server.add_argument("--ack-timeout", type=float, default=120.0, help="seconds the engine has to acknowledge a commit or start a query before the server answers 503 (the outcome is then unknown: status/recover)")
     server.add_argument("--max-request-bytes", type=int, default=8 * 1024 * 1024, help="largest request body accepted (413 beyond)")
     server.add_argument("--api-key", default=None, help="require 'Authorization: Bearer <key>' on every route but /health")
@@ -86,6 +87,7 @@ class LaunchPlan:
     state_directory: str | None
     ack_timeout: float
     max_request_bytes: int
+    snapshot_store: str | None
     api_key: str | None
     log_level: str
     defaulted_model: bool = False  # no --model-path was given: the bundled demo model is served
@@ -100,6 +102,7 @@ class LaunchPlan:
             max_commit_batch=self.runtime.max_inflight_commits_per_rank, context_length=self.context_length,
             min_kv_tokens=self.runtime.min_kv_tokens, enable_streaming_session=self.enable_streaming_session,
             deterministic_communication=self.deterministic_communication, state_directory=self.state_directory,
+            snapshot_store=self.snapshot_store,
         )
 
     @property
@@ -184,7 +187,8 @@ def plan_launch(args: argparse.Namespace, environ=os.environ) -> LaunchPlan:
         context_length=context, enable_streaming_session=args.enable_streaming_session,
         deterministic_communication=args.deterministic_communication, host=args.host, port=args.port,
         defaulted_model=args.model_path is None,
-        state_directory=args.state_directory, ack_timeout=args.ack_timeout, max_request_bytes=args.max_request_bytes, api_key=args.api_key, log_level=args.log_level,
+        state_directory=args.state_directory, ack_timeout=args.ack_timeout, max_request_bytes=args.max_request_bytes,
+        snapshot_store=args.snapshot_store, api_key=args.api_key, log_level=args.log_level,
     )
     plan.engine_class.check_options(plan.engine_options())
     return plan
@@ -239,6 +243,7 @@ def assemble(plan: LaunchPlan, engine: Engine, *, tokenizer=None):
         "streaming": {"format": "sse", "text": "cumulative", "finish_reason": True, "done": "data: [DONE]"},
         "retain_kv": plan.enable_streaming_session,
         "snapshots": plan.state_directory is not None,
+        "durable_memory": plan.snapshot_store is not None,
         "auth": plan.api_key is not None,
         "engine": {"name": engine.name, **engine.capabilities()},
     }

@@ -68,6 +68,7 @@ class EngineOptions:
     enable_streaming_session: bool = False
     deterministic_communication: bool = False
     state_directory: str | None = None
+    snapshot_store: str | None = None  # a directory every published version is written to (shared by servers)
     extra: dict = field(default_factory=dict)  # engine-specific settings, refused by engines that take none
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from memt_core.errors import BadGeneration
+from memt_core.memory.durable import SnapshotStore
 from memt_core.memory.snapshot import load_snapshot, remove_partials, save_content_addressed, save_snapshot, snapshot_path
 from memt_core.memory.state import MemoryState
 from memt_core.protocol import effects as fx
@@ -45,15 +46,23 @@ class SessionMemory:
 
 
 class MemoryStore:
-    """All sessions' memory on this engine, and the snapshot directory."""
+    """All sessions' memory on this engine, the snapshot directory, and (optionally) the durable store.
 
-    def __init__(self, *, identity: str, layers: tuple[int, ...], shape: tuple[int, ...], device, state_directory: str | Path | None):
+    With a ``SnapshotStore`` every change of published memory (publish, reset) is written to it before
+    it takes effect here, and a new session whose name the store knows starts from its latest version.
+    """
+
+    def __init__(
+        self, *, identity: str, layers: tuple[int, ...], shape: tuple[int, ...], device, state_directory: str | Path | None,
+        durable: SnapshotStore | None = None,
+    ):
         self.identity = identity
         self.layers = layers
         self.shape = shape
         self.device = device
         self.state_directory = Path(state_directory) if state_directory else None
         self.sessions: dict[str, SessionMemory] = {}
+        self.durable = durable
         if self.state_directory is not None:
             self.state_directory.mkdir(parents=True, exist_ok=True)
             remove_partials(self.state_directory)
@@ -75,11 +84,22 @@ class MemoryStore:
         handler = getattr(self, "_" + type(effect).__name__)
         return handler(effect)
 
-    def _NewMemory(self, e: fx.NewMemory) -> None:
-        self.sessions[e.session] = SessionMemory()
+    def _NewMemory(self, e: fx.NewMemory) -> int:
+        """Empty memory, or the session's latest durable version; returns that version (0: new)."""
+        stored = self.durable.latest(e.session) if self.durable is not None else None
+        if stored is None:
+            self.sessions[e.session] = SessionMemory()
+            return 0
+        memory = self.durable.load(stored).to(self.device)
+        self.sessions[e.session] = SessionMemory(published=memory, version=stored.version)
+        return stored.version
 
     def _CopyMemory(self, e: fx.CopyMemory) -> None:
-        self.sessions[e.session] = SessionMemory(published=self.get(e.source).published.fork())
+        copied = self.get(e.source).published.fork()
+        if self.durable is not None:  # the copy replaces whatever an older session of that name left
+            self.durable.forget(e.session)
+            self.durable.save(e.session, 0, copied)
+        self.sessions[e.session] = SessionMemory(published=copied)
 
     def _ForkCandidate(self, e: fx.ForkCandidate) -> None:
         memory = self.get(e.session)
@@ -90,7 +110,10 @@ class MemoryStore:
 
     def _PublishCandidate(self, e: fx.PublishCandidate) -> None:
         memory = self.get(e.session)
-        memory.published = self.candidate(e.session, e.transaction).memory
+        candidate = self.candidate(e.session, e.transaction).memory
+        if self.durable is not None:  # durable first: a failed write leaves the session as it was
+            self.durable.save(e.session, memory.version + 1, candidate)
+        memory.published = candidate
         memory.version += 1
         del memory.candidates[e.transaction]
 
@@ -111,12 +134,16 @@ class MemoryStore:
 
     def _ClearMemory(self, e: fx.ClearMemory) -> None:
         memory = self.get(e.session)
+        if self.durable is not None:  # a reset is a published version too, or a restore would bring the memory back
+            self.durable.save(e.session, memory.version + 1, MemoryState())
         memory.published = MemoryState()
         memory.version += 1
         memory.retained = None
 
     def _DropSession(self, e: fx.DropSession) -> None:
         self.sessions.pop(e.session, None)
+        if self.durable is not None:
+            self.durable.forget(e.session)
 
     def _DropRetainedKV(self, e: fx.DropRetainedKV) -> None:
         self.get(e.session).retained = None

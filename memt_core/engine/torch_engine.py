@@ -68,6 +68,8 @@ class _Commit:
     loop: asyncio.AbstractEventLoop
 
 
+#: effects that read or write the durable snapshot store when there is one
+DURABLE_EFFECTS = (fx.NewMemory, fx.CopyMemory, fx.PublishCandidate, fx.ClearMemory, fx.DropSession)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
 
 
@@ -101,8 +103,15 @@ class TorchEngine(Engine):
 
         cls.check_options(options)
         model = load_model(checkpoint, device=options.device, dtype=DTYPES[options.dtype])
+        durable = None
+        if options.snapshot_store:
+            from memt_core.memory.durable import DirectorySnapshotStore
+
+            memory = checkpoint.memory
+            durable = DirectorySnapshotStore(options.snapshot_store, identity=checkpoint.identity(),
+                                             layers=memory.memory_layers, shape=memory.state_shape())
         return cls(
-            model, state_directory=options.state_directory,
+            model, state_directory=options.state_directory, snapshot_store=durable,
             max_running_requests=options.max_running_requests, max_commit_batch=options.max_commit_batch,
         )
 
@@ -120,6 +129,7 @@ class TorchEngine(Engine):
         model: MemTForCausalLM,
         *,
         state_directory=None,
+        snapshot_store=None,
         max_running_requests: int = 32,
         max_commit_batch: int = 4,
     ):
@@ -133,6 +143,7 @@ class TorchEngine(Engine):
             shape=memory.state_shape(),
             device=self.device,
             state_directory=state_directory,
+            durable=snapshot_store,
         )
         self.stop_ids = eos_token_ids(model)
         self.max_running = max_running_requests
@@ -182,7 +193,7 @@ class TorchEngine(Engine):
         """Carry out a protocol effect. Memory effects run here; cancels reach the worker."""
         if isinstance(effect, fx.CancelRequest):
             return self.cancel(effect.rid)
-        if isinstance(effect, (fx.ImportSnapshot, fx.ExportSnapshot)):
+        if isinstance(effect, (fx.ImportSnapshot, fx.ExportSnapshot)) or (self.store.durable is not None and isinstance(effect, DURABLE_EFFECTS)):
             # file reads, writes and fsyncs stay off the event loop; the protocol holds the session meanwhile
             return await asyncio.to_thread(self.store.apply, effect)
         return self.store.apply(effect)

@@ -93,7 +93,7 @@ def save_snapshot(path: str | Path, state: MemoryState, *, identity: str, overwr
     data = snapshot_bytes(state, identity=identity)
     if path.exists() and not overwrite:
         raise Conflict(f"snapshot {path.name!r} already exists; pass overwrite: true to replace it")
-    _write(path, data, overwrite=overwrite)
+    write_atomic(path, data, overwrite=overwrite)
     return path
 
 
@@ -103,7 +103,7 @@ def save_content_addressed(directory: str | Path, state: MemoryState, *, identit
     path = Path(directory) / content_name(data)
     if path.is_file() and not path.is_symlink() and _sha256(path) == hashlib.sha256(data).hexdigest():
         return path
-    _write(path, data, overwrite=True)  # absent, or damaged: replace atomically
+    write_atomic(path, data, overwrite=True)  # absent, or damaged: replace atomically
     return path
 
 
@@ -115,7 +115,8 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _write(path: Path, data: bytes, *, overwrite: bool) -> None:
+def write_atomic(path: Path, data: bytes, *, overwrite: bool) -> None:
+    """Write ``data`` to a temporary file beside ``path``, fsync, then rename (or link, when not overwriting)."""
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".partial", dir=path.parent)
     try:
         os.fchmod(fd, 0o644)

@@ -280,8 +280,13 @@ class MemTProtocol:
         self._creating.add(name)
 
         def apply(results, now):
-            self.sessions[name] = Session(id=name, memory_read=a.memory_read, retain_kv=a.retain_kv)
-            return {"session": name, "memory_read": a.memory_read, "retain_kv": a.retain_kv, "source": a.source}
+            # the engine answers NewMemory with the version it restored from durable memory (0: new)
+            restored = results[0] if a.source is None and isinstance(results[0], int) else 0
+            self.sessions[name] = Session(id=name, memory_read=a.memory_read, retain_kv=a.retain_kv, published_version=restored)
+            body = {"session": name, "memory_read": a.memory_read, "retain_kv": a.retain_kv, "source": a.source}
+            if restored:
+                body["restored_version"] = restored
+            return body
 
         return self._plan(a, name, effects, apply, reserved=False)
 
@@ -567,7 +572,7 @@ class MemTProtocol:
     def start_query(self, query: Query, now: float) -> Ticket:
         session = self._admit(query.rid.session, query.lease, query.epoch, query.rid.nonce, now)
         if query.session_params is not None and not session.retain_kv:
-            raise InvalidRequest(f"session_params need a session created with retain_kv")
+            raise InvalidRequest("session_params need a session created with retain_kv")
         session.nonces.add(query.rid.nonce)
         session.in_flight[query.rid.text] = "query"
         return Ticket(session.id, query.rid.text, "query", memory_read=session.memory_read, retain_kv=session.retain_kv,
