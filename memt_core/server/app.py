@@ -18,6 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from memt_core.errors import WIRE_TYPE, AuthenticationError, MemTError, RouteDisabled, WorkerUnavailable
 from memt_core.request_body import parse_json, read_limited
+from memt_core.server.openapi_bodies import CONTROL, GENERATE, request_body
 from memt_core.server.docs import offline_docs
 from memt_core.server.metrics import CONTENT_TYPE, Metrics
 from memt_core.server.service import MemTService
@@ -98,11 +99,11 @@ def create_app(
     async def get_capabilities() -> dict:
         return {**capabilities, "epoch": service.protocol.epoch}
 
-    @app.post("/memt/control", dependencies=guard)
+    @app.post("/memt/control", dependencies=guard, openapi_extra=request_body(CONTROL))
     async def control(request: Request) -> dict:
         return await service.control(await json_body(request))
 
-    @app.post("/generate", dependencies=guard)
+    @app.post("/generate", dependencies=guard, openapi_extra=request_body(GENERATE))
     async def generate(request: Request):
         result = await service.generate(await json_body(request))
         if isinstance(result, dict):

@@ -1,0 +1,116 @@
+"""``python -m scripts.reliability.battery``: the reliability battery of issue 13 against live servers.
+
+Starts a tiny-checkpoint core and proxies on 127.0.0.1 and runs, in order: schemathesis against both
+OpenAPI documents, the hand-made hostile cases, a 5 MB request while /health is timed, kill -9 of the
+core during commit/publish/export, kill -9 of the proxy mid-conversation, concurrent sessions with the
+async openai SDK, two tenants with the same names, and many distinct sessions past the core's capacity.
+Prints each check's figures as it ends and a JSON summary last (also written to ``--report``); exits 1
+when a check fails. ``--quick`` runs every check small (what CI runs through ``tests/reliability``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from scripts.reliability import checks
+from scripts.reliability.servers import MemTServer, ProxyServer, tiny_checkpoint
+
+KEYS = {"battery-key-one": "one", "battery-key-two": "two"}
+
+#: check sizes: (full, quick)
+SIZES = {
+    "fuzz_examples": (60, 5),
+    "fuzz_seconds": (240, 20),
+    "kill_core_rounds": (20, 2),
+    "kill_proxy_rounds": (3, 1),
+    "concurrent": ((64, 20), (8, 3)),
+    "tenant_sessions": (8, 2),
+    "distinct_sessions": (2000, 90),  # past the core's 64: offloading is exercised either way
+}
+
+
+def run(*, quick: bool, only: set[str] | None = None, workdir: Path | None = None) -> dict:
+    """Every check (or those in ``only``), their figures by name, and ``ok``."""
+    size = {name: value[1] if quick else value[0] for name, value in SIZES.items()}
+    workdir = Path(workdir or tempfile.mkdtemp(prefix="memt-battery-"))
+    checkpoint = tiny_checkpoint(workdir / "checkpoint")
+    from memt_core.client.chat_format import load_chat_format, load_tokenizer
+
+    chat_format = load_chat_format(checkpoint, tokenizer=load_tokenizer(checkpoint))[0]
+    keys_file = workdir / "keys.json"
+    keys_file.write_text(json.dumps(KEYS))
+    key = next(iter(KEYS))
+    results: dict = {}
+
+    def wanted(name: str) -> bool:
+        return only is None or name in only
+
+    def record(name: str, started: float, figures: dict) -> None:
+        figures["check_seconds"] = round(time.monotonic() - started, 1)
+        results[name] = figures
+        print(f"[{'ok' if figures['ok'] else 'FAIL'}] {name}: {json.dumps(figures)[:1500]}", flush=True)
+
+    # the default core capacity of the bundled demo model: 64 native sessions
+    core = MemTServer(checkpoint, state_directory=workdir / "core-state", args=["--max-sessions-per-rank", "64"]).start()
+    proxy = ProxyServer(core.url, checkpoint, args=["--api-keys-file", str(keys_file)]).start()
+    try:
+        if wanted("fuzz"):
+            reports = workdir / "fuzz"
+            reports.mkdir(exist_ok=True)
+            for name, url, headers in (("proxy", proxy.url, {"Authorization": f"Bearer {key}"}), ("core", core.url, None)):
+                started = time.monotonic()
+                record(f"fuzz_{name}", started, checks.fuzz(name, url, headers=headers, examples=size["fuzz_examples"], max_time=size["fuzz_seconds"], report_dir=reports))
+        if wanted("hostile"):
+            started = time.monotonic()
+            record("hostile", started, checks.hostile(proxy, core, key=key))
+        if wanted("large"):
+            started = time.monotonic()
+            record("large_body", started, checks.large_body(proxy, core, megabytes=1.0 if quick else 5.0, key=key))
+        if wanted("tenants"):
+            started = time.monotonic()
+            record("two_tenants", started, checks.two_tenants(proxy, tuple(KEYS), sessions=size["tenant_sessions"]))
+        if wanted("concurrent"):
+            sessions, turns = size["concurrent"]
+            started = time.monotonic()
+            record("concurrent_sessions", started, checks.concurrent_sessions(proxy, sessions=sessions, turns=turns, key=key))
+        if wanted("kill_proxy"):
+            started = time.monotonic()
+            record("kill_proxy", started, checks.kill_proxy(checkpoint, core, chat_format, rounds=size["kill_proxy_rounds"]))
+    finally:
+        proxy.stop()
+    if wanted("distinct"):
+        # default proxy settings (no flags at all) in front of the same core
+        with ProxyServer(core.url, checkpoint) as plain:
+            started = time.monotonic()
+            record("distinct_sessions", started, checks.distinct_sessions(plain, core, sessions=size["distinct_sessions"]))
+    core.close()
+    if wanted("kill_core"):
+        started = time.monotonic()
+        record("kill_core", started, checks.kill_core(checkpoint, rounds=size["kill_core_rounds"]))
+    results["ok"] = all(figures["ok"] for name, figures in results.items() if name != "ok")
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m scripts.reliability.battery", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="every check at a small size (about what CI runs)")
+    parser.add_argument("--only", action="append", choices=["fuzz", "hostile", "large", "tenants", "concurrent", "kill_proxy", "distinct", "kill_core"], help="run only this check (repeatable)")
+    parser.add_argument("--report", default=None, help="also write the JSON summary to this file")
+    args = parser.parse_args(argv)
+    started = time.monotonic()
+    results = run(quick=args.quick, only=set(args.only) if args.only else None)
+    results["battery_seconds"] = round(time.monotonic() - started, 1)
+    text = json.dumps(results, indent=2)
+    print(text)
+    if args.report:
+        Path(args.report).write_text(text)
+    return 0 if results["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,412 @@
+"""The checks of the reliability battery (issue 13), each against live servers, each bounded in count and time.
+
+Every check returns a dict of figures with an ``ok`` verdict; ``battery.py`` runs them at full size and
+``tests/reliability/`` at a small one. All traffic goes to 127.0.0.1. Waits in here pace fault injection
+(when to kill a process) and poll for state; none decides a verdict.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+
+from scripts.reliability.hostile import core_cases, proxy_cases, run_cases
+from scripts.reliability.servers import MODEL, MemTServer, ProxyServer, memory_of
+
+STOPS = [" ", "e"]  # frequent in the random model's text: most turns end with finish_reason "stop"
+
+
+# ---------------------------------------------------------------------- fuzzing and hostile input
+
+
+def fuzz(name: str, url: str, *, headers: dict[str, str] | None = None, examples: int, max_time: int, report_dir: Path) -> dict:
+    """schemathesis against ``url``/openapi.json: every generated request's status, from its HAR report."""
+    har = report_dir / f"{name}.har"
+    command = [
+        str(Path(sys.executable).with_name("st")), "run", f"{url}/openapi.json", "--checks", "not_a_server_error",
+        "--max-examples", str(examples), "--max-time", str(max_time), "--request-timeout", "30", "--seed", "13",
+        "--no-shrink", "--warnings", "off", "--report", "har", "--report-har-path", str(har), "--no-color",
+        "--continue-on-failure", "--max-failures", "100000",
+    ]
+    for key, value in (headers or {}).items():
+        command += ["-H", f"{key}: {value}"]
+    started = time.monotonic()
+    run = subprocess.run(command, capture_output=True, text=True, timeout=max_time + 300, cwd=report_dir)  # its cache stays there
+    entries = json.loads(har.read_text())["log"]["entries"] if har.exists() else []
+    statuses = [entry["response"]["status"] for entry in entries]
+    with httpx.Client(timeout=5) as http:
+        alive = http.get(f"{url}/health").status_code == 200
+    result = {
+        "server": name, "tried": len(statuses), "5xx": sum(s >= 500 for s in statuses), "hangs": sum(s == 0 for s in statuses),
+        "alive_after": alive, "seconds": round(time.monotonic() - started, 1), "st_exit": run.returncode,
+    }
+    if not statuses or result["5xx"] or not alive:
+        result["st_output"] = run.stdout[-3000:]
+    result["ok"] = bool(statuses) and result["5xx"] == 0 and result["hangs"] == 0 and alive
+    return result
+
+
+def hostile(proxy: ProxyServer, core: MemTServer, *, key: str | None = None) -> dict:
+    """The hand-made cases of issue 13 against both servers: 4xx each, in the server's error shape."""
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    figures = {"proxy": run_cases(proxy.url, proxy_cases(MODEL), headers), "core": run_cases(core.url, core_cases())}
+    figures["ok"] = all(not part["failures"] for part in figures.values())
+    return figures
+
+
+def large_body(proxy: ProxyServer, core: MemTServer, *, megabytes: float = 5.0, key: str | None = None) -> dict:
+    """A ``megabytes`` chat request to the proxy and generate request to the core, each while /health is
+    polled: the largest health latency seen during each, the status each got, and memory after."""
+    content = "x" * int(megabytes * 1024 * 1024)
+    figures: dict = {}
+    for name, server, path, body, headers in (
+        ("proxy", proxy, "/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": content}]}, {"Authorization": f"Bearer {key}"} if key else {}),
+        ("core", core, "/generate", {"text": content, "sampling_params": {"max_new_tokens": 1}}, {}),
+    ):
+        latencies: list[float] = []
+        done = threading.Event()
+
+        def poll(url=server.url):
+            with httpx.Client(timeout=10) as http:
+                for _ in range(3000):  # bounded: at most ~10 minutes of polling
+                    if done.is_set():
+                        return
+                    started = time.monotonic()
+                    http.get(url + "/health")
+                    latencies.append(time.monotonic() - started)
+                    time.sleep(0.02)
+
+        poller = threading.Thread(target=poll)
+        poller.start()
+        started = time.monotonic()
+        with httpx.Client(timeout=120, headers=headers) as http:
+            status = http.post(server.url + path, content=json.dumps(body).encode(), headers={"Content-Type": "application/json"}).status_code
+        took = time.monotonic() - started
+        done.set()
+        poller.join(30)
+        figures[name] = {
+            "status": status, "seconds": round(took, 2), "health_max_s": round(max(latencies, default=0.0), 3),
+            "health_polls": len(latencies), **memory_of(server.process.pid),
+        }
+    # the latency is measured and reported (health_within_0_2_s), not part of the verdict: it depends on the machine
+    figures["health_within_0_2_s"] = all(part["health_max_s"] <= 0.2 for part in figures.values())
+    figures["ok"] = all(part["status"] < 500 for name, part in figures.items() if isinstance(part, dict))
+    return figures
+
+
+# ---------------------------------------------------------------------- crashes
+
+
+def kill_core(checkpoint: Path, *, rounds: int, seed: int = 7) -> dict:
+    """kill -9 of the core while a writer commits, publishes and exports, ``rounds`` times, restarting on the
+    same state directory: every snapshot file must import (none corrupted), every export that was answered
+    must be there (none lost), and no temporary file may survive a restart."""
+    from memt_core.client.native import NativeClient, new_nonce, new_transaction
+
+    rng = random.Random(seed)
+    state = Path(tempfile.mkdtemp(prefix="memt-battery-kill-"))
+    server = MemTServer(checkpoint, state_directory=state, args=["--max-sessions-per-rank", "64"]).start()
+    exported: list[str] = []
+    corrupted: list[str] = []
+    checked: set[str] = set()
+    partials: set[str] = set()
+    try:
+        encoding = server.capabilities()["native_encoding"]
+        for number in range(rounds):
+            stop = threading.Event()
+
+            def writer(round_number=number):
+                client = NativeClient(server.url, timeout=10)
+                try:
+                    session = f"kill-{round_number}"
+                    client.control("create", session)
+                    lease = client.control("acquire", session, ttl=30)["lease"]
+                    for step in range(40):  # bounded; the kill ends it sooner
+                        if stop.is_set():
+                            return
+                        transaction = new_transaction()
+                        client.control("begin", session, lease=lease, transaction=transaction)
+                        client.commit(session, lease, transaction, [rng.randrange(5, 200) for _ in range(40)], nonce=new_nonce())
+                        client.control("publish", session, lease=lease, transaction=transaction)
+                        name = f"r{round_number}-{step}.safetensors"
+                        client.control("export", session, lease=lease, encoding=encoding, file=name)
+                        exported.append(name)
+                except Exception:  # the kill breaks the connection: expected
+                    return
+                finally:
+                    client.close()
+
+            thread = threading.Thread(target=writer)
+            thread.start()
+            time.sleep(rng.uniform(0.3, 2.0))  # fault injection: kill at a random point of the write sequence
+            server.kill()
+            stop.set()
+            thread.join(30)
+            server.start()
+            # a crash may leave a temporary ".tmp-*.partial" (never under a final name; the core removes
+            # those older than ten minutes at start, as another process may still be writing a fresh one)
+            partials.update(p.name for p in state.glob(".tmp-*.partial"))
+            strays = [p.name for p in state.iterdir() if not p.name.endswith(".safetensors") and p.name not in partials]
+            corrupted += [f"unexpected file after restart: {name}" for name in strays]
+            corrupted += _unimportable(server, encoding, [p for p in state.glob("*.safetensors") if p.name not in checked], checked)
+        present = {p.name for p in state.glob("*.safetensors")}
+        lost = [name for name in exported if name not in present]
+    finally:
+        server.stop()
+        shutil.rmtree(state, ignore_errors=True)
+    return {
+        "rounds": rounds, "exports_answered": len(exported), "files_checked": len(checked), "corrupted": corrupted, "partials_left": len(partials),
+        "lost": lost, "ok": rounds > 0 and not corrupted and not lost and len(checked) > 0,
+    }
+
+
+def _unimportable(server: MemTServer, encoding: str, files: list[Path], checked: set[str]) -> list[str]:
+    """Import each file into a fresh session (begin → import → publish); the files that fail, with why."""
+    from memt_core.client.errors import MemTClientError
+    from memt_core.client.native import NativeClient, new_transaction
+
+    bad = []
+    with NativeClient(server.url, timeout=30) as client:
+        for path in sorted(files):
+            session = f"check-{uuid.uuid4().hex[:12]}"
+            try:
+                client.control("create", session)
+                lease = client.control("acquire", session, ttl=30)["lease"]
+                transaction = new_transaction()
+                client.control("begin", session, lease=lease, transaction=transaction)
+                client.control("import", session, lease=lease, transaction=transaction, file=path.name, encoding=encoding)
+                client.control("publish", session, lease=lease, transaction=transaction)
+                client.control("close", session, lease=lease)
+            except MemTClientError as exc:
+                bad.append(f"{path.name}: {exc}")
+            checked.add(path.name)
+    return bad
+
+
+def kill_proxy(checkpoint: Path, upstream: MemTServer, chat_format, *, rounds: int) -> dict:
+    """kill -9 of the proxy mid-conversation (a streamed answer under way), ``rounds`` times, restarting on
+    the same --state-directory: each next turn must still be trimmed to the new message."""
+    from e2e.proxies import expected_prompt
+
+    state = Path(tempfile.mkdtemp(prefix="memt-battery-proxy-"))
+    args = ["--state-directory", str(state), "--lease-ttl", "3"]
+    session, history, untrimmed = f"crash-{uuid.uuid4().hex[:8]}", [], []
+    proxy = ProxyServer(upstream.url, checkpoint, args=args).start()
+    try:
+        for number in range(rounds):
+            _say(proxy.openai("unused"), history, f"question {number}", session)
+            killer = threading.Timer(0.3, proxy.process.kill)  # fault injection: mid-stream
+            killer.start()
+            try:
+                stream = proxy.openai("unused").chat.completions.create(
+                    model=MODEL, messages=history + [{"role": "user", "content": "a long answer please"}], max_tokens=400,
+                    extra_headers={"X-MemT-Session": session}, stream=True, stop=None,
+                )
+                for _ in stream:
+                    pass
+            except Exception:  # the kill breaks the stream: expected
+                pass
+            killer.join()
+            proxy.process.wait(30)
+            proxy = ProxyServer(upstream.url, checkpoint, args=args).start()
+            reply = _say(proxy.openai("unused"), history, f"after restart {number}", session)
+            committed = len(history) - 2
+            if reply.usage.prompt_tokens != len(expected_prompt(chat_format, history[:-1], committed)):
+                untrimmed.append({"round": number, "prompt_tokens": reply.usage.prompt_tokens})
+        info = proxy.inspect(session, None)
+    finally:
+        proxy.stop()
+        shutil.rmtree(state, ignore_errors=True)
+    ok = not untrimmed and info["committed_messages"] == len(history) and info["history_known"]
+    return {"rounds": rounds, "untrimmed_turns": untrimmed, "committed_messages": info["committed_messages"], "transcript": len(history), "ok": ok}
+
+
+def _say(client, history: list[dict], text: str, session: str, *, tries: int = 20):
+    """One completed turn (finish_reason "stop"), appended to ``history``."""
+    history.append({"role": "user", "content": text})
+    for seed in range(tries):
+        reply = client.chat.completions.create(
+            model=MODEL, messages=history, max_tokens=24, temperature=1.0, seed=seed, stop=STOPS, extra_headers={"X-MemT-Session": session},
+        )
+        if reply.choices[0].finish_reason == "stop":
+            history.append({"role": "assistant", "content": reply.choices[0].message.content})
+            return reply
+    raise AssertionError(f"no completed turn in {tries} seeds")
+
+
+# ---------------------------------------------------------------------- load
+
+
+def concurrent_sessions(proxy: ProxyServer, *, sessions: int, turns: int, key: str | None = None, deadline_s: float = 900) -> dict:
+    """``sessions`` conversations at once, ``turns`` turns each, with the async openai SDK: errors, latency,
+    and each session's published version against its own completed (committed) turns."""
+    from openai import AsyncOpenAI
+
+    latencies: list[float] = []
+    errors: list[str] = []
+    completed: dict[str, int] = {}
+
+    async def conversation(client, session: str):
+        history: list[dict] = []
+        completed[session] = 0
+        for number in range(turns):
+            history.append({"role": "user", "content": f"turn {number} of {session}"})
+            started = time.monotonic()
+            try:
+                reply = await client.chat.completions.create(
+                    model=MODEL, messages=history, max_tokens=12, temperature=1.0, seed=number, stop=STOPS,
+                    extra_headers={"X-MemT-Session": session},
+                )
+            except Exception as exc:  # noqa: BLE001 — every failure is counted and reported
+                errors.append(f"{session} turn {number}: {type(exc).__name__}: {str(exc)[:200]}")
+                history.pop()
+                continue
+            latencies.append(time.monotonic() - started)
+            choice = reply.choices[0]
+            completed[session] += choice.finish_reason == "stop"  # a cut-off turn is committed with the next one
+            history.append({"role": "assistant", "content": choice.message.content})
+
+    async def main():
+        async with AsyncOpenAI(base_url=proxy.base_url, api_key=key or "unused", max_retries=0, timeout=300) as client:
+            names = [f"load-{number}-{uuid.uuid4().hex[:6]}" for number in range(sessions)]
+            await asyncio.wait_for(asyncio.gather(*(conversation(client, name) for name in names)), deadline_s)
+            return names
+
+    started = time.monotonic()
+    names = asyncio.run(main())
+    elapsed = time.monotonic() - started
+    mismatched = []
+    for name in names:
+        version = _inspect(proxy, name, key)["native"]["published_version"]
+        if version != completed[name]:  # one published version per completed turn; a cut-off one goes in with the next
+            mismatched.append({"session": name, "version": version, "completed_turns": completed[name]})
+    quantiles = statistics.quantiles(latencies, n=100) if len(latencies) >= 2 else [0.0] * 99
+    return {
+        "sessions": sessions, "turns": turns, "requests": len(latencies) + len(errors), "errors": errors[:20], "error_count": len(errors),
+        "p50_s": round(statistics.median(latencies), 3) if latencies else None, "p95_s": round(quantiles[94], 3),
+        "p99_s": round(quantiles[98], 3), "seconds": round(elapsed, 1), "version_mismatches": mismatched[:20],
+        "ok": not errors and not mismatched,
+    }
+
+
+def _inspect(proxy: ProxyServer, session: str, key: str | None) -> dict:
+    with proxy.http(key) as http:
+        response = http.get(f"/v1/memt/sessions/{session}")
+    response.raise_for_status()
+    return response.json()
+
+
+def two_tenants(proxy: ProxyServer, keys: tuple[str, str], *, sessions: int) -> dict:
+    """Two tenants with the same session ids and snapshot names: each one's answers come from its own memory,
+    whatever the other saves, overwrites or restores under the same names."""
+    from openai import OpenAI
+
+    first, second = keys
+    clients = {key: OpenAI(base_url=proxy.base_url, api_key=key, max_retries=0, timeout=120) for key in keys}
+    crossings: list[str] = []
+
+    def recall(key: str, session: str) -> str:
+        return clients[key].chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "What do you remember?"}], max_tokens=12, temperature=0,
+            extra_headers={"X-MemT-Session": session, "X-MemT-Memory": "read"},
+        ).choices[0].message.content
+
+    for number in range(sessions):
+        session, snapshot = f"same-{number}-{uuid.uuid4().hex[:6]}", f"same-{number}.safetensors"
+        for key, fact in ((first, "My code is 1234."), (second, "My code is 9876.")):
+            _say(clients[key], [], f"{fact} ({number})", session)
+        own = {key: recall(key, session) for key in keys}
+        with proxy.http(first) as a, proxy.http(second) as b:
+            saved_a = a.post(f"/v1/memt/sessions/{session}/snapshots", json={"name": snapshot}).status_code
+            # the second tenant: the same name is free for it (no probe), it overwrites only its own, restores its own
+            saved_b = b.post(f"/v1/memt/sessions/{session}/snapshots", json={"name": snapshot}).status_code
+            overwritten = b.post(f"/v1/memt/sessions/{session}/snapshots", json={"name": snapshot, "overwrite": True}).status_code
+            restored_b = b.post(f"/v1/memt/sessions/{session}/restore", json={"name": snapshot}).status_code
+            restored_a = a.post(f"/v1/memt/sessions/{session}/restore", json={"name": snapshot}).status_code
+        if (saved_a, saved_b, overwritten, restored_b, restored_a) != (200,) * 5:
+            crossings.append(f"{session}: statuses {(saved_a, saved_b, overwritten, restored_b, restored_a)}")
+        for key in keys:
+            if recall(key, session) != own[key]:
+                crossings.append(f"{session}: the memory of tenant {key[:6]} changed")
+        with proxy.http(first) as a, proxy.http(second) as b:
+            a.delete(f"/v1/memt/sessions/{session}")
+            if b.get(f"/v1/memt/sessions/{session}").status_code != 200:
+                crossings.append(f"{session}: closing the first tenant's session closed the second's")
+            b.delete(f"/v1/memt/sessions/{session}")
+    return {"sessions": sessions, "cross_tenant": crossings, "ok": not crossings}
+
+
+def distinct_sessions(proxy: ProxyServer, core: MemTServer, *, sessions: int, workers: int = 8, deadline_s: float = 900) -> dict:
+    """``sessions`` distinct conversations, one turn each, through a proxy with default settings in front
+    of a core with a bounded session capacity: no 429, memory of both processes, and the first session,
+    long offloaded, answering from the same memory as right after its turn."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=proxy.base_url, api_key="unused", max_retries=0, timeout=300)
+    statuses: dict[str, int] = {}
+    lock = threading.Lock()
+    names = [f"many-{number}-{uuid.uuid4().hex[:6]}" for number in range(sessions)]
+    question = [{"role": "user", "content": "What did I say?"}]
+
+    def recall(session: str) -> str:
+        return client.chat.completions.create(
+            model=MODEL, messages=question, max_tokens=12, temperature=0, extra_headers={"X-MemT-Session": session, "X-MemT-Memory": "read"},
+        ).choices[0].message.content
+
+    _say(client, [], "Remember the number 42.", names[0])
+    remembered = recall(names[0])
+    queue = list(reversed(names[1:]))
+    ends = time.monotonic() + deadline_s
+
+    def work():
+        while time.monotonic() < ends:
+            with lock:
+                if not queue:
+                    return
+                name = queue.pop()
+            try:
+                client.chat.completions.create(
+                    model=MODEL, messages=[{"role": "user", "content": f"hello {name}"}], max_tokens=4, temperature=1.0, seed=1,
+                    stop=STOPS, extra_headers={"X-MemT-Session": name},
+                )
+                outcome = "200"
+            except Exception as exc:  # noqa: BLE001 — counted by status
+                outcome = str(getattr(exc, "status_code", type(exc).__name__))
+            with lock:
+                statuses[outcome] = statuses.get(outcome, 0) + 1
+
+    started = time.monotonic()
+    threads = [threading.Thread(target=work) for _ in range(workers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(deadline_s + 60)
+    elapsed = time.monotonic() - started
+    with core.client() as http:
+        native = http.post("/memt/control", json={"action": "inspect", "session": _native("default", names[0]), "epoch": core.epoch()}).status_code
+    recalled = recall(names[0]) == remembered
+    done = sum(statuses.values()) + 1
+    return {
+        "sessions": done, "statuses": statuses, "429": statuses.get("429", 0), "seconds": round(elapsed, 1),
+        "first_session_offloaded": native == 404, "evicted_session_recalls": recalled,
+        "proxy_memory": memory_of(proxy.process.pid), "core_memory": memory_of(core.process.pid),
+        "ok": done == sessions and set(statuses) == {"200"} and recalled,
+    }
+
+
+def _native(tenant: str, session: str) -> str:
+    from memt_proxy.sessions import native_session_id
+
+    return native_session_id(tenant, session)

@@ -1,0 +1,120 @@
+"""The hand-made hostile requests of issue 13, for a live proxy and a live core.
+
+Each case is raw bytes (so that lone surrogates and 5,000-digit integers reach the server as JSON
+text); every answer must be a 4xx with the server's error shape, never a 5xx or a hang.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import httpx
+
+HUGE = "9" * 5000
+DEEP = "[" * 10_000 + "]" * 10_000
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    path: str
+    body: bytes
+    stream: bool = False
+
+
+def _json(value: dict) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+def proxy_cases(model: str) -> list[Case]:
+    """Chat-completion and admin bodies that once answered 500 (or could)."""
+    chat = "/v1/chat/completions"
+    base = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    text = _json(base)
+    cases = [
+        Case("5000-digit max_tokens", chat, text.replace('"max_tokens":2', f'"max_tokens":{HUGE}').encode()),
+        Case("5000-digit in unknown field", chat, (text[:-1] + f',"extra":{HUGE}}}').encode()),
+        Case("5000-digit negative seed", chat, text.replace('"max_tokens":2', f'"max_tokens":2,"seed":-{HUGE}').encode()),
+        Case("10000-deep messages", chat, f'{{"model":"{model}","messages":{DEEP}}}'.encode()),
+        Case("10000-deep unknown field", chat, text[:-1].encode() + f',"extra":{DEEP}}}'.encode()),
+        Case("10000-deep tool parameters", chat, text[:-1].encode() + f',"tools":[{{"type":"function","function":{{"name":"f","parameters":{{"a":{DEEP}}}}}}}]}}'.encode()),
+        Case("integer text part", chat, _json({**base, "messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}).encode()),
+        Case("tool call arguments object", chat, _json({**base, "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": {"a": 1}}}]},
+            {"role": "tool", "tool_call_id": "c", "content": "x"}]}).encode()),
+        Case("integer message", chat, _json({**base, "messages": [5]}).encode()),
+        Case("null body", chat, b"null"),
+        Case("not json", chat, b"{\"model\": "),
+        Case("invalid utf-8", chat, b'{"model": "\xff\xfe"}'),
+        Case("empty body", chat, b""),
+    ]
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    for choice in ({"function": "f"}, {"function": 5}, {"function": {"name": []}}, {"type": "function"}, 5, "sometimes", []):
+        cases.append(Case(f"tool_choice {choice!r}", chat, _json({**base, "tools": tools, "tool_choice": choice}).encode()))
+    surrogate = "\\ud800"
+    for where, value in (
+        ("content", {**base, "messages": [{"role": "user", "content": "a" + surrogate}]}),
+        ("system", {**base, "messages": [{"role": "system", "content": surrogate}, {"role": "user", "content": "hi"}]}),
+        ("tool name", {**base, "tools": [{"type": "function", "function": {"name": surrogate}}]}),
+        ("stream", {**base, "stream": True, "messages": [{"role": "user", "content": surrogate}]}),
+        ("key", {**base, "metadata": {surrogate: 1}}),
+    ):
+        cases.append(Case(f"lone surrogate in {where}", chat, _json(value).replace("\\\\ud800", surrogate).encode(), stream=where == "stream"))
+    admin = "/v1/memt/sessions/hostile"
+    cases += [
+        Case("snapshot name with a path", admin + "/snapshots", b'{"name": "../x.safetensors"}'),
+        Case("snapshot name 5000-digit", admin + "/restore", f'{{"name": {HUGE}}}'.encode()),
+        Case("snapshot name surrogate", admin + "/restore", b'{"name": "\\ud800.safetensors"}'),
+        Case("restore 10000-deep", admin + "/restore", f'{{"name": {DEEP}}}'.encode()),
+    ]
+    return cases
+
+
+def core_cases() -> list[Case]:
+    """Native bodies: the same shapes against /generate and /memt/control."""
+    generate, control = "/generate", "/memt/control"
+    return [
+        Case("generate 5000-digit token", generate, f'{{"input_ids": [{HUGE}]}}'.encode()),
+        Case("generate 5000-digit max_new_tokens", generate, f'{{"input_ids": [1], "sampling_params": {{"max_new_tokens": {HUGE}}}}}'.encode()),
+        Case("generate 10000-deep", generate, f'{{"input_ids": {DEEP}}}'.encode()),
+        Case("generate surrogate text", generate, b'{"text": "a\\ud800"}'),
+        Case("generate surrogate rid", generate, b'{"input_ids": [1], "rid": "memt:\\ud800:x"}'),
+        Case("generate surrogate stream", generate, b'{"text": "\\udfff", "stream": true}', stream=True),
+        Case("generate null", generate, b"null"),
+        Case("generate not json", generate, b"{"),
+        Case("control 5000-digit ttl", control, f'{{"action": "acquire", "session": "s", "ttl": {HUGE}}}'.encode()),
+        Case("control 10000-deep", control, f'{{"action": {DEEP}}}'.encode()),
+        Case("control surrogate session", control, b'{"action": "create", "session": "\\ud800"}'),
+        Case("control surrogate file", control, b'{"action": "export", "session": "s", "lease": "l", "encoding": "x", "file": "\\ud800.safetensors"}'),
+        Case("control unknown action", control, b'{"action": 5}'),
+    ]
+
+
+def run_cases(base_url: str, cases: list[Case], headers: dict[str, str] | None = None, *, timeout: float = 30.0) -> dict:
+    """Send every case; ``{"tried", "4xx", "5xx", "hangs", "failures": [...]}``."""
+    tally = {"tried": 0, "4xx": 0, "5xx": 0, "hangs": 0, "failures": []}
+    with httpx.Client(base_url=base_url, headers=headers or {}, timeout=timeout) as http:
+        for case in cases:
+            tally["tried"] += 1
+            try:
+                response = http.post(case.path, content=case.body, headers={"Content-Type": "application/json"})
+            except httpx.TimeoutException:
+                tally["hangs"] += 1
+                tally["failures"].append(f"{case.name}: no answer within {timeout:g} s")
+                continue
+            if 400 <= response.status_code < 500 and _error_shaped(response):
+                tally["4xx"] += 1
+                continue
+            if response.status_code >= 500:
+                tally["5xx"] += 1
+            tally["failures"].append(f"{case.name}: {response.status_code} {response.text[:200]}")
+    return tally
+
+
+def _error_shaped(response: httpx.Response) -> bool:
+    try:
+        return isinstance(response.json().get("error"), dict)
+    except ValueError:
+        return False
