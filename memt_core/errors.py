@@ -14,6 +14,7 @@ The HTTP status of a failure is chosen here and nowhere else::
     │   ├── TransactionConflict       no / another / already-open transaction
     │   ├── NonceReused               a RID nonce the session has seen before
     │   ├── UncertainSession          unreconciled work of unknown outcome
+    │   ├── OwnershipConflict         another server owns the session (or fenced this one out)
     │   └── RouteDisabled             an admin route this server does not offer
     ├── AuthenticationError     401   missing or wrong API key
     ├── PayloadTooLarge         413   a request body over the server's limit; nothing was read into memory
@@ -103,6 +104,10 @@ class NonceReused(Conflict):
 
 class UncertainSession(Conflict):
     """Earlier work on the session has an unknown outcome; reconcile with status/recover first."""
+
+
+class OwnershipConflict(Conflict):
+    """Another server owns the session, or a newer owner fenced this server's write out."""
 
 
 class RouteDisabled(Conflict):

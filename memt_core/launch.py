@@ -60,6 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--port", type=int, default=30000, help="port to bind")
     server.add_argument("--state-directory", default=None, help="server-owned snapshot directory; required for export/import")
     server.add_argument("--snapshot-store", default=None, help="directory (e.g. shared by several servers) that keeps every session's latest published memory; a session created under a name the store knows starts from it")
+    server.add_argument("--ownership", default=None, help="redis:// URL: one owner per session among servers sharing --snapshot-store (a lease with a fencing token)")
+    server.add_argument("--ownership-ttl", type=float, default=30.0, help="seconds a session's ownership lease lasts unless renewed")
+    server.add_argument("--node-id", default=None, help="this server's name as a session owner (default: host:port)")
     server.add_argument("--ack-timeout", type=float, default=120.0, help="seconds the engine has to acknowledge a commit or start a query before the server answers 503 (the outcome is then unknown: status/recover)")
     server.add_argument("--max-request-bytes", type=int, default=8 * 1024 * 1024, help="largest request body accepted (413 beyond)")
     server.add_argument("--api-key", default=None, help="require 'Authorization: Bearer <key>' on every route but /health")
@@ -88,6 +91,9 @@ class LaunchPlan:
     ack_timeout: float
     max_request_bytes: int
     snapshot_store: str | None
+    ownership: str | None
+    ownership_ttl: float
+    node_id: str
     api_key: str | None
     log_level: str
     defaulted_model: bool = False  # no --model-path was given: the bundled demo model is served
@@ -102,7 +108,7 @@ class LaunchPlan:
             max_commit_batch=self.runtime.max_inflight_commits_per_rank, context_length=self.context_length,
             min_kv_tokens=self.runtime.min_kv_tokens, enable_streaming_session=self.enable_streaming_session,
             deterministic_communication=self.deterministic_communication, state_directory=self.state_directory,
-            snapshot_store=self.snapshot_store,
+            snapshot_store=self.snapshot_store, ownership=self.ownership, ownership_ttl=self.ownership_ttl, node_id=self.node_id,
         )
 
     @property
@@ -167,6 +173,8 @@ def plan_launch(args: argparse.Namespace, environ=os.environ) -> LaunchPlan:
     chunk = checkpoint.memory.chunk_tokens
     if args.max_prefill_tokens < chunk:
         raise CheckpointError(f"--max-prefill-tokens ({args.max_prefill_tokens}) must be at least memt.chunk_tokens ({chunk})")
+    if not args.ownership_ttl > 0:
+        raise CheckpointError("--ownership-ttl must be a positive number of seconds")
     if args.max_request_bytes < 1024:
         raise CheckpointError("--max-request-bytes must be at least 1024")
     if not args.ack_timeout > 0:
@@ -188,7 +196,8 @@ def plan_launch(args: argparse.Namespace, environ=os.environ) -> LaunchPlan:
         deterministic_communication=args.deterministic_communication, host=args.host, port=args.port,
         defaulted_model=args.model_path is None,
         state_directory=args.state_directory, ack_timeout=args.ack_timeout, max_request_bytes=args.max_request_bytes,
-        snapshot_store=args.snapshot_store, api_key=args.api_key, log_level=args.log_level,
+        snapshot_store=args.snapshot_store, ownership=args.ownership, ownership_ttl=args.ownership_ttl,
+        node_id=args.node_id or f"{socket.gethostname()}:{args.port}", api_key=args.api_key, log_level=args.log_level,
     )
     plan.engine_class.check_options(plan.engine_options())
     return plan
@@ -244,6 +253,7 @@ def assemble(plan: LaunchPlan, engine: Engine, *, tokenizer=None):
         "retain_kv": plan.enable_streaming_session,
         "snapshots": plan.state_directory is not None,
         "durable_memory": plan.snapshot_store is not None,
+        "ownership": plan.ownership is not None,
         "auth": plan.api_key is not None,
         "engine": {"name": engine.name, **engine.capabilities()},
     }
@@ -254,10 +264,16 @@ def assemble(plan: LaunchPlan, engine: Engine, *, tokenizer=None):
     async def lifespan(app):
         engine.start()
 
+        interval = min(5.0, plan.ownership_ttl / 4)  # ownership leases are renewed well before they lapse
+
         async def reaper():
             while True:
-                await asyncio.sleep(5)
-                await service.reap()
+                await asyncio.sleep(interval)
+                try:
+                    await service.reap()
+                    await engine.housekeeping()
+                except Exception:  # upkeep must outlive a passing failure (e.g. the coordination service away)
+                    logging.getLogger("memt_core.launch").exception("housekeeping failed")
 
         task = asyncio.create_task(reaper())
         try:

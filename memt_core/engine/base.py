@@ -69,6 +69,9 @@ class EngineOptions:
     deterministic_communication: bool = False
     state_directory: str | None = None
     snapshot_store: str | None = None  # a directory every published version is written to (shared by servers)
+    ownership: str | None = None  # URL of the coordination service for one owner per session (redis://…)
+    ownership_ttl: float = 30.0  # seconds a session lease lasts unless renewed
+    node_id: str | None = None  # this server's name as an owner
     extra: dict = field(default_factory=dict)  # engine-specific settings, refused by engines that take none
 
 
@@ -136,6 +139,9 @@ class Engine(abc.ABC):
     def capabilities(self) -> dict:
         """The engine's part of ``/memt/capabilities`` (beyond what the protocol states)."""
         return {}
+
+    async def housekeeping(self) -> None:
+        """Periodic upkeep the server calls every few seconds (e.g. renewing session ownership)."""
 
     # ------------------------------------------------------------------ memory
 

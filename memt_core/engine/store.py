@@ -13,6 +13,7 @@ from typing import Any
 
 from memt_core.errors import BadGeneration
 from memt_core.memory.durable import SnapshotStore
+from memt_core.memory.ownership import Owned
 from memt_core.memory.snapshot import load_snapshot, remove_partials, save_content_addressed, save_snapshot, snapshot_path
 from memt_core.memory.state import MemoryState
 from memt_core.protocol import effects as fx
@@ -50,11 +51,25 @@ class MemoryStore:
 
     With a ``SnapshotStore`` every change of published memory (publish, reset) is written to it before
     it takes effect here, and a new session whose name the store knows starts from its latest version.
+    With ``Owned`` sessions, creating one acquires it (409 if another server owns it) and every durable
+    write carries its fencing token.
     """
+
+    def _fence(self, session: str) -> int | None:
+        return self.owned.token(session) if self.owned is not None else None
+
+    def _own(self, session: str) -> None:
+        if self.owned is not None:
+            self.owned.acquire(session)
+
+    def renew_ownership(self) -> list[str]:
+        """Renew the leases of owned sessions that are due; returns those that were lost."""
+        return self.owned.renew_due() if self.owned is not None else []
 
     def __init__(
         self, *, identity: str, layers: tuple[int, ...], shape: tuple[int, ...], device, state_directory: str | Path | None,
         durable: SnapshotStore | None = None,
+        owned: Owned | None = None,
     ):
         self.identity = identity
         self.layers = layers
@@ -63,6 +78,7 @@ class MemoryStore:
         self.state_directory = Path(state_directory) if state_directory else None
         self.sessions: dict[str, SessionMemory] = {}
         self.durable = durable
+        self.owned = owned  # with several servers on one store: the sessions this one owns, with fencing tokens
         if self.state_directory is not None:
             self.state_directory.mkdir(parents=True, exist_ok=True)
             remove_partials(self.state_directory)
@@ -86,6 +102,7 @@ class MemoryStore:
 
     def _NewMemory(self, e: fx.NewMemory) -> int:
         """Empty memory, or the session's latest durable version; returns that version (0: new)."""
+        self._own(e.session)
         stored = self.durable.latest(e.session) if self.durable is not None else None
         if stored is None:
             self.sessions[e.session] = SessionMemory()
@@ -97,8 +114,9 @@ class MemoryStore:
     def _CopyMemory(self, e: fx.CopyMemory) -> None:
         copied = self.get(e.source).published.fork()
         if self.durable is not None:  # the copy replaces whatever an older session of that name left
-            self.durable.forget(e.session)
-            self.durable.save(e.session, 0, copied)
+            self._own(e.session)
+            self.durable.forget(e.session, fence=self._fence(e.session))
+            self.durable.save(e.session, 0, copied, fence=self._fence(e.session))
         self.sessions[e.session] = SessionMemory(published=copied)
 
     def _ForkCandidate(self, e: fx.ForkCandidate) -> None:
@@ -112,7 +130,7 @@ class MemoryStore:
         memory = self.get(e.session)
         candidate = self.candidate(e.session, e.transaction).memory
         if self.durable is not None:  # durable first: a failed write leaves the session as it was
-            self.durable.save(e.session, memory.version + 1, candidate)
+            self.durable.save(e.session, memory.version + 1, candidate, fence=self._fence(e.session))
         memory.published = candidate
         memory.version += 1
         del memory.candidates[e.transaction]
@@ -135,15 +153,17 @@ class MemoryStore:
     def _ClearMemory(self, e: fx.ClearMemory) -> None:
         memory = self.get(e.session)
         if self.durable is not None:  # a reset is a published version too, or a restore would bring the memory back
-            self.durable.save(e.session, memory.version + 1, MemoryState())
+            self.durable.save(e.session, memory.version + 1, MemoryState(), fence=self._fence(e.session))
         memory.published = MemoryState()
         memory.version += 1
         memory.retained = None
 
     def _DropSession(self, e: fx.DropSession) -> None:
-        self.sessions.pop(e.session, None)
         if self.durable is not None:
-            self.durable.forget(e.session)
+            self.durable.forget(e.session, fence=self._fence(e.session))
+        self.sessions.pop(e.session, None)
+        if self.owned is not None:
+            self.owned.release(e.session)
 
     def _DropRetainedKV(self, e: fx.DropRetainedKV) -> None:
         self.get(e.session).retained = None

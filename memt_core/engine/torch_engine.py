@@ -87,6 +87,10 @@ class TorchEngine(Engine):
             )
         if options.extra:
             raise CheckpointError(f"the torch engine takes no engine-specific settings, got {sorted(options.extra)}")
+        if options.ownership and not options.snapshot_store:
+            raise CheckpointError("--ownership needs --snapshot-store: ownership fences writes to the shared snapshot store")
+        if options.ownership and not options.ownership.startswith(("redis://", "rediss://", "unix://")):
+            raise CheckpointError(f"--ownership must be a redis:// URL, got {options.ownership!r}")
         if options.dtype not in DTYPES:
             raise CheckpointError(f"--dtype {options.dtype!r} is not one of {sorted(DTYPES)}")
         # KV caches grow on demand; what the engine can hold at once is its running requests at full context
@@ -110,8 +114,13 @@ class TorchEngine(Engine):
             memory = checkpoint.memory
             durable = DirectorySnapshotStore(options.snapshot_store, identity=checkpoint.identity(),
                                              layers=memory.memory_layers, shape=memory.state_shape())
+        owned = None
+        if options.ownership:
+            from memt_core.memory.ownership import Owned, RedisOwnership
+
+            owned = Owned(RedisOwnership(options.ownership, owner=options.node_id or "memt", ttl=options.ownership_ttl))
         return cls(
-            model, state_directory=options.state_directory, snapshot_store=durable,
+            model, state_directory=options.state_directory, snapshot_store=durable, owned=owned,
             max_running_requests=options.max_running_requests, max_commit_batch=options.max_commit_batch,
         )
 
@@ -130,6 +139,7 @@ class TorchEngine(Engine):
         *,
         state_directory=None,
         snapshot_store=None,
+        owned=None,
         max_running_requests: int = 32,
         max_commit_batch: int = 4,
     ):
@@ -144,6 +154,7 @@ class TorchEngine(Engine):
             device=self.device,
             state_directory=state_directory,
             durable=snapshot_store,
+            owned=owned,
         )
         self.stop_ids = eos_token_ids(model)
         self.max_running = max_running_requests
@@ -197,6 +208,11 @@ class TorchEngine(Engine):
             # file reads, writes and fsyncs stay off the event loop; the protocol holds the session meanwhile
             return await asyncio.to_thread(self.store.apply, effect)
         return self.store.apply(effect)
+
+    async def housekeeping(self) -> None:
+        lost = await asyncio.to_thread(self.store.renew_ownership)
+        for session in lost:
+            log.warning("lost ownership of session %r: its next durable write will be refused", session)
 
     def committed(self, session: str, transaction: str, nonce: str) -> bool:
         state = self.store.sessions.get(session)

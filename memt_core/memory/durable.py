@@ -5,11 +5,14 @@ content name and a small manifest that names them. ``DirectorySnapshotStore`` is
 directory, e.g. on a shared filesystem)::
 
     blobs/sha256-<hex>.safetensors      canonical memt-memory-v1 files, named by content
-    sessions/<session>.json             {"session", "version", "file", "identity"}
+    sessions/<session>.json             {"session", "version", "file", "identity", "fence"}
 
 Writes are atomic (temporary file, fsync, rename), the blob before the manifest that names it, so a
 reader sees either the previous version or the new one, never a partial one. Loading checks the
-identity and the content hash. The interface is three calls, so an object store can follow.
+identity and the content hash. With session ownership (``memt_core.memory.ownership``) every write
+carries the owner's fencing token; a write or forget with a token older than the manifest's is refused,
+so an owner that lost its lease cannot overwrite its successor. The interface is four calls, so an
+object store (with conditional writes) can follow.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from memt_core.errors import SnapshotError
+from memt_core.errors import OwnershipConflict, SnapshotError
 from memt_core.memory.snapshot import load_snapshot, save_content_addressed, write_atomic
 from memt_core.memory.state import MemoryState
 from memt_core.names import check_name
@@ -33,6 +36,7 @@ class StoredVersion:
     session: str
     version: int
     file: str  # content name of the snapshot
+    fence: int | None = None  # the fencing token of the owner that wrote it
 
 
 class SnapshotStore(abc.ABC):
@@ -43,15 +47,15 @@ class SnapshotStore(abc.ABC):
         """The session's latest stored version, or None."""
 
     @abc.abstractmethod
-    def save(self, session: str, version: int, state: MemoryState) -> StoredVersion:
-        """Store ``state`` as the session's published ``version`` (refusing to go back in versions)."""
+    def save(self, session: str, version: int, state: MemoryState, *, fence: int | None = None) -> StoredVersion:
+        """Store ``state`` as the session's published ``version`` (refusing to go back in versions or fences)."""
 
     @abc.abstractmethod
     def load(self, stored: StoredVersion) -> MemoryState:
         """The memory of a stored version, checked (identity, layers, shape, content hash)."""
 
     @abc.abstractmethod
-    def forget(self, session: str) -> None:
+    def forget(self, session: str, *, fence: int | None = None) -> None:
         """Drop the session (it was closed): a later session of that name starts empty."""
 
 
@@ -78,23 +82,33 @@ class DirectorySnapshotStore(SnapshotStore):
             raise SnapshotError(f"the snapshot store's manifest for {session!r} is unreadable: {exc}") from None
         if record.get("identity") != self.identity:
             raise SnapshotError(f"the stored memory of {session!r} was made for another model/tokenizer identity")
-        return StoredVersion(session=session, version=int(record["version"]), file=str(record["file"]))
+        return StoredVersion(session=session, version=int(record["version"]), file=str(record["file"]), fence=record.get("fence"))
 
-    def save(self, session: str, version: int, state: MemoryState) -> StoredVersion:
+    @staticmethod
+    def _check_fence(current: StoredVersion | None, fence: int | None) -> None:
+        if current is not None and current.fence is not None and fence is not None and fence < current.fence:
+            raise OwnershipConflict(
+                f"session {current.session!r} was written by a newer owner (fencing token {current.fence}); this "
+                f"server's ownership (token {fence}) is stale and its write is refused"
+            )
+
+    def save(self, session: str, version: int, state: MemoryState, *, fence: int | None = None) -> StoredVersion:
         current = self.latest(session)
+        self._check_fence(current, fence)
         if current is not None and current.version >= version:
             raise SnapshotError(
                 f"the snapshot store already holds version {current.version} of {session!r}; refusing to write version {version} over it"
             )
         blob = save_content_addressed(self.root / "blobs", state, identity=self.identity)
-        record = {"session": session, "version": version, "file": blob.name, "identity": self.identity}
+        record = {"session": session, "version": version, "file": blob.name, "identity": self.identity, "fence": fence}
         write_atomic(self._manifest(session), json.dumps(record, sort_keys=True).encode(), overwrite=True)
-        return StoredVersion(session=session, version=version, file=blob.name)
+        return StoredVersion(session=session, version=version, file=blob.name, fence=fence)
 
     def load(self, stored: StoredVersion) -> MemoryState:
         return load_snapshot(self.root / "blobs" / stored.file, identity=self.identity, layers=self.layers, shape=self.shape)
 
-    def forget(self, session: str) -> None:
+    def forget(self, session: str, *, fence: int | None = None) -> None:
+        self._check_fence(self.latest(session), fence)
         try:
             self._manifest(session).unlink()
         except FileNotFoundError:
