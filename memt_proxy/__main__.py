@@ -68,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--core-args", default="", help="with --embedded: flags of python -m memt_core.launch for the embedded core, as one string (e.g. \"--device cpu --max-sessions-per-rank 64 --state-directory /var/memt/snapshots\"); --model-path is shared")
     parser.add_argument("--max-request-bytes", type=positive, default=DEFAULT_MAX_REQUEST_BYTES, help="largest request body accepted; larger ones get 413 (refused from Content-Length before they are read)")
     parser.add_argument("--body-timeout", type=float, default=DEFAULT_BODY_TIMEOUT, help="seconds a client has to send its whole request body before 408")
+    parser.add_argument("--header-timeout", type=float, default=10.0, help="seconds a client has, from its first byte, to send a request's headers; the connection is closed past it")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"], help="log verbosity")
     return parser
 
@@ -154,7 +155,12 @@ def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
     print(f"memt_proxy: serving {', '.join(names)} on http://{args.host}:{args.port}/v1 ({'embedded core' if args.embedded else f'upstream {args.upstream}'})", flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
+    from memt_proxy.slow_clients import header_timeout_protocol
+
+    uvicorn.run(
+        app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5,
+        http=header_timeout_protocol(args.header_timeout),
+    )
     return 0
 
 
