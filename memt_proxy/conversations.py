@@ -65,6 +65,7 @@ class Thread:
     version: int = 0
     uncommitted: list[dict] = field(default_factory=list)
     calls: list[str] = field(default_factory=list)  # call_ids the head waits for
+    behind: list[dict] = field(default_factory=list)  # the messages of the turn committed behind the head's answer
     snapshot_of: str | None = None  # the response whose snapshot holds the memory at ``version`` (chains)
     snapshots: dict[str, str] = field(default_factory=dict)  # response id → upstream snapshot file, oldest first
     saved: int = 0  # snapshots made so far: file slots rotate, so a chain never has more than its bound upstream

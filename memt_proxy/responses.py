@@ -143,11 +143,8 @@ class ResponsesService:
             if restore is not None:
                 await held.restore(restore, name=restore)
             state = held.state
-            if restore is None and state.version != thread.version:
-                raise ProxyError(
-                    409, f"the memory of {thread.id!r} is at version {state.version} upstream but this proxy recorded version {thread.version}: "
-                    "it was changed outside the proxy (or a write was lost); start a new conversation", code="memory_version_mismatch",
-                )
+            if restore is None:
+                await self._confirm(held, thread)
             plan = self._plan(request, tenant, items, thread, thread.uncommitted, thread.calls, state.pending)
             plan.base_version = state.version
             if request.stream:
@@ -158,6 +155,27 @@ class ResponsesService:
         finally:
             if not handed_off:
                 await hold.aclose()
+
+    async def _confirm(self, held: HeldSession, thread: Thread) -> None:
+        """Check the session's memory against the thread's record before using it: the turn committed behind
+        the last answer either landed (a chain then exports its snapshot, for branches from that response)
+        or did not (its messages go with this input, as context); any other version is refused."""
+        version = held.state.version
+        if thread.behind and version == thread.version - 1:
+            log.warning("the last turn of %s was not committed; it goes in with the next one", thread.id)
+            thread.uncommitted = thread.behind + thread.uncommitted
+            thread.version, thread.behind, thread.snapshot_of = version, [], None
+        elif version != thread.version:
+            raise ProxyError(
+                409, f"the memory of {thread.id!r} is at version {version} upstream but this proxy recorded version {thread.version}: "
+                "it was changed outside the proxy; start a new conversation", code="memory_version_mismatch",
+            )
+        thread.behind = []
+        if thread.snapshot_of is not None and thread.snapshot(thread.snapshot_of) is None:
+            file = thread.next_snapshot(self.snapshots_per_chain)
+            await held.save(file, overwrite=True, name=file)
+            thread.keep_snapshot(thread.snapshot_of, file, self.snapshots_per_chain)
+        self.records.save(thread)
 
     # ------------------------------------------------------------------ the prompt
 
@@ -294,14 +312,11 @@ class ResponsesService:
             self.sessions.set_pending(state, None)
             thread.uncommitted, thread.calls = messages, []
         else:
-            committed = state.committed + [message_hash(m) for m in messages]
-            await held.commit_turn(plan.context_ids, plan.turn_ids + output_ids, committed)
+            # committed behind the answer; the thread's next request waits for it, then confirms it (``_confirm``)
+            held.commit_turn_later(plan.context_ids, plan.turn_ids + output_ids, state.committed + [message_hash(m) for m in messages])
             version = plan.base_version + 1  # one publish per turn
-            thread.uncommitted, thread.calls, thread.snapshot_of = [], [], None
-            if not thread.conversation:  # what a branch from this response will start from
-                file = thread.next_snapshot(self.snapshots_per_chain)
-                await held.save(file, overwrite=True, name=file)
-                thread.keep_snapshot(response_id, file, self.snapshots_per_chain)
+            thread.uncommitted, thread.calls, thread.behind = [], [], messages
+            thread.snapshot_of = None if thread.conversation else response_id  # a chain exports it before its next write
         thread.head, thread.version = response_id, version
         if thread.conversation:
             thread.items += plan.items + output

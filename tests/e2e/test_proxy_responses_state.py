@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 
+import openai
 import pytest
 from e2e.proxies import DEMO_MODEL, DEMO_PATH, KEY_A, KEY_B, MODEL, ProxyServer, assert_openai_error, demo_chat_format
 
@@ -75,6 +76,13 @@ def create(client, **kwargs):
     return client.responses.create(model=DEMO_MODEL, temperature=0.0, max_output_tokens=48, **kwargs)
 
 
+def written(client, **where) -> None:
+    """Return once the turn committed behind the last answer of ``where`` (a conversation or a chain's
+    latest response) has landed: a request on the same session waits for it before it is refused."""
+    with pytest.raises(openai.BadRequestError):
+        create(client, input=[{"role": "assistant", "content": "no user message: refused"}], **where)
+
+
 @pytest.fixture()
 def durable(demo_proxy, tmp_path):
     """A proxy with a state directory on the demo model's upstream; ``durable.restart()`` SIGKILLs and restarts it."""
@@ -103,6 +111,8 @@ def test_conversations_chains_and_a_pending_tool_turn_survive_a_sigkill(durable)
     tools = client.conversations.create()
     call = create(client, conversation=tools.id, input="What is the weather in Paris?", tools=WEATHER)
     assert call.output[0].type == "function_call"
+    written(client, conversation=conversation.id)
+    written(client, previous_response_id=chain[-1].id)
     durable.restart()
     client = durable.server.openai("unused")
 
@@ -123,9 +133,10 @@ def test_conversations_chains_and_a_pending_tool_turn_survive_a_sigkill(durable)
 def test_a_branch_past_the_kept_snapshots_is_refused(durable):
     client = durable.server.openai("unused")
     chain = [create(client, input="My name is Tomasz.")]
-    for text in ("I live in Lisbon.", "I live in Oslo.", "I have a parrot."):
+    for text in ("I live in Lisbon.", "I live in Oslo.", "I have a parrot.", "I like tea."):
         chain.append(create(client, input=text, previous_response_id=chain[-1].id))
-    # --response-snapshots 2: responses 3 and 4 keep theirs; response 1 had no memory yet
+    # a response's snapshot is taken before the chain's next write: responses 2-4 have one, and with
+    # --response-snapshots 2 responses 3 and 4 keep theirs; 5 is the latest; 1 had no memory yet
     with durable.server.http(None) as http:
         refused = http.post("/v1/responses", json={"model": DEMO_MODEL, "input": "Hi", "previous_response_id": chain[1].id})
     error = assert_openai_error(refused, 409, code="snapshot_expired", param="previous_response_id")

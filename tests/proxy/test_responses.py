@@ -4,6 +4,8 @@ the refusals made before anything runs (tiny Nano checkpoint's real chat format 
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from memt_core.client.chat_format import load_chat_format, load_tokenizer
@@ -12,7 +14,7 @@ from memt_proxy.conversations import ResponseRecords, Thread
 from memt_proxy.errors import ProxyError
 from memt_proxy.responses import ResponsesService
 from memt_proxy.responses_protocol import InputItems, ResponseRequest
-from memt_proxy.sessions import PendingTurn, Sessions
+from memt_proxy.sessions import HeldSession, PendingTurn, Sessions, SessionState
 from memt_proxy.transcript import message_hash
 
 TOOL = {"type": "function", "name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
@@ -75,3 +77,21 @@ def test_what_is_refused_before_anything_runs(service):
     with pytest.raises(ProxyError) as no_user:
         plan(service, [{"role": "assistant", "content": "Hi"}])
     assert no_user.value.code == "invalid_input"
+
+
+@pytest.mark.parametrize(("upstream", "expected"), [(3, "landed"), (2, "lost"), (1, "refused"), (4, "refused")])
+def test_the_turn_committed_behind_the_last_answer_is_confirmed_or_resent(service, upstream, expected):
+    said = [{"role": "user", "content": "I live in Lisbon."}, {"role": "assistant", "content": "Noted."}]
+    thread = Thread(id="conv_1", tenant="t", session="s", version=3, behind=list(said), uncommitted=[{"role": "user", "content": "added"}])
+    held = HeldSession(service.sessions, SessionState(native="n", version=upstream))
+    if expected == "refused":  # memory moved in a way the proxy did not make: never answer from it
+        with pytest.raises(ProxyError) as refused:
+            asyncio.run(service._confirm(held, thread))
+        assert refused.value.status == 409 and refused.value.code == "memory_version_mismatch"
+        return
+    asyncio.run(service._confirm(held, thread))
+    assert thread.behind == []
+    if expected == "landed":
+        assert thread.version == 3 and thread.uncommitted == [{"role": "user", "content": "added"}]
+    else:  # the write did not land: its messages go with the next input, as context, and are committed with it
+        assert thread.version == 2 and thread.uncommitted == said + [{"role": "user", "content": "added"}]
