@@ -12,9 +12,11 @@ Where the memory comes from (see ``memt_proxy.conversations`` for threads and re
   carries that response's messages as context.
 * neither — answered without memory; if stored, kept so that it can be continued.
 
-A completed answer commits its turn (context + input + answer) and, in a chain, exports a snapshot of
-the new version; a response that calls functions leaves its turn pending in the session (exact token
-ids), and the ``function_call_output`` items that answer it continue that turn; a response cut by
+A completed answer commits its turn (context + input + answer) behind the answer, in the session's own
+task; the thread's next request waits for it and confirms it landed (else resends its messages as
+context), and a chain then exports the previous response's snapshot before writing again. A response
+that calls functions leaves its turn pending in the session (exact token ids), and the
+``function_call_output`` items that answer it continue that turn; a response cut by
 ``max_output_tokens`` is not committed: its messages are sent with the next input. Usage
 ``input_tokens`` is the prompt the model read, so the constant cost of memory shows in it.
 """
