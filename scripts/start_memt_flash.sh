@@ -18,14 +18,7 @@ shift
 CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0,1,2,3,4,5,6,7}
 export CUDA_VISIBLE_DEVICES
 
-# The project's .venv when it exists (scripts/setup.sh makes it), else python3 on PATH; MEMT_PYTHON wins.
-if [ -z "${MEMT_PYTHON:-}" ]; then
-    MEMT_PYTHON=python3
-    _memt_root=$(CDPATH='' cd -- "$(dirname -- "$0")/.." && pwd)
-    if [ -x "$_memt_root/.venv/bin/python" ]; then
-        MEMT_PYTHON="$_memt_root/.venv/bin/python"
-    fi
-fi
+. "$(dirname -- "$0")/lib/python.sh"  # MEMT_PYTHON: the project's .venv, else python3
 
 exec "$MEMT_PYTHON" -m memt_core.launch \
     --model-path "$MODEL_PATH" \

@@ -5,14 +5,7 @@
 #              MEMT_API_KEY (the upstream server's key, if it has one),
 #              MEMT_PROXY_STATE (./memt-proxy-state: per-session records, so a restart keeps trimming).
 set -e
-# The project's .venv when it exists (scripts/setup.sh makes it), else python3 on PATH; MEMT_PYTHON wins.
-if [ -z "${MEMT_PYTHON:-}" ]; then
-    MEMT_PYTHON=python3
-    _memt_root=$(CDPATH='' cd -- "$(dirname -- "$0")/.." && pwd)
-    if [ -x "$_memt_root/.venv/bin/python" ]; then
-        MEMT_PYTHON="$_memt_root/.venv/bin/python"
-    fi
-fi
+. "$(dirname -- "$0")/lib/python.sh"  # MEMT_PYTHON: the project's .venv, else python3
 PY="$MEMT_PYTHON"
 MODEL_ARGS=""
 if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then

@@ -425,14 +425,13 @@ def test_conflicts_answer_409(wire, http):
     wire.ctl("close", h, expect=409)
 
 
-def test_busy_session_answers_409_while_a_query_runs(wire, http, nano_server):
-    h = wire.open()
-    body = wire.query_body(h, PROMPT, 4000, stream=True)
+def streaming(server, body: dict) -> tuple[list[str], threading.Thread]:
+    """Start a streaming query in a thread; returns once its first frame arrived (the query is running)."""
     frames: list[str] = []
     started = threading.Event()
 
     def stream():
-        with nano_server.client() as client, client.stream("POST", "/generate", json=body) as response:
+        with server.client() as client, client.stream("POST", "/generate", json=body) as response:
             for line in response.iter_lines():
                 if line.startswith("data:"):
                     frames.append(line[5:].strip())
@@ -440,8 +439,15 @@ def test_busy_session_answers_409_while_a_query_runs(wire, http, nano_server):
 
     reader = threading.Thread(target=stream)
     reader.start()
+    assert started.wait(120), "no first frame"
+    return frames, reader
+
+
+def test_busy_session_answers_409_while_a_query_runs(wire, http, nano_server):
+    h = wire.open()
+    body = wire.query_body(h, PROMPT, 4000, stream=True)
+    frames, reader = streaming(nano_server, body)
     try:
-        assert started.wait(120), "no first frame"
         assert inspect(wire, h.session)["in_flight"] == [body["rid"]]
         assert_error(wire.post_generate(wire.query_body(h, PROMPT, 2)), 409, match="in flight")
         wire.ctl("begin", h, transaction="t", expect=200)  # begin is allowed; publish is not
@@ -471,20 +477,8 @@ def test_release_reconciles_a_running_query_and_an_open_transaction(wire, nano_s
     wire.ctl("begin", h, transaction="t")
     wire.commit(h, "t", [1, 2, 3])
     body = wire.query_body(h, PROMPT, 4000, stream=True)
-    frames: list[str] = []
-    started = threading.Event()
-
-    def stream():
-        with nano_server.client() as client, client.stream("POST", "/generate", json=body) as response:
-            for line in response.iter_lines():
-                if line.startswith("data:"):
-                    frames.append(line[5:].strip())
-                    started.set()
-
-    reader = threading.Thread(target=stream)
-    reader.start()
+    frames, reader = streaming(nano_server, body)
     try:
-        assert started.wait(120), "no first frame"
         released = wire.ctl("release", h)
     finally:
         reader.join(120)
