@@ -22,6 +22,7 @@ from typing import Any
 
 from memt_core.checkpoint import read_checkpoint
 from memt_core.client.parsers import OutputParser
+from memt_core.detokenize import IncrementalDecoder
 
 
 class ChatFormat:
@@ -108,6 +109,10 @@ class ChatFormat:
         """Output text with reasoning and tool-call markup kept, end-of-turn tokens dropped."""
         keep = [i for i in ids if i not in self.end_ids]
         return self.tokenizer.decode(keep, skip_special_tokens=False)
+
+    def output_decoder(self) -> "OutputDecoder":
+        """``decode`` for a stream: fed the growing output ids, decoding only what is new."""
+        return OutputDecoder(self)
 
     @property
     def end_ids(self) -> set[int]:
@@ -228,6 +233,25 @@ def load_encoder(path: str | Path):
         if not callable(getattr(module, name, None)):
             raise ValueError(f"{path} does not define {name}()")
     return module
+
+
+class OutputDecoder:
+    """Incremental ``ChatFormat.decode`` of one streamed answer (see ``memt_core.detokenize``)."""
+
+    def __init__(self, chat_format: ChatFormat):
+        self.end_ids = chat_format.end_ids
+        self.decoder = IncrementalDecoder(chat_format.tokenizer, skip_special_tokens=False)
+        self.seen = 0  # output ids consumed so far
+
+    def update(self, output_ids: list[int], *, final: bool = False) -> str:
+        """The text of ``output_ids`` (which extend the ids of the previous call); held back mid-character unless final."""
+        for token in output_ids[self.seen:]:
+            if token not in self.end_ids:
+                self.decoder.push(token)
+        self.seen = len(output_ids)
+        if final:
+            self.decoder.flush()
+        return self.decoder.text
 
 
 def register_with_transformers() -> None:

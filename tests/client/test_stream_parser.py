@@ -76,3 +76,29 @@ def test_a_long_answer_costs_linear_work(thinking):
     emitted += stream.finish(Counted(text))
     assert Counted.work < 20 * len(text), Counted.work
     assert "".join(d.text for d in emitted if d.kind == "content") == parser.parse(text, thinking=thinking).content
+
+
+def test_the_output_decoder_equals_decode_and_stays_short(nano_checkpoint):
+    """The proxy's streamed text: the same as ``ChatFormat.decode``, decoding a bounded window per token."""
+    from memt_core.client import load_chat_format, load_tokenizer
+
+    tokenizer = load_tokenizer(nano_checkpoint)
+    chat_format, _ = load_chat_format(nano_checkpoint, tokenizer=tokenizer)
+    ids = tokenizer.encode("Memmy loves 🦐 shrimp <tool_call> and crêpes, 東京.", add_special_tokens=False) * 40
+    ids += sorted(chat_format.end_ids)[:1]
+    calls = []
+    original = tokenizer.decode
+    tokenizer.decode = lambda chunk, **kwargs: calls.append(len(chunk)) or original(chunk, **kwargs)
+    try:
+        decoder = chat_format.output_decoder()
+        for end in range(1, len(ids) + 1, 3):
+            calls.clear()
+            text = decoder.update(ids[:end])
+            assert max(calls, default=0) <= 8  # never the whole answer again
+            assert chat_format.decode(ids[:end]).startswith(text)
+        calls.clear()
+        final = decoder.update(ids, final=True)
+        window = max(calls, default=0)
+    finally:
+        tokenizer.decode = original
+    assert final == chat_format.decode(ids) and window <= 8
