@@ -231,7 +231,7 @@ def create_app(
         return await service.sessions.admin(tenant_of(request), session_of(session), "close")
 
     if responses is not None:
-        add_responses_routes(app, responses, tenant_of=tenant_of, model_body=model_body)
+        add_responses_routes(app, responses, tenant_of=tenant_of, model_body=model_body, request_body=_request_body)
     return app
 
 

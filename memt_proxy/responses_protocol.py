@@ -99,7 +99,7 @@ class ResponseRequest(BaseModel):
         if choice is None or choice in ("none", "auto", "required"):
             return
         names = {t.name for t in self.tools or []}
-        if isinstance(choice, dict) and choice.get("type") == "function" and choice.get("name") in names:
+        if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("name"), str) and choice["name"] in names:
             return
         raise ProxyError(400, f"tool_choice must be 'none', 'auto', 'required' or {{'type': 'function', 'name': <one of the request's function tools>}}; got {choice!r}", param="tool_choice", code="invalid_tool_choice")
 
@@ -162,14 +162,19 @@ def _stored_item(kind: str, raw: dict, where: str) -> dict:
         part = "output_text" if role == "assistant" else "input_text"
         text = _text(raw.get("content"), where)
         content = {"type": part, "text": text, **({"annotations": []} if part == "output_text" else {})}
-        return {"id": raw.get("id") or new_id("msg"), "type": "message", "role": role, "status": "completed", "content": [content]}
+        return {"id": _id(raw, "msg"), "type": "message", "role": role, "status": "completed", "content": [content]}
     if kind == "function_call":
-        return {"id": raw.get("id") or new_id("fc"), "type": "function_call", "call_id": need("call_id"), "name": need("name"), "arguments": need("arguments"), "status": "completed"}
+        return {"id": _id(raw, "fc"), "type": "function_call", "call_id": need("call_id"), "name": need("name"), "arguments": need("arguments"), "status": "completed"}
     if kind == "function_call_output":
         output = raw.get("output")
         text = output if isinstance(output, str) else _text(output, where)
-        return {"id": raw.get("id") or new_id("fco"), "type": "function_call_output", "call_id": need("call_id"), "output": text, "status": "completed"}
-    return {"id": raw.get("id") or new_id("rs"), "type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": _text(raw.get("content") or [], where)}]}
+        return {"id": _id(raw, "fco"), "type": "function_call_output", "call_id": need("call_id"), "output": text, "status": "completed"}
+    return {"id": _id(raw, "rs"), "type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": _text(raw.get("content") or [], where)}]}
+
+
+def _id(raw: dict, prefix: str) -> str:
+    """The item's own id if it has one (a string), else a new one."""
+    return raw["id"] if isinstance(raw.get("id"), str) and raw["id"] else new_id(prefix)
 
 
 def item_messages(items: list[dict]) -> list[dict]:

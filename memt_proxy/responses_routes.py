@@ -22,10 +22,14 @@ ORDER = Query(default="desc", pattern="^(asc|desc)$")
 LIMIT = Query(default=20, ge=1, le=100)
 
 
-def add_responses_routes(app: FastAPI, service: ResponsesService, *, tenant_of: Callable[[Request], str], model_body: Callable[..., Awaitable]) -> None:
-    """``tenant_of(request)`` authenticates; ``model_body(request, Model, empty=…)`` reads a bounded JSON body."""
+def add_responses_routes(
+    app: FastAPI, service: ResponsesService, *, tenant_of: Callable[[Request], str], model_body: Callable[..., Awaitable], request_body: Callable[..., dict],
+) -> None:
+    """``tenant_of(request)`` authenticates; ``model_body(request, Model, empty=…)`` reads a bounded JSON body;
+    ``request_body(Model, required=…)`` describes it in the OpenAPI document."""
 
-    @app.post("/v1/responses", tags=["responses"], summary="Create a response (conversation / previous_response_id continue latent memory)")
+    @app.post("/v1/responses", tags=["responses"], summary="Create a response (conversation / previous_response_id continue latent memory)",
+              openapi_extra=request_body(ResponseRequest))
     async def create(request: Request):
         tenant = tenant_of(request)
         body = await model_body(request, ResponseRequest)
@@ -46,7 +50,8 @@ def add_responses_routes(app: FastAPI, service: ResponsesService, *, tenant_of: 
     async def input_items(response_id: str, request: Request, after: str | None = None, limit: int = LIMIT, order: str = ORDER) -> dict:
         return service.input_items(tenant_of(request), response_id, after=after, limit=limit, order=order)
 
-    @app.post("/v1/conversations", tags=["conversations"], summary="Create a conversation (a new memory session)")
+    @app.post("/v1/conversations", tags=["conversations"], summary="Create a conversation (a new memory session)",
+              openapi_extra=request_body(ConversationRequest, required=False))
     async def create_conversation(request: Request) -> dict:
         tenant = tenant_of(request)
         body = await model_body(request, ConversationRequest, empty=ConversationRequest())
@@ -64,7 +69,8 @@ def add_responses_routes(app: FastAPI, service: ResponsesService, *, tenant_of: 
     async def items(conversation_id: str, request: Request, after: str | None = None, limit: int = LIMIT, order: str = Query(default="asc", pattern="^(asc|desc)$")) -> dict:
         return service.conversation_items(tenant_of(request), conversation_id, after=after, limit=limit, order=order)
 
-    @app.post("/v1/conversations/{conversation_id}/items", tags=["conversations"], summary="Add items (sent and committed with the next response)")
+    @app.post("/v1/conversations/{conversation_id}/items", tags=["conversations"], summary="Add items (sent and committed with the next response)",
+              openapi_extra=request_body(ItemsRequest))
     async def add_items(conversation_id: str, request: Request) -> dict:
         tenant = tenant_of(request)
         body = await model_body(request, ItemsRequest)
