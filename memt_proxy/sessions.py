@@ -538,10 +538,12 @@ class Sessions:
                 try:
                     await self.client.control("renew", state.native, lease=lease, ttl=self.lease_ttl)
                 except MemTClientError as exc:
-                    if not isinstance(exc.cause, UnknownSession):  # closed, or the upstream restarted: nothing to renew
-                        log.warning("renewing the lease of %s failed", state.native, exc_info=True)
-                    if state.lease == lease:
-                        state.lease, state.keeper = None, None  # the next request acquires a new one
+                    if not isinstance(exc.cause, (UnknownSession, LeaseConflict, EpochMismatch)):
+                        log.warning("renewing the lease of %s failed; retrying", state.native, exc_info=True)
+                        renew_at = time.monotonic() + 1.0  # e.g. the upstream briefly unreachable: the lease is still ours
+                        continue
+                    if state.lease == lease:  # the session or the lease is gone: the next request acquires a new one
+                        state.lease, state.keeper = None, None
                     return
                 renew_at = time.monotonic() + self.lease_ttl / 3
                 continue

@@ -156,6 +156,19 @@ def ask(client, messages, session=None, *, memory="auto", seed=0, max_tokens=24,
     )
 
 
+def leave_stream_early(proxy: "ProxyServer", session: str, seed: int, *, key: str | None = KEY_A, frames: int = 5) -> None:
+    """Start a long stream (``LONG_MESSAGES``, ``seed``) on ``session`` and close the connection after ``frames`` frames."""
+    body = {"model": MODEL, "messages": LONG_MESSAGES, "max_tokens": LONG_TOKENS, "temperature": 1.0, "seed": seed, "stream": True}
+    with proxy.http(key) as http:
+        with http.stream("POST", "/v1/chat/completions", json=body, headers={"X-MemT-Session": session}) as response:
+            assert response.status_code == 200
+            seen = 0
+            for line in response.iter_lines():
+                seen += line.startswith("data:")
+                if seen >= frames:
+                    break  # leaving the block closes the connection mid-stream
+
+
 def completed_turn(client, session, messages, *, seed=0):
     """Ask until a seed gives a completed (finish_reason "stop") turn; returns the response."""
     for s in range(seed, seed + 20):

@@ -9,7 +9,7 @@ embedded core (the session's read log shows it stopped short) and frees the sess
 from __future__ import annotations
 
 import pytest
-from e2e.proxies import KEY_A, LONG_MESSAGES, LONG_TOKENS, MODEL, STOPS, ProxyServer, ask, assistant, unique
+from e2e.proxies import KEY_A, LONG_TOKENS, MODEL, STOPS, ProxyServer, ask, assistant, leave_stream_early, unique
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -58,15 +58,7 @@ def test_a_stream_in_one_process(embedded, proxy):
 
 def test_leaving_a_stream_cancels_the_embedded_query(embedded, long_seed):
     session = unique("one-gone")
-    body = {"model": MODEL, "messages": LONG_MESSAGES, "max_tokens": LONG_TOKENS, "temperature": 1.0, "seed": long_seed, "stream": True}
-    with embedded.http(None) as http:
-        with http.stream("POST", "/v1/chat/completions", json=body, headers={"X-MemT-Session": session}) as response:
-            assert response.status_code == 200
-            frames = 0
-            for line in response.iter_lines():
-                frames += line.startswith("data:")
-                if frames >= 5:
-                    break
+    leave_stream_early(embedded, session, long_seed, key=None)
     native = embedded.inspect(session, None)["native"]  # waits until the request let the session go
     assert native["in_flight"] == [] and native["transaction"] is None
     (read,) = native["reads"]

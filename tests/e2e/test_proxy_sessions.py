@@ -14,7 +14,7 @@ import openai
 import pytest
 from e2e.proxies import (
     KEY_A, KEY_B, LEASE_WAIT, LONG_MESSAGES, LONG_TOKENS, MODEL, STOPS, ask, assert_openai_error, assistant, completed_turn,
-    expected_prompt, unique, upstream_metric,
+    expected_prompt, leave_stream_early, unique, upstream_metric,
 )
 
 from memt_proxy.sessions import native_session_id
@@ -199,15 +199,7 @@ def test_one_request_per_session(proxy, proxy_upstream, long_seed):
 def test_client_disconnect_cancels_upstream_and_releases(proxy, proxy_upstream, long_seed):
     session = unique("gone")
     tokens_before = upstream_metric(proxy_upstream, "memt_generation_tokens_total")
-    body = {"model": MODEL, "messages": LONG_MESSAGES, "max_tokens": LONG_TOKENS, "temperature": 1.0, "seed": long_seed, "stream": True}
-    with proxy.http() as http:
-        with http.stream("POST", "/v1/chat/completions", json=body, headers={"X-MemT-Session": session}) as response:
-            assert response.status_code == 200
-            frames = 0
-            for line in response.iter_lines():
-                frames += line.startswith("data:")
-                if frames >= 5:
-                    break  # leaving the block closes the connection mid-stream
+    leave_stream_early(proxy, session, long_seed)
     disconnected = time.monotonic()
     while upstream_metric(proxy_upstream, "memt_running_requests") > 0:
         assert time.monotonic() - disconnected < 10, "the upstream query kept running after the client left"
