@@ -253,18 +253,18 @@ class ResponsesService:
             yield events.event("response.created", response=opening)
             yield events.event("response.in_progress", response=opening)
             items = StreamedItems(events, one_call=plan.request.parallel_tool_calls is False)
-            stream = self.parser.stream(thinking=plan.thinking)
+            stream, decoder = self.parser.stream(thinking=plan.thinking), self.chat_format.output_decoder()
             upstream = held.query_stream(plan.prompt, plan.sampling) if held is not None else self.sessions.generate_stream(plan.prompt, plan.sampling)
             body: dict = {"output_ids": [], "meta_info": {}}
             try:
                 async for body in upstream:
-                    for event in items.feed(stream.feed(plan.prefix + self.chat_format.decode(body["output_ids"]))):
+                    for event in items.feed(stream.feed(plan.prefix + decoder.update(body["output_ids"]))):
                         yield event
                     if (body["meta_info"].get("finish_reason") or {}).get("type") is not None:
                         break
             finally:
                 await upstream.aclose()
-            for event in items.feed(stream.finish(plan.prefix + self.chat_format.decode(body["output_ids"]))) + items.close():
+            for event in items.feed(stream.finish(plan.prefix + decoder.update(body["output_ids"], final=True))) + items.close():
                 yield event
             response = await self._settle(plan, held, response_id, created, items.output, body["output_ids"], _finish(body))
             yield events.event("response.completed" if response["status"] == "completed" else "response.incomplete", response=response)
