@@ -20,7 +20,7 @@ from memt_proxy.errors import ProxyError
 ITEM_TYPES = ("message", "function_call", "function_call_output", "reasoning")
 TEXT_PARTS = ("input_text", "output_text", "text", "summary_text", "reasoning_text")
 #: Accepted request fields that change nothing here (logged when present).
-IGNORED = ("include", "text", "truncation", "user", "safety_identifier", "prompt_cache_key", "service_tier", "top_logprobs", "stream_options", "max_tool_calls")
+IGNORED = ("include", "truncation", "user", "safety_identifier", "prompt_cache_key", "service_tier", "top_logprobs", "stream_options", "max_tool_calls")
 
 
 def new_id(prefix: str) -> str:
@@ -68,6 +68,7 @@ class ResponseRequest(BaseModel):
     conversation: str | ConversationRef | None = None
     reasoning: dict[str, Any] | None = None
     background: bool | None = None
+    text: dict[str, Any] | None = None
 
     @property
     def conversation_id(self) -> str | None:
@@ -83,6 +84,10 @@ class ResponseRequest(BaseModel):
             raise ProxyError(400, "send either 'conversation' or 'previous_response_id', not both: a conversation already continues its latest response", param="previous_response_id", code="invalid_request")
         if self.background:
             raise ProxyError(400, "background responses are not supported by this proxy; send 'background': false or leave it out", param="background", code="unsupported_parameter")
+        format = (self.text or {}).get("format")
+        kind = format.get("type", "text") if isinstance(format, dict) else format or "text"
+        if kind != "text":
+            raise ProxyError(400, f"text.format {kind!r} is not supported by this proxy; only {{'type': 'text'}} (leave 'text' out)", param="text.format", code="unsupported_parameter")
         for index, tool in enumerate(self.tools or []):
             if tool.type != "function":
                 raise ProxyError(400, f"tools[{index}]: built-in tool type {tool.type!r} is not supported by this proxy; only function tools ({{'type': 'function', 'name': …, 'parameters': …}})", param=f"tools[{index}].type", code="unsupported_tool")

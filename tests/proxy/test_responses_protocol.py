@@ -40,11 +40,13 @@ def test_what_cannot_be_honoured_is_refused_naming_the_field():
     assert refusal(tools=[TOOL], tool_choice={"type": "function", "name": "other"}).param == "tool_choice"
     assert refusal(tool_choice={"type": "web_search"}).code == "invalid_tool_choice"
     assert refusal(background=True).param == "background"
+    assert refusal(text={"format": {"type": "json_schema", "name": "x", "schema": {}}}).param == "text.format"
+    assert refusal(text={"format": "json"}).code == "unsupported_parameter"
     assert refusal(input=[{"type": "function_call", "name": "f", "arguments": "{}"}]).param == "input[0].call_id"
 
 
 def test_harmless_unknown_fields_are_reported_not_refused():
-    assert request(include=["x"], truncation="auto", something=1).checked() == ["include", "truncation", "something"]
+    assert request(include=["x"], truncation="auto", something=1, text={"format": {"type": "text"}, "verbosity": "low"}).checked() == ["include", "truncation", "something"]
     assert request(conversation={"id": "conv_a"}).conversation_id == "conv_a"
     assert request(tools=[TOOL], tool_choice="none").chat_tools() is None
     assert request(tools=[TOOL]).chat_tools() == [{"type": "function", "function": {"name": "get_weather", "parameters": TOOL["parameters"]}}]
