@@ -302,8 +302,8 @@ class ResponsesService:
         return body
 
     async def _advance(self, plan: Plan, held: HeldSession, thread: Thread, response_id: str, messages: list[dict], calls: list[str], output: list[dict], output_ids: list[int], incomplete: bool) -> None:
-        """The thread after this response: its turn committed (a completed answer; in a chain, snapshotted
-        too), left pending (function calls), or left open (cut by max_output_tokens)."""
+        """The thread after this response: its turn committed behind the answer (a completed answer), left
+        pending (function calls), or left open (cut by max_output_tokens)."""
         state = held.state
         version = plan.base_version
         if calls and not incomplete:
