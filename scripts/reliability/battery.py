@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import tempfile
 import time
@@ -25,7 +26,7 @@ KEYS = {"battery-key-one": "one", "battery-key-two": "two"}
 #: check sizes: (full, quick)
 SIZES = {
     "fuzz_examples": (60, 5),
-    "fuzz_seconds": (240, 20),
+    "fuzz_seconds": (120, 20),
     "kill_core_rounds": (20, 2),
     "kill_proxy_rounds": (3, 1),
     "concurrent": ((64, 20), (8, 3)),
@@ -55,43 +56,47 @@ def run(*, quick: bool, only: set[str] | None = None, workdir: Path | None = Non
         results[name] = figures
         print(f"[{'ok' if figures['ok'] else 'FAIL'}] {name}: {json.dumps(figures)[:1500]}", flush=True)
 
-    # the default core capacity of the bundled demo model: 64 native sessions
-    core = MemTServer(checkpoint, state_directory=workdir / "core-state", args=["--max-sessions-per-rank", "64"]).start()
-    proxy = ProxyServer(core.url, checkpoint, args=["--api-keys-file", str(keys_file)]).start()
-    try:
-        if wanted("fuzz"):
-            reports = workdir / "fuzz"
-            reports.mkdir(exist_ok=True)
-            for name, url, headers in (("proxy", proxy.url, {"Authorization": f"Bearer {key}"}), ("core", core.url, None)):
-                started = time.monotonic()
-                record(f"fuzz_{name}", started, checks.fuzz(name, url, headers=headers, examples=size["fuzz_examples"], max_time=size["fuzz_seconds"], report_dir=reports))
-        if wanted("hostile"):
-            started = time.monotonic()
-            record("hostile", started, checks.hostile(proxy, core, key=key))
-        if wanted("large"):
-            started = time.monotonic()
-            record("large_body", started, checks.large_body(proxy, core, megabytes=1.0 if quick else 5.0, key=key))
-        if wanted("tenants"):
-            started = time.monotonic()
-            record("two_tenants", started, checks.two_tenants(proxy, tuple(KEYS), sessions=size["tenant_sessions"]))
-        if wanted("concurrent"):
-            sessions, turns = size["concurrent"]
-            started = time.monotonic()
-            record("concurrent_sessions", started, checks.concurrent_sessions(proxy, sessions=sessions, turns=turns, key=key))
-        if wanted("kill_proxy"):
-            started = time.monotonic()
-            record("kill_proxy", started, checks.kill_proxy(checkpoint, core, chat_format, rounds=size["kill_proxy_rounds"]))
-    finally:
-        proxy.stop()
-    if wanted("distinct"):
-        # default proxy settings (no flags at all) in front of the same core
-        with ProxyServer(core.url, checkpoint) as plain:
-            started = time.monotonic()
-            record("distinct_sessions", started, checks.distinct_sessions(plain, core, sessions=size["distinct_sessions"]))
-    core.close()
-    if wanted("kill_core"):
+    def check(name: str, run_check) -> None:
+        """Run one check; a check that raises is recorded as failed with its error, and the battery goes on."""
         started = time.monotonic()
-        record("kill_core", started, checks.kill_core(checkpoint, rounds=size["kill_core_rounds"]))
+        try:
+            figures = run_check()
+        except Exception as exc:  # noqa: BLE001 — reported as this check's failure
+            figures = {"ok": False, "error": f"{type(exc).__name__}: {str(exc)[:1000]}"}
+        record(name, started, figures)
+
+    if wanted("fuzz"):
+        # the core is fuzzed on a server of its own: generated requests create sessions under random names
+        reports = workdir / "fuzz"
+        reports.mkdir(exist_ok=True)
+        with MemTServer(checkpoint, state_directory=workdir / "fuzz-state", args=["--max-sessions-per-rank", "64"]) as fuzzed:
+            check("fuzz_core", lambda: checks.fuzz("core", fuzzed.url, examples=size["fuzz_examples"], max_time=size["fuzz_seconds"], report_dir=reports))
+    # room for the 64 concurrent sessions (sessions in use are never offloaded) and the tenants' besides
+    with MemTServer(checkpoint, state_directory=workdir / "core-state", args=["--max-sessions-per-rank", "128"]) as core:
+        with ProxyServer(core.url, checkpoint, args=["--api-keys-file", str(keys_file)]) as proxy:
+            if wanted("fuzz"):
+                check("fuzz_proxy", lambda: checks.fuzz(
+                    "proxy", proxy.url, headers={"Authorization": f"Bearer {key}"}, examples=size["fuzz_examples"],
+                    max_time=size["fuzz_seconds"], report_dir=workdir / "fuzz",
+                ))
+            if wanted("hostile"):
+                check("hostile", lambda: checks.hostile(proxy, core, key=key))
+            if wanted("large"):
+                check("large_body", lambda: checks.large_body(proxy, core, megabytes=1.0 if quick else 5.0, key=key))
+            if wanted("tenants"):
+                check("two_tenants", lambda: checks.two_tenants(proxy, tuple(KEYS), sessions=size["tenant_sessions"]))
+            if wanted("concurrent"):
+                sessions, turns = size["concurrent"]
+                check("concurrent_sessions", lambda: checks.concurrent_sessions(proxy, sessions=sessions, turns=turns, key=key))
+        if wanted("kill_proxy"):
+            check("kill_proxy", lambda: checks.kill_proxy(checkpoint, core, chat_format, rounds=size["kill_proxy_rounds"]))
+    if wanted("distinct"):
+        # default proxy settings (no flags at all) in front of a core with the demo model's capacity: 64 sessions
+        with MemTServer(checkpoint, state_directory=workdir / "distinct-state", args=["--max-sessions-per-rank", "64"]) as core, \
+                ProxyServer(core.url, checkpoint) as plain:
+            check("distinct_sessions", lambda: checks.distinct_sessions(plain, core, sessions=size["distinct_sessions"]))
+    if wanted("kill_core"):
+        check("kill_core", lambda: checks.kill_core(checkpoint, rounds=size["kill_core_rounds"]))
     results["ok"] = all(figures["ok"] for name, figures in results.items() if name != "ok")
     return results
 
@@ -102,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", action="append", choices=["fuzz", "hostile", "large", "tenants", "concurrent", "kill_proxy", "distinct", "kill_core"], help="run only this check (repeatable)")
     parser.add_argument("--report", default=None, help="also write the JSON summary to this file")
     args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stopped: the servers it started are stopped too
     started = time.monotonic()
     results = run(quick=args.quick, only=set(args.only) if args.only else None)
     results["battery_seconds"] = round(time.monotonic() - started, 1)

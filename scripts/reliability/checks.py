@@ -400,7 +400,7 @@ def distinct_sessions(proxy: ProxyServer, core: MemTServer, *, sessions: int, wo
     done = sum(statuses.values()) + 1
     return {
         "sessions": done, "statuses": statuses, "429": statuses.get("429", 0), "seconds": round(elapsed, 1),
-        "first_session_offloaded": native == 404, "evicted_session_recalls": recalled,
+        "first_session_offloaded": native != 200, "evicted_session_recalls": recalled,  # offloaded: unknown to the core (409)
         "proxy_memory": memory_of(proxy.process.pid), "core_memory": memory_of(core.process.pid),
         "ok": done == sessions and set(statuses) == {"200"} and recalled,
     }
