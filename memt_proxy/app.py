@@ -133,7 +133,7 @@ def create_app(
             return model.model_validate(body)
         except ValidationError as exc:
             first = exc.errors()[0]
-            param = ".".join(str(p) for p in first.get("loc", ())) or None
+            param = _field_path(body, first.get("loc", ())) or None
             raise ProxyError(400, f"invalid request: {param}: {first.get('msg')}", param=param) from None
 
     @app.exception_handler(ProxyError)
@@ -241,6 +241,21 @@ async def _has_body(request: Request) -> bool:
     if declared is not None:
         return declared.strip() != "0"
     return "transfer-encoding" in request.headers
+
+
+def _field_path(body: Any, loc: tuple) -> str:
+    """The dotted path of a validation error's field in ``body``: pydantic's ``loc`` without the names it
+    gives the members of a union (``literal[...]``, ``NamedToolChoice``), which are not fields."""
+    parts, node = [], body
+    for index, item in enumerate(loc):
+        if isinstance(node, dict) and item in node:
+            node = node[item]
+        elif isinstance(node, list) and isinstance(item, int) and item < len(node):
+            node = node[item]
+        elif not (isinstance(node, dict) and index == len(loc) - 1):
+            continue  # a union member's tag; a missing field (the last item) is named
+        parts.append(str(item))
+    return ".".join(parts)
 
 
 def _request_body(model: type[BaseModel], *, required: bool = True) -> dict:
