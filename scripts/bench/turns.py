@@ -11,7 +11,8 @@ holds and commits each turn behind its answer) and *replay* (no session: the mod
 transcript every turn). The four conversations advance turn by turn, interleaved, so that all four see
 the same machine load; the app waits ``--pause`` seconds after each answer (a user reading it; the
 turn's commit runs meanwhile; ``--pause 0`` makes each memory turn wait for the previous commit).
-Latency is request to complete response, measured by the client.
+Latency is request to complete response, measured by the client (the openai SDK, or with
+``--raw-http`` plain httpx, which leaves out the SDK's own request building).
 
 Turn 1 is also measured on ``--first-turns`` fresh sessions per deployment (median), since a single
 first turn is one noisy sample. Printed: per turn, prompt tokens and latencies of both modes and their
@@ -45,10 +46,11 @@ def message(turn: int) -> str:
 class Conversation:
     """One app conversation through one proxy: with memory (a session) or replaying its history."""
 
-    def __init__(self, base_url: str, model: str, *, memory: bool, max_tokens: int):
+    def __init__(self, base_url: str, model: str, *, memory: bool, max_tokens: int, raw: bool = False):
         from openai import OpenAI
 
         self.client = OpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0, timeout=300)
+        self.raw = httpx.Client(base_url=base_url, timeout=300) if raw else None  # plain HTTP instead of the SDK
         self.model, self.max_tokens = model, max_tokens
         self.headers = {"X-MemT-Session": f"bench-{uuid.uuid4().hex[:12]}"} if memory else {}
         self.history: list[dict] = []
@@ -68,9 +70,16 @@ class Conversation:
         self.history.append({"role": "user", "content": text})
         started = time.perf_counter()
         try:
-            reply = self.client.chat.completions.create(
-                model=self.model, messages=self.history, max_tokens=self.max_tokens, temperature=0.0, extra_headers=self.headers,
-            )
+            if self.raw is not None:
+                response = self.raw.post("/v1/chat/completions", headers=self.headers, json={
+                    "model": self.model, "messages": self.history, "max_tokens": self.max_tokens, "temperature": 0.0})
+                if response.status_code == 400:
+                    raise openai.BadRequestError(response.text, response=response, body=None)
+                reply = openai.types.chat.ChatCompletion.model_validate(response.raise_for_status().json())
+            else:
+                reply = self.client.chat.completions.create(
+                    model=self.model, messages=self.history, max_tokens=self.max_tokens, temperature=0.0, extra_headers=self.headers,
+                )
         except openai.BadRequestError as exc:
             self.ended = True
             self.latency.append(None)
@@ -84,12 +93,12 @@ class Conversation:
         self.history.append({"role": "assistant", "content": reply.choices[0].message.content or ""})
 
 
-def first_turns(base_url: str, model: str, count: int, max_tokens: int, pause: float) -> tuple[float, float]:
+def first_turns(base_url: str, model: str, count: int, max_tokens: int, pause: float, raw: bool = False) -> tuple[float, float]:
     """Median latency of turn 1 over ``count`` fresh conversations: (memory, replay)."""
     memory, replay = [], []
     for index in range(count):
         for mode, out in ((True, memory), (False, replay)):
-            conversation = Conversation(base_url, model, memory=mode, max_tokens=max_tokens)
+            conversation = Conversation(base_url, model, memory=mode, max_tokens=max_tokens, raw=raw)
             conversation.turn(message(index + 1))
             out.append(conversation.latency[0])
             time.sleep(pause)
@@ -126,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--first-turns", type=int, default=10, help="fresh sessions on which turn 1 is measured again (median)")
     parser.add_argument("--max-tokens", type=int, default=24, help="longest answer, in tokens")
     parser.add_argument("--model-path", default=None, help="checkpoint (default: the bundled demo model)")
+    parser.add_argument("--raw-http", action="store_true", help="send the app's requests with plain httpx instead of the openai SDK (whose request building grows with the transcript)")
     args = parser.parse_args(argv)
 
     work = Path(tempfile.mkdtemp(prefix="memt-bench-turns-"))
@@ -145,12 +155,12 @@ def main(argv: list[str] | None = None) -> int:
 
         deployments = {"two-process": two_url, "one-process": one_url}
         for url in deployments.values():  # warm-up: first requests load lazily initialised code paths
-            first_turns(url, name, 1, args.max_tokens, 0.0)
+            first_turns(url, name, 1, args.max_tokens, 0.0, args.raw_http)
         print(f"turn 1 on {args.first_turns} fresh sessions per deployment ...", flush=True)
-        first = {label: first_turns(url, name, args.first_turns, args.max_tokens, args.pause) for label, url in deployments.items()}
+        first = {label: first_turns(url, name, args.first_turns, args.max_tokens, args.pause, args.raw_http) for label, url in deployments.items()}
 
         print(f"{args.turns} turns, four conversations interleaved ...", flush=True)
-        talks = {(label, mode): Conversation(url, name, memory=mode == "memory", max_tokens=args.max_tokens)
+        talks = {(label, mode): Conversation(url, name, memory=mode == "memory", max_tokens=args.max_tokens, raw=args.raw_http)
                  for label, url in deployments.items() for mode in ("memory", "replay")}
         before = upstream_requests(core_url)
         for turn in range(1, args.turns + 1):

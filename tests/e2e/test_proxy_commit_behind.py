@@ -188,6 +188,35 @@ def test_a_proxy_that_dies_before_its_commit_loses_nothing(proxy_upstream, chat,
     assert info["committed_messages"] == 4 and info["history_known"] is True and info["native"]["published_version"] == 1
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_a_kept_lease_that_lapsed_is_taken_again(proxy_upstream, chat, stream):
+    """The lease kept since the last turn is gone upstream (here: released behind the proxy's back): the
+    next query is refused for it, and the proxy takes a new lease and asks again, once."""
+    session = unique("lapsed")
+
+    async def scenario():
+        client = AsyncNativeClient(proxy_upstream.url)
+        sessions, openai = in_process(client, chat)
+        try:
+            await completed(openai, session, [{"role": "user", "content": "first question"}])
+            await inspect(openai, session)  # the commit is done
+            state = sessions.table.get("default", session)
+            kept = state.lease
+            await client.control("release", state.native, lease=kept)
+            request = dict(model=MODEL, messages=[{"role": "user", "content": "again"}], max_tokens=4, extra_headers={"X-MemT-Session": session})
+            if stream:
+                chunks = [chunk async for chunk in await openai.chat.completions.create(stream=True, **request)]
+                finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+            else:
+                finish = [(await openai.chat.completions.create(**request)).choices[0].finish_reason]
+            return kept, state.lease, finish
+        finally:
+            await sessions.aclose()
+
+    kept, now, finish = asyncio.run(scenario())
+    assert finish in (["stop"], ["length"]) and now is not None and now != kept
+
+
 # ---------------------------------------------------------------------- as processes
 
 
