@@ -10,7 +10,7 @@ import pytest
 
 from memt_core.client.native import AsyncNativeClient
 from memt_proxy.errors import ProxyError
-from memt_proxy.sessions import SessionTable, Sessions, native_session_id
+from memt_proxy.sessions import SessionTable, Sessions, native_session_id, snapshot_file
 from memt_proxy.store import SessionRecordStore
 
 A, B, C = "a" * 64, "b" * 64, "c" * 64
@@ -139,6 +139,28 @@ def test_without_records_a_dropped_session_has_an_unknown_history():
     again = layer.state("t", "a")
     layer.adopt(again, {"published_version": 1})
     assert again.history_known is False and again.committed == [] and again.pending is None
+
+
+def test_making_room_drops_a_state_without_a_native_session_first():
+    """A state whose native session exists is one the proxy may have to offload later: it stays in sight."""
+    table = SessionTable(2)
+    resident = table.take("t", "resident")
+    resident.exists = True
+    table.give_back(resident)
+    table.give_back(table.take("t", "bare"))  # more recently used, but without a native session
+    table.give_back(table.take("t", "new"))
+    assert table.get("t", "bare") is None and table.get("t", "resident") is resident
+
+
+def test_snapshot_names_are_the_tenants_own():
+    """The same client name is another upstream file for each tenant, and never an offload snapshot's name."""
+    assert snapshot_file("alpha", "notes.safetensors") != snapshot_file("beta", "notes.safetensors")
+    assert snapshot_file("alpha", "notes.safetensors").endswith("-notes.safetensors")
+    assert snapshot_file("alpha", "sha256-" + "0" * 64 + ".safetensors").startswith("t")
+    for bad in ("../x.safetensors", "x.bin", "x" * 200 + ".safetensors"):
+        with pytest.raises(ProxyError) as info:
+            snapshot_file("alpha", bad)
+        assert info.value.status == 400 and info.value.param == "name"
 
 
 def test_the_table_needs_room_for_one():

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import logging
 
+import pytest
+
 from memt_proxy.store import SessionRecordStore
 
 A, B, C = "a" * 64, "b" * 64, "c" * 64
@@ -95,3 +97,38 @@ def test_without_a_directory_no_pending_turn_is_kept(tmp_path):
     store = SessionRecordStore(None)
     store.save_pending("p-1", 0, [], PENDING)
     assert store.load_pending("p-1", 0) is None
+
+
+def test_offload_records_on_disk(tmp_path):
+    """An offloaded session's record says where its memory is and what it holds; forgetting removes it."""
+    store = SessionRecordStore(tmp_path)
+    assert store.load_offload("p-a") is None
+    pending = {"hashes": ["h3"], "ids": [1, 2], "thinking": False}
+    store.save_offload("p-a", "sha256-" + "0" * 64 + ".safetensors", ["h1", "h2"], pending)
+    again = SessionRecordStore(tmp_path)  # a restarted proxy reads it back
+    assert again.load_offload("p-a") == {"file": "sha256-" + "0" * 64 + ".safetensors", "committed": ["h1", "h2"], "pending": pending}
+    assert store.load("p-a", 0) is None  # apart from the session's own record
+    again.forget_offload("p-a")
+    assert store.load_offload("p-a") is None and not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("record", [
+    {"file": "../x.safetensors", "committed": [], "pending": None},
+    {"file": "x.safetensors", "committed": [1], "pending": None},
+    {"file": "x.safetensors", "committed": None, "pending": {"ids": []}},
+    ["not", "an", "object"],
+])
+def test_unreadable_offload_records_are_ignored(tmp_path, record):
+    (tmp_path / "p-a.offload.json").write_text(json.dumps(record))
+    assert SessionRecordStore(tmp_path).load_offload("p-a") is None
+
+
+def test_offload_records_in_memory_are_bounded(monkeypatch):
+    """Without a directory the newest MEMORY_OFFLOADS records are kept; older ones are forgotten."""
+    monkeypatch.setattr("memt_proxy.store.MEMORY_OFFLOADS", 3)
+    store = SessionRecordStore(None)
+    for number in range(5):
+        store.save_offload(f"p-{number}", f"f{number}.safetensors", None, None)
+    assert [store.load_offload(f"p-{n}") is not None for n in range(5)] == [False, False, True, True, True]
+    store.forget_offload("p-4")
+    assert store.load_offload("p-4") is None
