@@ -17,6 +17,7 @@ The HTTP status of a failure is chosen here and nowhere else::
     │   ├── OwnershipConflict         another server owns the session (or fenced this one out)
     │   └── RouteDisabled             an admin route this server does not offer
     ├── AuthenticationError     401   missing or wrong API key
+    ├── RequestTimeout          408   the request body did not arrive in time
     ├── PayloadTooLarge         413   a request body over the server's limit; nothing was read into memory
     ├── CapacityExceeded        429   session or in-flight commit limit reached
     ├── BadGeneration           502   the engine returned an incomplete or invalid result
@@ -121,6 +122,12 @@ class AuthenticationError(MemTError):
     wire_type = "authentication_error"
 
 
+class RequestTimeout(MemTError):
+    """A request body that did not arrive within the server's time (408)."""
+
+    status = 408
+
+
 class PayloadTooLarge(MemTError):
     """A request body longer than the server accepts (413)."""
 
@@ -152,6 +159,7 @@ class CheckpointError(ValueError):
 _BY_STATUS = {
     400: InvalidRequest,
     401: AuthenticationError,
+    408: RequestTimeout,
     409: Conflict,
     413: PayloadTooLarge,
     429: CapacityExceeded,

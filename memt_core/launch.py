@@ -64,6 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--ownership-ttl", type=float, default=30.0, help="seconds a session's ownership lease lasts unless renewed")
     server.add_argument("--node-id", default=None, help="this server's name as a session owner (default: host:port)")
     server.add_argument("--ack-timeout", type=float, default=120.0, help="seconds the engine has to acknowledge a commit or start a query before the server answers 503 (the outcome is then unknown: status/recover)")
+    server.add_argument("--header-timeout", type=float, default=10.0, help="seconds a client has to send a request's headers (the connection is closed after)")
+    server.add_argument("--body-timeout", type=float, default=60.0, help="seconds a client has to send a request's body (408 after)")
     server.add_argument("--max-request-bytes", type=int, default=8 * 1024 * 1024, help="largest request body accepted (413 beyond)")
     server.add_argument("--api-key", default=None, help="require 'Authorization: Bearer <key>' on every route but /health")
     server.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"], help="log verbosity")
@@ -90,6 +92,8 @@ class LaunchPlan:
     state_directory: str | None
     ack_timeout: float
     max_request_bytes: int
+    header_timeout: float
+    body_timeout: float
     snapshot_store: str | None
     ownership: str | None
     ownership_ttl: float
@@ -177,6 +181,8 @@ def plan_launch(args: argparse.Namespace, environ=os.environ) -> LaunchPlan:
         raise CheckpointError("--ownership-ttl must be a positive number of seconds")
     if args.max_request_bytes < 1024:
         raise CheckpointError("--max-request-bytes must be at least 1024")
+    if not (args.header_timeout > 0 and args.body_timeout > 0):
+        raise CheckpointError("--header-timeout and --body-timeout must be positive numbers of seconds")
     if not args.ack_timeout > 0:
         raise CheckpointError("--ack-timeout must be a positive number of seconds")
     if args.max_running_requests < 1:
@@ -196,6 +202,7 @@ def plan_launch(args: argparse.Namespace, environ=os.environ) -> LaunchPlan:
         deterministic_communication=args.deterministic_communication, host=args.host, port=args.port,
         defaulted_model=args.model_path is None,
         state_directory=args.state_directory, ack_timeout=args.ack_timeout, max_request_bytes=args.max_request_bytes,
+        header_timeout=args.header_timeout, body_timeout=args.body_timeout,
         snapshot_store=args.snapshot_store, ownership=args.ownership, ownership_ttl=args.ownership_ttl,
         node_id=args.node_id or f"{socket.gethostname()}:{args.port}", api_key=args.api_key, log_level=args.log_level,
     )
@@ -258,7 +265,7 @@ def assemble(plan: LaunchPlan, engine: Engine, *, tokenizer=None):
         "engine": {"name": engine.name, **engine.capabilities()},
     }
     app = create_app(service, identity=plan.identity(engine.identity()), capabilities=capabilities, api_key=plan.api_key,
-                     max_body_bytes=plan.max_request_bytes)
+                     max_body_bytes=plan.max_request_bytes, body_timeout=plan.body_timeout)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -315,7 +322,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     app, _ = build_app(plan)
     print(f"memt_core: serving {plan.checkpoint.model} from {plan.checkpoint.path} on http://{plan.host}:{plan.port}", flush=True)
-    config = uvicorn.Config(app, host=plan.host, port=plan.port, log_level=plan.log_level, timeout_graceful_shutdown=5)
+    from memt_core.server.slow_clients import header_timeout_protocol
+
+    config = uvicorn.Config(app, host=plan.host, port=plan.port, log_level=plan.log_level, timeout_graceful_shutdown=5,
+                            http=header_timeout_protocol(plan.header_timeout))
     uvicorn.Server(config).run(sockets=[sock])
     return 0
 

@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
     print(f"memt_proxy: serving {', '.join(names)} on http://{args.host}:{args.port}/v1 ({'embedded core' if args.embedded else f'upstream {args.upstream}'})", flush=True)
-    from memt_proxy.slow_clients import header_timeout_protocol
+    from memt_core.server.slow_clients import header_timeout_protocol
 
     uvicorn.run(
         app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5,

@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse, Response
 from sse_starlette.sse import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from memt_core.errors import WIRE_TYPE, AuthenticationError, MemTError, RouteDisabled, WorkerUnavailable
+from memt_core.errors import WIRE_TYPE, AuthenticationError, MemTError, RequestTimeout, RouteDisabled, WorkerUnavailable
 from memt_core.request_body import parse_json, read_limited
 from memt_core.server.openapi_bodies import CONTROL, GENERATE, request_body
 from memt_core.server.docs import offline_docs
@@ -34,11 +34,12 @@ DISABLED_ROUTES = (
 #: bodies larger than this are parsed in a worker thread
 OFF_LOOP_BYTES = 256 * 1024
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
+DEFAULT_BODY_TIMEOUT = 60.0
 
 
 def create_app(
     service: MemTService, *, identity: dict, capabilities: dict, api_key: str | None = None,
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, body_timeout: float = DEFAULT_BODY_TIMEOUT,
 ) -> FastAPI:
     """The HTTP application for one service."""
     # with an API key every route but /health needs it, so the unauthenticated docs routes go
@@ -80,7 +81,12 @@ def create_app(
         return JSONResponse(body, status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
     async def json_body(request: Request) -> Any:
-        data = await read_limited(request.stream(), limit=max_body_bytes, declared=request.headers.get("content-length"))
+        try:
+            data = await asyncio.wait_for(
+                read_limited(request.stream(), limit=max_body_bytes, declared=request.headers.get("content-length")), body_timeout
+            )
+        except asyncio.TimeoutError:
+            raise RequestTimeout(f"the request body did not arrive within {body_timeout:g} s") from None
         if len(data) > OFF_LOOP_BYTES:  # a large body is parsed off the event loop, so it slows only itself
             return await asyncio.to_thread(parse_json, data)
         return parse_json(data)

@@ -65,6 +65,8 @@ class MemTService:
         self.protocol = protocol
         self.tokenizer = tokenizer
         self.grammars = GrammarCompiler(tokenizer) if tokenizer is not None else None
+        # no token covers more characters than its vocabulary entry has (byte-level or ▁ forms): a cheap bound on long texts
+        self.max_token_chars = max(map(len, tokenizer.get_vocab()), default=1) if tokenizer is not None else 1
         self.max_prefill_tokens = max_prefill_tokens
         self.context_length = context_length
         self.ack_timeout = ack_timeout  # seconds the engine has to acknowledge a commit or a query's first token
@@ -133,7 +135,12 @@ class MemTService:
         else:
             if self.tokenizer is None:
                 raise InvalidRequest("this server has no tokenizer; send input_ids")
-            ids = self.tokenizer.encode(request.text, add_special_tokens=False)
+            if len(request.text) > self.max_prefill_tokens * self.max_token_chars:  # over the limit whatever its tokens
+                raise InvalidRequest(
+                    f"'text' has {len(request.text)} characters, more than max_prefill_tokens ({self.max_prefill_tokens}) tokens can hold"
+                )
+            # a long text is tokenised off the event loop, so it slows only itself
+            ids = await asyncio.to_thread(self.tokenizer.encode, request.text, add_special_tokens=False)
             if not ids:
                 raise InvalidRequest("'text' encodes to no tokens")
             if len(ids) > self.max_prefill_tokens:

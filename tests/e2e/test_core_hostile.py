@@ -107,3 +107,32 @@ def test_docs_render_without_network(wire):
         assert asset.status_code == 200 and len(asset.content) > 100, url
     schema = wire.http.get("/openapi.json").json()
     assert "/generate" in schema["paths"] and "/memt/control" in schema["paths"]
+
+
+def test_a_huge_text_is_refused_before_tokenising_and_the_server_stays_responsive(wire):
+    text = "word " * 1_000_000  # 5 MB: far more characters than max_prefill_tokens tokens can hold
+    response = wire.http.post("/generate", json={"text": text, "sampling_params": {"max_new_tokens": 1}})
+    assert_error(response, 400, match="more than max_prefill_tokens")
+    assert wire.http.get("/health").status_code == 200
+
+
+def test_a_client_that_stalls_in_its_headers_is_disconnected(nano_checkpoint, memt_servers):
+    """The connection is closed once --header-timeout passes (waiting on the socket's state, not a sleep)."""
+    server = memt_servers(nano_checkpoint, "--header-timeout", "1", snapshots=False)
+    with socket.create_connection((HOST, server.port), timeout=60) as sock:
+        sock.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Le")  # half a header, then nothing
+        assert sock.recv(1024) == b""  # closed by the server
+    with server.client() as http:
+        assert http.get("/health").status_code == 200
+
+
+def test_a_body_that_never_arrives_is_408(nano_checkpoint, memt_servers):
+    server = memt_servers(nano_checkpoint, "--body-timeout", "1", snapshots=False)
+    with socket.create_connection((HOST, server.port), timeout=60) as sock:
+        sock.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"te")
+        reply = b""
+        while b"did not arrive" not in reply:  # headers and body may come in separate packets
+            chunk = sock.recv(4096)
+            assert chunk, reply
+            reply += chunk
+    assert reply.startswith(b"HTTP/1.1 408") and b"did not arrive within 1 s" in reply

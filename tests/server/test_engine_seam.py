@@ -39,6 +39,9 @@ class CountingTokenizer:
     def encode(self, text, add_special_tokens=False):
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
+    def get_vocab(self):
+        return self.tokenizer.get_vocab()
+
 
 class Served:
     """The assembled app on an ephemeral port, in a thread; stopped at the end of the test."""

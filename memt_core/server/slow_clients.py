@@ -15,7 +15,7 @@ import logging
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-log = logging.getLogger("memt.proxy")
+log = logging.getLogger("memt.server")
 
 DEFAULT_HEADER_TIMEOUT = 10.0
 
