@@ -231,9 +231,12 @@ class ChatService:
 
     # ---- generation
 
-    def _text(self, prepared: Prepared, output_ids: list[int], *, final: bool) -> tuple[str, bool]:
-        """Decoded output with the forced prefix and stop strings applied; True if a stop string ended it."""
-        text = prepared.prefix + self.chat_format.decode(output_ids)
+    def _text(self, prepared: Prepared, output_ids: list[int], *, final: bool, decoder=None) -> tuple[str, bool]:
+        """Decoded output with the forced prefix and stop strings applied; True if a stop string ended it.
+
+        A stream passes its ``ChatFormat.output_decoder()``, so each frame decodes only its new tokens."""
+        decoded = decoder.update(output_ids, final=final) if decoder is not None else self.chat_format.decode(output_ids)
+        text = prepared.prefix + decoded
         found = [at for at in (text.find(stop) for stop in prepared.stops) if at >= 0]
         if found:  # the earliest stop string wins, whichever its place in the list
             return text[: min(found)], True
@@ -336,6 +339,7 @@ class ChatService:
         try:
             yield chunk_body(id=cid, model=request.model, created=created, delta={"role": "assistant", "content": ""})
             stream = self.parser.stream(thinking=prepared.thinking)
+            decoder = self.chat_format.output_decoder()
             output_ids: list[int] = []
             finish = "length"
             upstream = (
@@ -346,7 +350,7 @@ class ChatService:
             try:
                 async for body in upstream:
                     output_ids = body["output_ids"]
-                    text, stopped = self._text(prepared, output_ids, final=False)
+                    text, stopped = self._text(prepared, output_ids, final=False, decoder=decoder)
                     reason = (body["meta_info"].get("finish_reason") or {}).get("type")
                     for delta in _deltas(stream.feed(text), prepared.parallel_tools):
                         yield chunk_body(id=cid, model=request.model, created=created, delta=delta)
@@ -355,7 +359,7 @@ class ChatService:
                         break
             finally:
                 await upstream.aclose()
-            text, stopped = self._text(prepared, output_ids, final=True)
+            text, stopped = self._text(prepared, output_ids, final=True, decoder=decoder)
             finish = "stop" if stopped else finish
             for delta in _deltas(stream.finish(text), prepared.parallel_tools):
                 yield chunk_body(id=cid, model=request.model, created=created, delta=delta)
