@@ -264,6 +264,8 @@ def test_session_admin_routes(proxy, client):
     with proxy.http() as http:
         info = http.get(f"/v1/memt/sessions/{source}").json()
         assert info["session"] == source and info["committed_messages"] == 2 and info["pending_tool_calls"] is False
+        reads = info["native"]["reads"]  # the read history: which memory version each answer read
+        assert reads and reads[-1]["memory_read"] is True and reads[-1]["memory_version"] == info["native"]["published_version"]
         saved = http.post(f"/v1/memt/sessions/{source}/snapshots", json={"name": snapshot})
         assert saved.status_code == 200, saved.text
         assert saved.json()["snapshot"] == snapshot
