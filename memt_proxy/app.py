@@ -19,7 +19,6 @@ from typing import Any, TypeVar
 
 from fastapi import FastAPI, Header, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import BaseModel, ConfigDict, ValidationError
 from sse_starlette.sse import EventSourceResponse
@@ -29,6 +28,7 @@ from memt_core.client.errors import MemTClientError
 from memt_core.errors import InvalidRequest, PayloadTooLarge
 from memt_core.protocol.events import check_name
 from memt_core.request_body import parse_json, read_limited
+from memt_core.server.docs import mount_assets, swagger_page
 from memt_proxy.errors import ProxyError, from_native
 from memt_proxy.protocol import ChatCompletionRequest
 from memt_proxy.responses import ResponsesService
@@ -169,6 +169,8 @@ def create_app(
             raise ProxyError(503, f"not ready: {exc.message}", code=exc.code or "upstream_unavailable") from None
         return {"status": "ready"}
 
+    mount_assets(app)
+
     @app.get("/openapi.json", include_in_schema=False)
     async def openapi(request: Request) -> JSONResponse:
         tenant_of(request)
@@ -177,7 +179,7 @@ def create_app(
     @app.get("/docs", include_in_schema=False)
     async def docs(request: Request) -> HTMLResponse:
         tenant_of(request)
-        return get_swagger_ui_html(openapi_url="/openapi.json", title=app.title)
+        return swagger_page("/openapi.json", app.title)  # Swagger UI from the installed package: works offline
 
     @app.get("/v1/models")
     async def models(request: Request) -> dict:

@@ -1,6 +1,5 @@
-"""The native memt-http-v1 HTTP server: FastAPI routes over ``MemTService``."""
+"""The native memt-http-v1 HTTP server: FastAPI routes (``app``) over ``MemTService`` (``service``).
 
-from memt_core.server.app import create_app
-from memt_core.server.service import MemTService
-
-__all__ = ["MemTService", "create_app"]
+Nothing is imported here, so the pieces the proxy shares (``docs``, ``slow_clients``) load without the
+engine's dependencies (PyTorch).
+"""

@@ -171,3 +171,15 @@ def test_max_sessions_is_a_positive_count(capsys):
 def test_refuses_a_missing_checkpoint(tmp_path):
     result = subprocess.run([sys.executable, "-m", "memt_proxy", "--model-path", str(tmp_path / "none")], capture_output=True, text=True, cwd=ROOT)
     assert result.returncode == 2 and "refused" in result.stderr
+
+
+def test_docs_load_their_assets_from_the_proxy_itself(http):
+    """Offline docs: the page names no CDN, and every asset it names is served here."""
+    import re
+
+    page = http.get("/docs")
+    assert page.status_code == 200
+    urls = re.findall(r"""(?:src|href)\s*=\s*['"]([^'"]+)['"]""", page.text)
+    assert urls and not [u for u in urls if u.startswith(("http://", "https://", "//"))], urls
+    for url in urls:
+        assert http.get(url).status_code == 200, url
