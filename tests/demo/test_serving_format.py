@@ -37,7 +37,7 @@ def test_query_prompt_matches_the_proxy(formats):
     for _ in range(20):
         tools = [ep.TOOLS[name] for name in ep._offered_tools(rng, "get_weather")] if rng.random() < 0.5 else None
         system = "You are a helpful assistant." if rng.random() < 0.5 else None
-        user = ep.question_message(rng, ["name"])
+        user = ep.question_message(rng, [ep.Fact("name", "")])
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
         expected = training.prompt(messages, tools=tools)
         proxy = serving.bos_ids + serving.system_ids(system, tools) + serving.open_turn_ids([messages[-1]], enable_thinking=False)
