@@ -124,6 +124,34 @@ def write_evaluation(out: Path, episodes: int, seed: int, minutes: float, config
     return report
 
 
+def held_out_notes(splits: dict) -> str:
+    """Where the held-out column falls behind, in words and with the evaluation's own wrong answers."""
+    ind, held = splits["in_distribution"]["figures"], splits["heldout"]["figures"]
+    lines = []
+    if "fact1_values" in held and "fact1" in held:
+        lines.append(
+            f"- Never-seen values told and asked with *training* phrasings are recalled in {held['fact1_values']:.0%} "
+            f"of cases ({ind['fact1_values']:.0%} for in-distribution values); with held-out phrasings as well, "
+            f"{held['fact1']:.0%}. New values are copied out of memory; new phrasings are what it fails on.")
+    gaps = [(ind[n] - held[n], n) for n in LABELS_FOR_GAPS if n in held and n in ind]
+    worst = [n for gap, n in sorted(gaps, reverse=True) if gap >= 0.2]
+    if worst:
+        from memt_core.demo.eval import LABELS
+
+        lines.append("- The largest drops from in distribution to held out: " + "; ".join(
+            f"{LABELS[n]} {ind[n]:.0%} → {held[n]:.0%}" for n in worst) + ".")
+    examples = [text for name, shown in splits["heldout"].get("examples", {}).items() if name.endswith("_wrong") for text in shown[:1]]
+    if examples:
+        lines.append("- Wrong held-out answers from this evaluation:\n" + "\n".join(f"  - `{e[:160]}`" for e in examples[:8]))
+    lines.append("- A user who phrases things like its training templates gets answers like the in-distribution column; "
+                 "other phrasings often get a wrong or unrelated answer.")
+    return "\n".join(lines)
+
+
+LABELS_FOR_GAPS = ("fact1", "facts3", "phrasing", "document", "tool_call_correct", "tool_answer_json", "tool_answer_text",
+                   "tool_from_memory", "repeat_exact")
+
+
 def model_card(report: dict, minutes: float, config) -> str:
     """README.md of the checkpoint: what it is, what it can and cannot do, how it was made and measured."""
     from memt_core.demo.eval import LABELS, TARGETS, target_name
@@ -177,6 +205,10 @@ cities absent from training, and the ~20 % of every skill's templates that train
 
 Issue targets (held-out split) met: {", ".join(met) or "none"}.
 Not met: {", ".join(missed) or "none"}.
+
+## What the held-out figures say
+
+{held_out_notes(splits)}
 
 ## Files
 

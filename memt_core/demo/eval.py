@@ -12,7 +12,8 @@ data) and on the *held-out* split (values from held-out syllables/letters and re
 training never draws, phrased with the held-out ~20 % of each skill's templates; see
 :mod:`memt_core.demo.values`). The issue's targets are checked on the held-out split.
 
-Cases: ``fact1`` (one fact told, asked a turn later), ``facts3`` (three facts in one turn, then a
+Cases: ``fact1`` (one fact told, asked a turn later; ``fact1_values`` the same with training phrasings
+on both splits, which isolates never-seen values), ``facts3`` (three facts in one turn, then a
 distractor turn, each fact asked) — both on the attributes with open values (names, cities, companies,
 addresses, codes), whose held-out values are all new; ``phrasing`` (two facts of any attribute with
 in-distribution values, statement and questions phrased from the split's templates: on the held-out
@@ -218,6 +219,18 @@ class Evaluator:
         self.tell(session, distractor)
         self._recall("facts3", session, facts)
 
+    def fact1_values(self) -> None:
+        """One fact with the split's values, told and asked with training phrasings: new values alone."""
+        held = self.rng.heldout_templates
+        self.rng.heldout_templates = False
+        try:
+            session = self.runtime.open_session()
+            facts = ep.sample_facts(self.rng, 1, exclude=CLOSED_ATTRIBUTES)
+            self._told(session, facts, "fact1_values")
+            self._recall("fact1_values", session, facts, controls=False)
+        finally:
+            self.rng.heldout_templates = held
+
     def phrasing(self) -> None:
         """Two facts whose values are in-distribution; statement and questions use the split's phrasings."""
         session = self.runtime.open_session()
@@ -305,7 +318,7 @@ class Evaluator:
 
 
 def default_cases(episodes: int) -> dict[str, int]:
-    return {"fact1": episodes, "facts3": episodes // 2, "phrasing": episodes // 2, "document": episodes // 2,
+    return {"fact1": episodes, "fact1_values": episodes, "facts3": episodes // 2, "phrasing": episodes // 2, "document": episodes // 2,
             "tools": episodes // 2, "tool_from_memory": episodes // 2, "repeat": episodes // 2}
 
 
@@ -354,6 +367,8 @@ LABELS = {
     "fact1_exact": "1 fact, exact expected answer",
     "fact1_reset": "1 fact, after memory reset (control)",
     "fact1_loaded_identical": "1 fact, identical after snapshot save → load",
+    "fact1_values": "1 fact, split's values with training phrasings",
+    "fact1_values_exact": "1 fact, split's values, training phrasings, exact",
     "facts3": "3 facts + distractor, recalled from memory",
     "facts3_exact": "3 facts + distractor, exact expected answer",
     "facts3_reset": "3 facts + distractor, after memory reset (control)",
