@@ -341,9 +341,3 @@ def _sha256_json(value: Any) -> str:
     text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
-
-def __getattr__(name: str):
-    """Transitional: the family-name constants moved to :mod:`memt_core.families`; old imports resolve there."""
-    if name in families.__all__ and name.isupper():
-        return getattr(families, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -95,10 +95,3 @@ def make_tiny_checkpoint(
     save_weights(model, directory, max_shard_bytes=max_shard_bytes)
     return directory
 
-
-def __getattr__(name: str):
-    """Transitional: ``<FAMILY>_SPECIAL_TOKENS`` became ``Family.special_tokens``; old imports resolve there."""
-    constant = name.removesuffix("_SPECIAL_TOKENS")
-    if constant != name and constant in families.__all__ and constant.isupper():
-        return list(families.get(getattr(families, constant)).special_tokens)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

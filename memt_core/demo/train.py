@@ -82,7 +82,7 @@ class TrainConfig:
 
 def build_demo_tokenizer(directory: str | Path, *, vocab_size: int, seed: int = 0):
     """A byte-level BPE trained on the demo corpus (plus rendered prompts), saved with the Nano template."""
-    from memt_core.checkpoint import NANO
+    from memt_core.families import NANO
     from memt_core.tiny import build_tokenizer
 
     texts = corpus(seed)
@@ -100,10 +100,13 @@ def build_demo_tokenizer(directory: str | Path, *, vocab_size: int, seed: int = 
 
 def demo_config(tokenizer, shape: ModelShape) -> dict:
     """config.json of the demo model."""
+    from memt_core import families
+
+    nano = families.get(families.NANO)  # the demo model is of the Nano architecture
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     return {
-        "model_type": "memt_qwen3_5_moe",
-        "architectures": ["MemTQwen3_5MoeForCausalLM"],
+        "model_type": nano.model_type,
+        "architectures": [nano.architecture],
         "memt_checkpoint_id": CHECKPOINT_ID,
         "dtype": "bfloat16",
         "backbone_configs": {

@@ -13,7 +13,8 @@ import re
 import pytest
 import torch
 
-from memt_core.checkpoint import NANO, read_checkpoint
+from memt_core.checkpoint import read_checkpoint
+from memt_core.families import NANO
 from memt_core.demo import BUNDLED_MODEL
 from memt_core.demo.eval import SPLITS, TARGETS, evaluate
 from memt_core.models.weights import load_model, scan_weights
@@ -45,14 +46,15 @@ def test_loads_through_the_normal_loader(checkpoint, tokenizer):
 
 def test_identity_and_template(checkpoint, tokenizer):
     from memt_core.inference import MemTRuntime
-    from memt_core.tiny import NANO_SPECIAL_TOKENS, template_text
+    from memt_core import families
+    from memt_core.tiny import template_text
 
     identity = checkpoint.identity()
     assert re.fullmatch(r"[0-9a-f]{64}", identity)
     assert read_checkpoint(BUNDLED_MODEL).identity() == identity
     assert MemTRuntime.load(BUNDLED_MODEL).identity == identity
     assert checkpoint.chat_template() == template_text("nano_chat_template.jinja") == tokenizer.chat_template
-    for token in NANO_SPECIAL_TOKENS:
+    for token in families.get(families.NANO).special_tokens:
         assert tokenizer.convert_tokens_to_ids(token) != tokenizer.unk_token_id
     prompt = tokenizer.apply_chat_template(
         [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],

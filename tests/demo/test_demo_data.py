@@ -89,9 +89,10 @@ def test_tokenizer_is_open_and_splits_unseen_values(tokenizer):
 
 
 def test_tokenizer_has_the_nano_specials_and_template(tokenizer):
-    from memt_core.tiny import NANO_SPECIAL_TOKENS, template_text
+    from memt_core import families
+    from memt_core.tiny import template_text
 
-    for token in NANO_SPECIAL_TOKENS:
+    for token in families.get(families.NANO).special_tokens:
         ids = tokenizer.encode(token, add_special_tokens=False)
         assert len(ids) == 1 and tokenizer.convert_ids_to_tokens(ids[0]) == token
     assert tokenizer.chat_template == template_text("nano_chat_template.jinja")
