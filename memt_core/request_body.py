@@ -10,14 +10,16 @@ length and the body's chunks.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from typing import Any, AsyncIterable
 
-from memt_core.errors import InvalidRequest, PayloadTooLarge
+from memt_core.errors import InvalidRequest, PayloadTooLarge, RequestTimeout
 
 MAX_DIGITS = 64
 MAX_DEPTH = 64
+OFF_LOOP_BYTES = 256 * 1024  # bodies larger than this are parsed in a worker thread
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -31,6 +33,18 @@ async def read_limited(chunks: AsyncIterable[bytes], *, limit: int, declared: st
         if len(body) > limit:
             raise PayloadTooLarge(f"request body exceeds this server's limit of {limit} bytes")
     return bytes(body)
+
+
+async def read_json(chunks: AsyncIterable[bytes], *, limit: int, declared: str | None, timeout: float) -> Any:
+    """Read (``read_limited``, within ``timeout`` seconds, else ``RequestTimeout``) and parse (``parse_json``)
+    a body; a large one is parsed off the event loop, so it slows only itself."""
+    try:
+        data = await asyncio.wait_for(read_limited(chunks, limit=limit, declared=declared), timeout)
+    except asyncio.TimeoutError:
+        raise RequestTimeout(f"the request body did not arrive within {timeout:g} s") from None
+    if len(data) > OFF_LOOP_BYTES:
+        return await asyncio.to_thread(parse_json, data)
+    return parse_json(data)
 
 
 def _integer(text: str) -> int:

@@ -25,9 +25,9 @@ from sse_starlette.sse import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from memt_core.client.errors import MemTClientError
-from memt_core.errors import InvalidRequest, PayloadTooLarge
+from memt_core.errors import InvalidRequest, PayloadTooLarge, RequestTimeout
 from memt_core.protocol.events import check_name
-from memt_core.request_body import parse_json, read_limited
+from memt_core.request_body import read_json
 from memt_core.server.docs import mount_assets, swagger_page
 from memt_proxy.errors import ProxyError, from_native
 from memt_proxy.protocol import ChatCompletionRequest
@@ -41,8 +41,6 @@ MEMORY_HEADER = "X-MemT-Memory"
 DIVERGENCE_HEADER = "X-MemT-On-Divergence"
 #: default --max-request-bytes: far above any chat a context window holds, far below what stalls a server
 DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024
-#: bodies larger than this are parsed in a worker thread, so that they slow only themselves
-OFF_LOOP_BYTES = 256 * 1024
 #: default --body-timeout: seconds a client has to send its whole body (408 past it)
 DEFAULT_BODY_TIMEOUT = 60.0
 #: seconds /health/ready waits for the upstream's capabilities
@@ -109,13 +107,8 @@ def create_app(
     async def json_body(request: Request) -> Any:
         """The request's JSON body, read and parsed within the bounds above."""
         try:
-            data = await asyncio.wait_for(
-                read_limited(request.stream(), limit=max_request_bytes, declared=request.headers.get("content-length")), body_timeout
-            )
-            if len(data) > OFF_LOOP_BYTES:
-                return await asyncio.to_thread(parse_json, data)
-            return parse_json(data)
-        except asyncio.TimeoutError:
+            return await read_json(request.stream(), limit=max_request_bytes, declared=request.headers.get("content-length"), timeout=body_timeout)
+        except RequestTimeout:
             raise ProxyError(408, f"the request body did not arrive within {body_timeout:g} s (--body-timeout)", code="request_timeout") from None
         except PayloadTooLarge as exc:
             raise ProxyError(413, f"{exc.message}; send a smaller request, or raise the proxy's --max-request-bytes", code="request_too_large") from None

@@ -6,7 +6,6 @@ Parse the body, call the service, serialise the answer; every ``MemTError`` beco
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 import json
 from typing import Any
@@ -16,8 +15,8 @@ from fastapi.responses import JSONResponse, Response
 from sse_starlette.sse import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from memt_core.errors import WIRE_TYPE, AuthenticationError, MemTError, RequestTimeout, RouteDisabled, WorkerUnavailable
-from memt_core.request_body import parse_json, read_limited
+from memt_core.errors import WIRE_TYPE, AuthenticationError, MemTError, RouteDisabled, WorkerUnavailable
+from memt_core.request_body import read_json
 from memt_core.server.openapi_bodies import CONTROL, GENERATE, request_body
 from memt_core.server.docs import offline_docs
 from memt_core.server.metrics import CONTENT_TYPE, Metrics
@@ -31,8 +30,6 @@ DISABLED_ROUTES = (
 )
 
 
-#: bodies larger than this are parsed in a worker thread
-OFF_LOOP_BYTES = 256 * 1024
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 DEFAULT_BODY_TIMEOUT = 60.0
 
@@ -81,15 +78,7 @@ def create_app(
         return JSONResponse(body, status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
     async def json_body(request: Request) -> Any:
-        try:
-            data = await asyncio.wait_for(
-                read_limited(request.stream(), limit=max_body_bytes, declared=request.headers.get("content-length")), body_timeout
-            )
-        except asyncio.TimeoutError:
-            raise RequestTimeout(f"the request body did not arrive within {body_timeout:g} s") from None
-        if len(data) > OFF_LOOP_BYTES:  # a large body is parsed off the event loop, so it slows only itself
-            return await asyncio.to_thread(parse_json, data)
-        return parse_json(data)
+        return await read_json(request.stream(), limit=max_body_bytes, declared=request.headers.get("content-length"), timeout=body_timeout)
 
     @app.get("/health")
     async def health() -> JSONResponse:
