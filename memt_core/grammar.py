@@ -87,10 +87,6 @@ class Grammar:
     def advance(self, token: int) -> None:
         self.matcher.consume_token(token)
 
-    @property
-    def complete(self) -> bool:
-        return self.matcher.is_stopped() or self.matcher.is_accepting()
-
 
 class GrammarCompiler:
     """Compiles request grammars against one tokenizer."""

@@ -208,7 +208,8 @@ class MemTService:
             self.counters.count(self.counters.requests, ("commit", 503))
             raise WorkerUnavailable(f"commit failed in the engine: {exc}") from exc
         finally:
-            if outcome != APPLIED and self._landed(ticket):
+            # a commit that raised may still have reached the candidate: ask the engine
+            if outcome != APPLIED and self.engine.committed(ticket.session, ticket.transaction, ticket.nonce):
                 outcome = APPLIED
             self.protocol.finish_commit(ticket, outcome, self.clock())
         self.counters.count(self.counters.requests, ("commit", 200))
@@ -231,10 +232,6 @@ class MemTService:
                 },
             },
         }
-
-    def _landed(self, ticket: Ticket) -> bool:
-        """Ask the engine whether a commit that raised did in fact reach the candidate."""
-        return self.engine.committed(ticket.session, ticket.transaction, ticket.nonce)
 
     def _observe(self, kind: str, seconds: float) -> None:
         for observer in self.observers:
