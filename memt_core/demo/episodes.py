@@ -120,41 +120,73 @@ ATTRIBUTES: dict[str, Attribute] = {
         Attribute(
             "name", values.person_name,
             ("my name is {v}", "I am {v}", "I'm {v}", "call me {v}", "my name's {v}", "everyone knows me as {v}",
-             "my friends know me as {v}", "the name is {v}"),
+             "my friends know me as {v}", "the name is {v}", "you can call me {v}", "people call me {v}",
+             "I go by {v}", "my first name is {v}", "I'm called {v}", "I am called {v}", "{v} is my name",
+             "{v} here", "this is {v} speaking", "it's me, {v}", "my parents named me {v}", "please call me {v}",
+             "the name's {v}", "I am named {v}", "they call me {v}", "I introduce myself as {v}"),
             ("What is my name?", "What's my name?", "Do you remember my name?", "Who am I?", "What am I called?",
-             "Can you tell me my name?", "What did I say my name was?", "Do you know my name?"),
+             "Can you tell me my name?", "What did I say my name was?", "Do you know my name?",
+             "What do people call me?", "Whats my name", "Tell me my name.", "Who is talking to you?",
+             "Remind me what my name is.", "What name did I give you?", "Say my name.", "What should you call me?",
+             "Do you still know who I am?", "How am I called?", "What was my name again?",
+             "Can you remember what I'm called?", "Who did I say I was?", "Which name do I use?"),
             "your name is {v}", "your name",
         ),
         Attribute(
             "age", lambda rng: str(rng.randint(16, 90)),
             ("I am {v} years old", "I'm {v} years old", "my age is {v}", "I just turned {v}",
-             "I turned {v} this year"),
+             "I turned {v} this year", "I'm {v}", "I am {v} now", "my age is {v} years", "I'm {v} years of age",
+             "I have been alive for {v} years", "I will be {v} until my next birthday", "last month I turned {v}",
+             "age-wise I'm {v}", "I am aged {v}"),
             ("How old am I?", "What is my age?", "What's my age?", "Do you know how old I am?",
-             "How many years old am I?"),
+             "How many years old am I?", "What age am I?", "Tell me my age.", "How old did I say I was?",
+             "Remind me how old I am.", "Do you remember my age?", "What is my current age?",
+             "Can you tell me how old I am?", "What age did I tell you?"),
             "you are {v} years old", "how old you are",
         ),
         Attribute(
             "city", values.city,
             ("I live in {v}", "I'm from {v}", "my home town is {v}", "I am living in {v}", "my city is {v}",
-             "I moved to {v} last year", "home for me is {v}", "I grew up in {v} and still live there"),
+             "I moved to {v} last year", "home for me is {v}", "I grew up in {v} and still live there",
+             "I'm based in {v}", "I reside in {v}", "I've lived in {v} for years", "my home is in {v}",
+             "I come from {v}", "I stay in {v}", "these days I live in {v}", "my flat is in {v}",
+             "I was born and raised in {v}", "I call {v} home", "right now I live in {v}", "we live in {v}",
+             "my house is in {v}", "I have a place in {v}", "{v} is where I live", "I am a resident of {v}"),
             ("Where do I live?", "Which city do I live in?", "Where am I from?", "What is my home town?",
-             "What city am I from?", "In which city is my home?", "Remind me where I live."),
+             "What city am I from?", "In which city is my home?", "Remind me where I live.", "Where's my home?",
+             "What city do I live in?", "Where am I based?", "Do you remember where I live?",
+             "Which city is my home?", "Where did I say I live?", "Tell me where I live.", "Where is my house?",
+             "What's my city?", "Do you know which city I'm in?", "Where do I come from?", "What's my home town?",
+             "In what city do I reside?"),
             "you live in {v}", "where you live",
         ),
         Attribute(
             "food", values.food,
             ("my favourite food is {v}", "my favorite food is {v}", "I love eating {v}", "I really like {v}",
-             "nothing beats {v} for me", "I could eat {v} every day"),
+             "nothing beats {v} for me", "I could eat {v} every day", "I adore {v}", "my favourite dish is {v}",
+             "I'm crazy about {v}", "I eat {v} whenever I can", "the best food in the world is {v}",
+             "my favorite meal is {v}", "I really enjoy {v}", "I'm a big fan of {v}", "I never say no to {v}",
+             "my go-to food is {v}", "I'd eat {v} for every meal", "food-wise I love {v}", "I am addicted to {v}",
+             "I like {v} more than anything"),
             ("What is my favourite food?", "What's my favorite food?", "What food do I like?",
-             "What do I love eating?", "Which food do I like best?"),
+             "What do I love eating?", "Which food do I like best?", "What's my favourite dish?",
+             "What do I like to eat?", "Which dish do I love?", "What food am I crazy about?",
+             "Do you remember my favourite food?", "What is my favorite meal?", "whats my favourite food",
+             "What should you cook for me?", "Tell me my favourite food.", "Which food did I say I love?",
+             "What would I eat every day?"),
             "your favourite food is {v}", "your favourite food",
         ),
         Attribute(
             "pet", _from(pools.ANIMALS),
             ("I have a pet {v}", "I have {a} {v} at home", "my pet is {a} {v}", "I own {a} {v}",
-             "there is {a} {v} living with me"),
+             "there is {a} {v} living with me", "I keep {a} {v} as a pet", "I live with {a} {v}",
+             "my only pet is {a} {v}", "at home I have {a} {v}", "I got {a} {v} last year", "I look after {a} {v}",
+             "I share my flat with {a} {v}", "we have {a} {v}", "I recently adopted {a} {v}"),
             ("What pet do I have?", "What kind of pet do I have?", "What animal do I have at home?",
-             "Which animal lives with me?", "What is my pet?"),
+             "Which animal lives with me?", "What is my pet?", "What's my pet?", "Do I have a pet, and which?",
+             "What animal do I own?", "Which pet did I tell you about?", "What kind of animal is my pet?",
+             "Remind me what pet I have.", "Which animal do I keep?",
+             "What animal shares my home?"),
             "you have {a} {v}", "what pet you have",
         ),
         Attribute(
@@ -162,81 +194,137 @@ ATTRIBUTES: dict[str, Attribute] = {
             ("I have {a} {animal} named {v}", "my {animal} is called {v}", "my {animal}'s name is {v}",
              "I have a three-month-old {animal} named {v} who loves eating small shrimp",
              "we adopted {a} {animal} and called it {v}", "I have a little {animal} called {v} who loves to play",
-             "my pet {animal} is named {v}"),
+             "my pet {animal} is named {v}", "I've got {a} {animal} called {v}", "my {animal} goes by {v}",
+             "I named my {animal} {v}", "there's {a} {animal} at home, its name is {v}", "I own {a} {animal} named {v}",
+             "our {animal} is called {v}", "I have a pet {animal} and its name is {v}",
+             "my {animal}, {v}, is sleeping next to me", "I have a two-year-old {animal} named {v}",
+             "I have {a} {animal} named {v} who loves sleeping in the sun", "{v} is the name of my {animal}",
+             "I just got {a} {animal}, I called it {v}", "I have a fluffy {animal} named {v}",
+             "I have {a} {animal} and I named it {v}", "my little {animal} is called {v}"),
             ("What is my {animal}'s name?", "What is my {animal} called?", "What's the name of my {animal}?",
-             "What is my pet's name?", "Do you remember what my {animal} is called?", "What's my {animal}'s name?"),
+             "What is my pet's name?", "Do you remember what my {animal} is called?", "What's my {animal}'s name?",
+             "What did I name my {animal}?", "How is my {animal} called?", "Tell me my {animal}'s name.",
+             "What's my pet called?", "What name does my {animal} have?", "whats my {animal} called",
+             "Do you remember my {animal}'s name?", "What's the name of my pet?", "Remind me what I called my {animal}.",
+             "What do I call my {animal}?", "Which name did I give my {animal}?"),
             "your {animal} is called {v}", "your pet's name",
         ),
         Attribute(
             "job", _from(pools.JOBS),
             ("I work as {a} {v}", "I'm {a} {v} by trade", "by profession I am {a} {v}", "I earn my living as {a} {v}",
-             "I have been {a} {v} for years"),
+             "I have been {a} {v} for years", "I am {a} {v}", "my job is {v}", "I work as {a} {v} in a small firm",
+             "I'm employed as {a} {v}", "for work I am {a} {v}", "my profession is {v}", "I trained as {a} {v}",
+             "I make a living as {a} {v}", "my job title is {v}"),
             ("What is my job?", "What do I do for a living?", "What is my profession?", "What do I work as?",
-             "What kind of work do I do?"),
+             "What kind of work do I do?", "What's my job?", "What's my profession?", "How do I earn my living?",
+             "What is my line of work?", "Do you remember my job?", "what do i do for work",
+             "Which job do I have?", "What do I do at work?", "What's my job title?"),
             "you work as {a} {v}", "your job",
         ),
         Attribute(
             "company", values.company,
             ("I work for {v}", "my employer is {v}", "I have a job at {v}", "my company is called {v}",
-             "I am employed by {v}"),
+             "I am employed by {v}", "I work at {v}", "I'm with {v}", "I've been working at {v} for a year",
+             "{v} pays my salary", "my boss runs {v}", "I got hired by {v}", "my office is at {v}",
+             "I joined {v} last month", "I'm on the staff of {v}", "my workplace is {v}", "I do my job at {v}",
+             "the company I work for is {v}"),
             ("Where do I work?", "Which company do I work for?", "Who is my employer?",
-             "What is the name of my company?", "Which firm employs me?"),
+             "What is the name of my company?", "Which firm employs me?", "What company do I work at?",
+             "Who do I work for?", "Where's my job?", "Which company pays my salary?", "What's my employer called?",
+             "Do you remember where I work?", "What is my workplace?",
+             "Which company did I join?", "Tell me where I work."),
             "you work for {v}", "where you work",
         ),
         Attribute(
             "trait", _from(pools.TRAITS),
             ("I am very {v}", "people say I am {v}", "my friends think I am {v}", "everyone says I'm {v}",
-             "I would describe myself as {v}"),
+             "I would describe myself as {v}", "I'm quite {v}", "I am a {v} person", "I've always been {v}",
+             "most people find me {v}", "I tend to be {v}", "I consider myself {v}", "my family calls me {v}",
+             "I'm rather {v}"),
             ("How would you describe me?", "What kind of person am I?", "What is my personality like?",
-             "What am I like?", "How do my friends describe me?"),
+             "What am I like?", "How do my friends describe me?", "What's my personality?",
+             "How do people see me?", "What sort of person am I?", "Describe me in one word.",
+             "What do my friends think of me?", "How would I describe myself?"),
             "you are {v}", "what you are like",
         ),
         Attribute(
             "colour", _from(pools.COLOURS),
             ("my favourite colour is {v}", "my favorite color is {v}", "I like the colour {v} best",
-             "the colour I love most is {v}", "I always wear {v} because it is my favourite colour"),
+             "the colour I love most is {v}", "I always wear {v} because it is my favourite colour",
+             "I love the color {v}", "my favourite color has always been {v}",
+             "I like {v} more than any other colour", "my room is painted {v}, my favourite colour",
+             "the best colour is {v}", "I'm a fan of the colour {v}", "my fave colour is {v}",
+             "if I had to pick a colour, it would be {v}"),
             ("What is my favourite colour?", "What's my favorite color?", "Which colour do I like best?",
-             "What colour do I love most?", "Do you remember my favourite colour?"),
+             "What colour do I love most?", "Do you remember my favourite colour?", "Which color is my favourite?",
+             "What's my favourite colour?", "What colour do I like?", "Tell me my favourite colour.",
+             "whats my favorite color", "What colour should my present be?", "Which colour did I say I love?",
+             "What is my favorite colour?"),
             "your favourite colour is {v}", "your favourite colour",
         ),
         Attribute(
             "hobby", _from(pools.HOBBIES),
             ("my hobby is {v}", "I enjoy {v} in my free time", "in my free time I love {v}",
-             "I spend my weekends on {v}", "my favourite pastime is {v}"),
+             "I spend my weekends on {v}", "my favourite pastime is {v}", "I'm really into {v}",
+             "my main hobby is {v}", "I love {v}", "for fun I do {v}", "when I have time I go for {v}",
+             "I've been into {v} for years", "my weekends are all about {v}", "I relax with {v}",
+             "my favorite hobby is {v}", "I'm passionate about {v}"),
             ("What is my hobby?", "What do I do in my free time?", "What's my hobby?", "What is my favourite pastime?",
-             "How do I spend my free time?"),
+             "How do I spend my free time?", "What do I do for fun?", "What am I into?", "What's my favorite hobby?",
+             "How do I spend my weekends?", "Do you remember my hobby?",              "What do I like doing?", "Which hobby did I mention?", "How do I relax?"),
             "your hobby is {v}", "your hobby",
         ),
         Attribute(
             "friend", values.person_name,
             ("my best friend is {v}", "my best friend is called {v}", "my closest friend is {v}",
-             "I have a best friend named {v}", "my best friend's name is {v}"),
+             "I have a best friend named {v}", "my best friend's name is {v}", "{v} is my best friend",
+             "my best mate is {v}", "my oldest friend is {v}", "I've known my best friend {v} since school",
+             "my dearest friend is called {v}", "the person I trust most is my friend {v}",
+             "my bestie is {v}", "my best buddy is {v}", "I spend every weekend with my best friend {v}",
+             "my best friend, {v}, lives next door", "my closest friend goes by {v}"),
             ("Who is my best friend?", "What is my best friend's name?", "What's my best friend called?",
-             "Who is my closest friend?", "Do you remember my best friend's name?"),
+             "Who is my closest friend?", "Do you remember my best friend's name?", "Who's my best friend?",
+             "What's the name of my best friend?", "Who is my best mate?", "Tell me who my best friend is.",
+             "whos my best friend", "Which friend is closest to me?", "Who did I say my best friend was?",
+             "What is my closest friend called?", "Who's my oldest friend?"),
             "your best friend is {v}", "who your best friend is",
         ),
         Attribute(
             "birthday", values.date,
             ("my birthday is on {v}", "I was born on {v}", "I celebrate my birthday on {v}", "my date of birth is {v}",
-             "I came into the world on {v}"),
+             "I came into the world on {v}", "my birthday is {v}", "I was born {v}", "my birth date is {v}",
+             "I have my birthday on {v}", "every year on {v} I have my birthday", "my bday is {v}",
+             "I'm celebrating my birthday on {v}", "my DOB is {v}", "I was born on the day {v}"),
             ("When is my birthday?", "When was I born?", "What is my date of birth?", "On which day is my birthday?",
-             "When do I celebrate my birthday?"),
+             "When do I celebrate my birthday?", "What's my birthday?", "When's my birthday?",
+             "What is my birth date?", "Do you remember my birthday?", "when is my bday",
+             "Which day was I born?", "Tell me my date of birth.", "What date is my birthday?"),
             "your birthday is on {v}", "when your birthday is",
         ),
         Attribute(
             "address", values.address,
             ("I live at {v}", "my address is {v}", "my home address is {v}", "you can find me at {v}",
-             "send letters to me at {v}"),
+             "send letters to me at {v}", "my flat is at {v}", "my street address is {v}", "I'm at {v}",
+             "my house is at {v}", "I just moved to {v}", "deliveries go to {v}", "my postal address is {v}",
+             "we live at {v}", "home is {v}", "my new address is {v}"),
             ("What is my address?", "Where exactly do I live?", "What's my home address?", "At which address do I live?",
-             "Where should letters to me be sent?"),
+             "Where should letters to me be sent?", "What's my address?", "What is my street address?",
+             "Where do deliveries go?", "Do you remember my address?", "whats my address",
+             "Tell me my home address.", "Which street do I live on?", "What is my postal address?",
+             "Where can I be found?"),
             "your address is {v}", "your address",
         ),
         Attribute(
             "code", values.code,
             ("my door code is {v}", "my booking code is {v}", "the code for my locker is {v}",
-             "my membership code is {v}", "my secret code is {v}"),
+             "my membership code is {v}", "my secret code is {v}", "my code is {v}", "the code is {v}",
+             "my access code is {v}", "my reference number is {v}", "please remember the code {v}",
+             "my ticket code is {v}", "the PIN for my bike lock is {v}", "{v} is my code",
+             "my voucher code is {v}", "my confirmation code is {v}", "note my code: {v}"),
             ("What is my code?", "What was my code?", "Which code did I give you?", "Can you tell me my code?",
-             "Remind me of my code."),
+             "Remind me of my code.", "What's my code?", "Do you remember my code?", "whats my code",
+             "Which code is mine?", "Tell me the code I gave you.", "What code did I tell you?",
+             "What was the code again?", "Read me my code.", "Could you repeat my code?"),
             "your code is {v}", "your code",
         ),
     )
@@ -320,37 +408,77 @@ def acknowledgement(facts: list[Fact]) -> str:
     return " ".join(parts)
 
 
-GREETINGS = ("", "", "", "Hi, ", "Hello! ", "Hey, ", "Hi there. ", "Good morning! ", "Hello, ", "Good evening! ")
+GREETINGS = ("", "", "", "", "", "Hi, ", "Hello! ", "Hey, ", "Hi there. ", "Good morning! ", "Greetings! ", "Good evening! ",
+             "Hey there! ", "Hiya, ", "Ok so ", "So, ", "Well, ", "Listen, ", "Hi MemT! ", "Hello again. ", "Um, ",
+             "Just so you know, ", "Quick note: ", "FYI, ", "Alright, ", "Morning! ", "Yo, ")
+STATEMENT_ENDINGS = ("", "", "", "", "", "", " Please remember that.", " Remember that!", " Don't forget it.",
+                     " Just so you know.", " Keep that in mind.", " Thanks!", " Nice to meet you.",
+                     " Can you remember that?", " Note that down, please.", " That's all for now.", " :)",
+                     " Please keep it in mind.", " Got it?", " Try not to forget.")
+JOINERS = (" and ", " and ", " and ", ", and ", " and also ", ", plus ", " and by the way ")
+
+
+def casual(rng: random.Random) -> bool:
+    """Whether a user message is typed casually: all lower case, sometimes without final punctuation."""
+    return rng.random() < 0.12
+
+
+def _casual_text(template: str, lowered: bool) -> str:
+    """A template (placeholders still in it) lower-cased for a casual message; values stay as given."""
+    return template.lower() if lowered else template
 
 
 def statement_message(rng: random.Random, facts: list[Fact]) -> str:
-    """A user message telling ``facts``, e.g. "Hi, my name is Alice and I live in Lisbon. I'm a chef." """
-    fragments = [_fill_fact(phrasing(rng, ATTRIBUTES[f.attribute].statements), f) for f in facts]
+    """A user message telling ``facts``, e.g. "Hi, my name is Alice and I live in Lisbon. I'm a chef."
+
+    Templates are lower-cased or capitalised *before* values are filled in, so a value is always
+    written exactly as given (a value may start a fragment: "{v} is my name").
+    """
+    low = casual(rng)
+    templates = [_casual_text(phrasing(rng, ATTRIBUTES[f.attribute].statements), low) for f in facts]
     sentences, i = [], 0
-    while i < len(fragments):
-        if i + 1 < len(fragments) and rng.random() < 0.4:
-            sentences.append(fragments[i] + " and " + lower_first(fragments[i + 1]))
+    while i < len(templates):
+        if i + 1 < len(templates) and rng.random() < 0.4:
+            second = templates[i + 1] if low else lower_first(templates[i + 1])
+            sentences.append((_fill_fact(templates[i], facts[i]), phrasing(rng, JOINERS), _fill_fact(second, facts[i + 1])))
             i += 2
         else:
-            sentences.append(fragments[i])
+            sentences.append((_fill_fact(templates[i], facts[i]),))
             i += 1
-    greeting = rng.choice(GREETINGS)
-    first = sentences[0] if greeting.endswith(", ") else capitalise(sentences[0])
-    return greeting + ". ".join([first] + [capitalise(s) for s in sentences[1:]]) + "."
+    greeting = _casual_text(phrasing(rng, GREETINGS), low)
+    # capitalise the template's first letter only (a filled value is never changed)
+    def first_word(template_index: int, text: str, keep: bool) -> str:
+        return text if keep or templates[template_index].startswith("{") else capitalise(text)
+    parts, index = [], 0
+    for n, sentence in enumerate(sentences):
+        keep = low or (n == 0 and greeting.endswith(", ")) or (n == 0 and greeting.endswith(": "))
+        parts.append(first_word(index, sentence[0], keep) + "".join(sentence[1:]))
+        index += 2 if len(sentence) == 3 else 1
+    end = "" if low and rng.random() < 0.5 else rng.choice((".", ".", ".", ".", "!"))
+    return greeting + ". ".join(parts) + end + _casual_text(phrasing(rng, STATEMENT_ENDINGS), low)
 
 
-QUESTION_PREFIXES = ("", "", "", "", "", "", "By the way, ", "Quick question: ", "Tell me, ", "Hey, ", "Remind me: ",
-                     "One more thing: ")
+QUESTION_PREFIXES = ("", "", "", "", "", "", "", "", "By the way, ", "Quick question: ", "Tell me, ", "Hey, ", "Remind me: ",
+                     "One more thing: ", "So, ", "Hmm, ", "Okay, ", "Hi again! ", "Now, ", "Let me ask you: ",
+                     "Question: ", "I forgot, ", "Sorry, ", "Oh, ", "Do you know this one? ", "Hey MemT, ", "Um, ",
+                     "Please tell me: ", "Well then, ")
+QUESTION_ENDINGS = ("", "", "", "", "", "", "", " Thanks!", " Thank you.", " Please.", " I forgot.",
+                    " Do you remember?", " Just checking.", " Any idea?", " :)", " Be honest.")
 
 
 def question_message(rng: random.Random, asked: list[Fact]) -> str:
     """A question about the facts ``asked`` (a ``Fact`` with an empty value asks about an untold one)."""
-    questions = [_fill_fact(phrasing(rng, ATTRIBUTES[f.attribute].questions), f) for f in asked]
+    low = casual(rng)
+    templates = [_casual_text(phrasing(rng, ATTRIBUTES[f.attribute].questions), low) for f in asked]
+    questions = [_fill_fact(t, f) for t, f in zip(templates, asked)]
     text = questions[0]
     if len(questions) > 1:
-        text = text[:-1] + " and " + lower_first(questions[1])
-    prefix = phrasing(rng, QUESTION_PREFIXES)
-    return prefix + (lower_first(text) if prefix else text)
+        text = text.rstrip("?.!") + " and " + (questions[1] if low else lower_first(questions[1]))
+    if low and rng.random() < 0.5:
+        text = text.rstrip("?.!")
+    prefix = _casual_text(phrasing(rng, QUESTION_PREFIXES), low)
+    text = prefix + (lower_first(text) if prefix and not prefix.endswith(("! ", "? ")) else text)
+    return text + _casual_text(phrasing(rng, QUESTION_ENDINGS), low)
 
 
 def fact_answer(facts: list[Fact]) -> str:
@@ -422,37 +550,71 @@ class DocumentFact:
 
 def _org_facts(rng: random.Random) -> list[DocumentFact]:
     return [
-        DocumentFact("city", values.city(rng), ("{org} is a company based in {v}.", "{org} has its head office in {v}.",
-                                                 "{org} is a firm from {v}."),
+        DocumentFact("city", values.city(rng),
+                     ("{org} is a company based in {v}.", "{org} has its head office in {v}.", "{org} is a firm from {v}.",
+                      "{org} is headquartered in {v}.", "{org} is a business located in {v}.",
+                      "The offices of {org} are in {v}.", "{org}, a company from {v}, is growing fast.",
+                      "Founded as a small shop, {org} is now based in {v}.", "{org} operates out of {v}.",
+                      "The home of {org} is the city of {v}."),
                      ("Where is {org} based?", "In which city is {org} based?", "Where is the head office of {org}?",
-                      "Which city is {org} from?", "Where can I find {org}?"), "{org} is based in {v}."),
-        DocumentFact("founder", values.person_name(rng), ("It was founded by {v}.", "The company was started by {v}.",
-                                                          "Its founder is {v}."),
+                      "Which city is {org} from?", "Where can I find {org}?", "Where is {org} headquartered?",
+                      "Where are the offices of {org}?", "In what city is {org} located?",                       "Which city is home to {org}?", "Where does {org} operate from?", "Where's {org}?",
+                      "What city is {org} in?"),
+                     "{org} is based in {v}."),
+        DocumentFact("founder", values.person_name(rng),
+                     ("It was founded by {v}.", "The company was started by {v}.", "Its founder is {v}.",
+                      "{v} founded the company.", "It was set up by {v}.", "The founder of the company is {v}.",
+                      "{v} started it with a small loan.", "The business was created by {v}.",
+                      "It was established by {v}.", "Its first owner and founder was {v}."),
                      ("Who founded {org}?", "Who started {org}?", "Who is the founder of {org}?",
-                      "Which person founded {org}?", "Who set up {org}?"), "{org} was founded by {v}."),
-        DocumentFact("year", str(rng.randint(1900, 2024)), ("It was founded in {v}.", "The company started in {v}.",
-                                                            "It opened its doors in {v}."),
+                      "Which person founded {org}?", "Who set up {org}?", "Who created {org}?",
+                      "Who established {org}?", "Who's the founder of {org}?",                       "Whose company was {org} at the start?", "Who was behind the founding of {org}?",
+                      "Name the founder of {org}.", "Tell me who founded {org}."),
+                     "{org} was founded by {v}."),
+        DocumentFact("year", str(rng.randint(1900, 2024)),
+                     ("It was founded in {v}.", "The company started in {v}.", "It opened its doors in {v}.",
+                      "It has existed since {v}.", "The firm was set up in {v}.", "Its story began in {v}.",
+                      "It was established in {v}.", "The company dates back to {v}."),
                      ("When was {org} founded?", "In which year was {org} founded?", "When did {org} start?",
-                      "What year was {org} set up?", "How long ago, in which year, did {org} open?"),
+                      "What year was {org} set up?", "How long ago, in which year, did {org} open?",
+                      "Since when has {org} existed?", "In what year did {org} open?",                       "Which year was {org} established?", "When did the story of {org} begin?"),
                      "{org} was founded in {v}."),
-        DocumentFact("product", rng.choice(pools.PRODUCTS), ("The company makes {v}.", "{org} is known for its {v}.",
-                                                             "Its main product is {v}."),
+        DocumentFact("product", rng.choice(pools.PRODUCTS),
+                     ("The company makes {v}.", "{org} is known for its {v}.", "Its main product is {v}.",
+                      "It produces {v}.", "The firm sells {v}.", "Most of its income comes from {v}.",
+                      "It is famous for {v}.", "Its best-selling product is {v}."),
                      ("What does {org} make?", "What does {org} produce?", "What is {org} known for?",
-                      "What is the main product of {org}?", "Which products does {org} sell?"), "{org} makes {v}."),
-        DocumentFact("employees", str(rng.randint(10, 9990)), ("It has {v} employees.", "About {v} people work there.",
-                                                               "Its staff counts {v} people."),
+                      "What is the main product of {org}?", "Which products does {org} sell?", "What does {org} sell?",
+                      "What is {org} famous for?", "What's the main product of {org}?",
+                      "What is the best-selling product of {org}?"),
+                     "{org} makes {v}."),
+        DocumentFact("employees", str(rng.randint(10, 9990)),
+                     ("It has {v} employees.", "About {v} people work there.", "Its staff counts {v} people.",
+                      "The company employs {v} people.", "There are {v} people on its payroll.",
+                      "It has a team of {v}.", "{v} employees work for it.", "Its workforce is {v} strong."),
                      ("How many employees does {org} have?", "How many people work at {org}?",
                       "How big is the staff of {org}?", "How many workers does {org} employ?",
-                      "What is the number of employees at {org}?"), "{org} has {v} employees."),
-        DocumentFact("colour", rng.choice(pools.COLOURS), ("Its logo is {v}.", "The logo of the company is {v}.",
-                                                           "The company logo is painted {v}."),
+                      "What is the number of employees at {org}?", "How many people does {org} employ?",
+                      "How large is the team at {org}?",                       "What's the headcount of {org}?", "How many staff work for {org}?"),
+                     "{org} has {v} employees."),
+        DocumentFact("colour", rng.choice(pools.COLOURS),
+                     ("Its logo is {v}.", "The logo of the company is {v}.", "The company logo is painted {v}.",
+                      "Its logo is a {v} circle.", "The brand colour of its logo is {v}.", "Its logo comes in {v}.",
+                      "Everyone knows its {v} logo.", "The firm's logo is {v}."),
                      ("What colour is the logo of {org}?", "What colour is the {org} logo?",
                       "Which colour does the logo of {org} have?", "How does the {org} logo look, what colour?",
-                      "What is the colour of the {org} logo?"), "The logo of {org} is {v}."),
-        DocumentFact("code", values.code(rng), ("Its stock code is {v}.", "The company is listed under the code {v}.",
-                                                "Its trading code is {v}."),
+                      "What is the colour of the {org} logo?", "What color is the logo of {org}?",
+                      "Which colour is the {org} logo?",                       "What's the colour of {org}'s logo?", "In which colour is the logo of {org}?"),
+                     "The logo of {org} is {v}."),
+        DocumentFact("code", values.code(rng),
+                     ("Its stock code is {v}.", "The company is listed under the code {v}.", "Its trading code is {v}.",
+                      "On the stock market it trades as {v}.", "Its ticker is {v}.", "Investors know it by the code {v}.",
+                      "It is listed as {v}.", "The share code of the firm is {v}.", "Its listing code is {v}."),
                      ("What is the stock code of {org}?", "Under which code is {org} listed?", "What is {org}'s code?",
-                      "Which trading code does {org} have?", "What code is {org} listed under?"),
+                      "Which trading code does {org} have?", "What code is {org} listed under?",
+                      "What's the ticker of {org}?", "How does {org} trade on the stock market?",
+                      "what is the code of {org}", "Which code do investors use for {org}?",
+                      "What is the listing code of {org}?", "Tell me the stock code of {org}."),
                      "The code of {org} is {v}."),
     ]
 
@@ -474,8 +636,11 @@ def document(rng: random.Random, *, fillers: int | None = None) -> tuple[str, st
     return org, text, [intro] + keep
 
 
-DOCUMENT_PREFIXES = ("", "", "", "", "According to the document, ", "From the document: ", "In the text you read, ",
-                     "Based on what you read, ", "From the profile: ")
+DOCUMENT_PREFIXES = ("", "", "", "", "", "", "According to the document, ", "From the document: ", "In the text you read, ",
+                     "Based on what you read, ", "From the profile: ", "In the company profile, ", "From what you read, ",
+                     "Looking at the text, ", "Quick question about the document: ", "According to the profile, ",
+                     "Based on the text, ", "From the file I gave you: ", "About the company: ", "Hey, ",
+                     "In the article, ", "Regarding that document, ")
 
 
 def document_question(rng: random.Random, org: str, fact: DocumentFact) -> tuple[str, str]:
@@ -511,17 +676,46 @@ TOOLS = {
 WEATHER_REQUESTS = ("What is the weather in {c}?", "What's the weather like in {c}?", "How is the weather in {c} today?",
                     "Tell me the weather in {c}.", "Is it raining in {c}?", "Weather in {c}, please.",
                     "Can you check the weather in {c}?", "I'm going to {c} today. What's the weather there?",
-                    "Is it warm in {c} right now?", "What's the forecast for {c}?")
+                    "Is it warm in {c} right now?", "What's the forecast for {c}?", "weather in {c}?",
+                    "How's the weather in {c}?", "Do I need an umbrella in {c} today?", "Is it sunny in {c}?",
+                    "What's it like outside in {c}?", "Could you look up the weather for {c}?", "How cold is it in {c}?",
+                    "What is the temperature in {c}?", "Get me the weather for {c}.", "Check {c} weather please",
+                    "Please find out the weather in {c}.", "What are the conditions in {c} right now?",
+                    "I'm flying to {c} tomorrow, how is the weather?", "Any idea what the weather is in {c}?",
+                    "Is it nice out in {c} today?", "Tell me how warm it is in {c}.", "whats the weather in {c}",
+                    "My sister lives in {c}. Is it raining there?", "Weather report for {c}, please!",
+                    "How hot is it in {c} today?")
 WEATHER_AT_HOME = ("What is the weather where I live?", "How is the weather in my city?", "What's the weather like at home?",
                    "Is it cold in my home town today?", "Check the weather in my city, please.",
-                   "What's the weather like where I live?")
+                   "What's the weather like where I live?", "Is it raining where I live?", "How's the weather at home?",
+                   "What's the forecast for my city?", "Do I need an umbrella at home today?",
+                   "What's the temperature in my town?", "Check the weather where I live.", "weather at home?",
+                   "Is it sunny in my city today?", "How warm is it where I live?", "Tell me the weather in my home town.",
+                   "Can you look up the weather where I'm based?", "What's it like outside in my city?",
+                   "What is the weather at my place today?", "Get me the weather for where I live, please.")
 ADD_REQUESTS = ("What is {a} plus {b}?", "Add {a} and {b}.", "What is {a} + {b}?", "Can you add {a} and {b}?",
-                "How much is {a} plus {b}?", "What do {a} and {b} add up to?", "Sum {a} and {b}, please.")
+                "How much is {a} plus {b}?", "What do {a} and {b} add up to?", "Sum {a} and {b}, please.",
+                "what's {a}+{b}", "Please add {a} to {b}.", "What's the sum of {a} and {b}?", "{a} + {b} = ?",
+                "Calculate {a} plus {b}.", "I need {a} plus {b}.", "What do I get if I add {a} and {b}?",
+                "Could you work out {a} + {b}?", "Add up {a} and {b} for me.", "How much do {a} and {b} make together?",
+                "Compute the sum of {a} and {b}.", "{a} plus {b} is what?", "Quick maths: {a} + {b}?")
 MULTIPLY_REQUESTS = ("What is {a} times {b}?", "Multiply {a} by {b}.", "What is {a} * {b}?", "How much is {a} times {b}?",
-                     "What do you get if you multiply {a} and {b}?", "Can you multiply {a} by {b}?")
+                     "What do you get if you multiply {a} and {b}?", "Can you multiply {a} by {b}?", "what's {a}*{b}",
+                     "What's the product of {a} and {b}?", "Calculate {a} times {b}.", "{a} * {b} = ?",
+                     "Please multiply {a} and {b}.", "I need {a} times {b}.", "Could you work out {a} x {b}?",
+                     "How much is {a} multiplied by {b}?", "Compute the product of {a} and {b}.", "{a} times {b} is what?",
+                     "Quick maths: {a} * {b}?", "What is {a} multiplied by {b}?", "Multiply {a} with {b} for me.",
+                     "What do {a} and {b} make when multiplied?")
 WEATHER_TEXT_RESULTS = ("{t} degrees and {c}", "{c}, {t} degrees", "It is {c} with {t} degrees.",
-                        "Currently {t} degrees and {c} in {city}.", "{city}: {c}, {t} degrees", "Temperature {t}, {c}")
-NUMBER_TEXT_RESULTS = ("{r}", "The result is {r}.", "result: {r}", "= {r}", "Answer: {r}")
+                        "Currently {t} degrees and {c} in {city}.", "{city}: {c}, {t} degrees", "Temperature {t}, {c}",
+                        "{c} and {t} degrees", "Weather in {city}: {c}. Temperature: {t} degrees.", "{t} C, {c}",
+                        "It's {t} degrees and {c}.", "{city} is {c} today, {t} degrees.", "temp={t} sky={c}",
+                        "Right now: {c}, {t} degrees", "The weather is {c} and it is {t} degrees.",
+                        "{c} skies, {t} degrees", "Forecast for {city}: {c}, around {t} degrees",
+                        "{t} degrees, {c} in {city}", "Conditions: {c}; temperature: {t}")
+NUMBER_TEXT_RESULTS = ("{r}", "The result is {r}.", "result: {r}", "= {r}", "Answer: {r}", "It is {r}.",
+                       "The answer is {r}", "output: {r}", "That makes {r}.", "value {r}",
+                       "The calculator says {r}.", "ok: {r}", "Computed: {r}")
 
 
 def tool_call_text(call: EpisodeToolCall) -> str:
@@ -593,7 +787,15 @@ REPEAT_REQUESTS = ("Repeat exactly:\n{t}", "Repeat after me: {t}", "Please repea
                    "Say this back to me word for word:\n{t}", "Repeat this: {t}", "Copy this text:\n{t}",
                    "Type '{t}' exactly.", "Type exactly: {t}", "Please write exactly this: {t}", 'Say "{t}"',
                    "Echo this back: {t}", "Write '{t}' and nothing else.", 'Type "{t}" and nothing more.',
-                   "Can you repeat this for me? {t}", "Copy exactly: {t}")
+                   "Can you repeat this for me? {t}", "Copy exactly: {t}", "Repeat: {t}",
+                   "Say exactly this: {t}", "Please type {t}", "Write this exactly:\n{t}", 'Just say "{t}".',
+                   "Copy the following text exactly: {t}", "Echo: {t}", "Could you write '{t}' for me?",
+                   'Reply with exactly "{t}".', "Type this word for word: {t}", "Say back: {t}",
+                   "Please echo the following:\n{t}", "Write down exactly what I say: {t}",                    "Repeat the next text and nothing else: {t}", "Respond only with: {t}", 'Output "{t}" exactly.',
+                   "Can you type '{t}'?", "I want you to repeat this: {t}", "Copy-paste this back to me: {t}",
+                   "Please say {t}", "Type the following exactly:\n{t}", "Write '{t}'.", "Repeat word for word: {t}",
+                   'Say "{t}" and nothing else.', "Echo back exactly: {t}", "Print exactly: {t}",
+                   "Can you say '{t}' for me?", "Please copy this:\n{t}")
 
 
 def repeat_text(rng: random.Random) -> str:

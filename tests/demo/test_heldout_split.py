@@ -39,7 +39,14 @@ def _fixed_templates() -> list[tuple[str, ...]]:
     tuples = [a.statements for a in ep.ATTRIBUTES.values()] + [a.questions for a in ep.ATTRIBUTES.values()]
     tuples += [ep.WEATHER_REQUESTS, ep.WEATHER_AT_HOME, ep.ADD_REQUESTS, ep.MULTIPLY_REQUESTS, ep.REPEAT_REQUESTS,
                ep.WEATHER_TEXT_RESULTS, ep.NUMBER_TEXT_RESULTS]
+    documents = ep._org_facts(values.DemoRandom(0))
+    tuples += [f.sentences for f in documents] + [f.questions for f in documents]
     return tuples
+
+
+def _fillers() -> list[tuple[str, ...]]:
+    """Prefix and ending fillers: split like templates, but short, so only their uniqueness is checked."""
+    return [ep.GREETINGS, ep.STATEMENT_ENDINGS, ep.QUESTION_PREFIXES, ep.QUESTION_ENDINGS, ep.DOCUMENT_PREFIXES]
 
 
 def test_about_a_fifth_of_every_skills_templates_is_held_out():
@@ -50,6 +57,16 @@ def test_about_a_fifth_of_every_skills_templates_is_held_out():
         assert 0.1 <= len(held) / len(templates) <= 0.34, templates
 
 
+def test_templates_differ_beyond_case_and_final_punctuation():
+    """Casual messages are lower-cased and may drop the final "?"/"."; no template may become another that way.
+
+    Otherwise a training template typed casually would be a held-out one.
+    """
+    for templates in _fixed_templates() + _fillers():
+        forms = [t.lower().strip().rstrip("?.!").strip() for t in templates if t]
+        assert len(forms) == len(set(forms)), sorted({f for f in forms if forms.count(f) > 1})
+
+
 def test_training_never_shows_held_out_real_names_or_cities(training_text):
     words = set(re.findall(r"[A-Z][a-z]+", training_text))
     assert not words & set(pools.HELDOUT_NAMES)
@@ -57,12 +74,12 @@ def test_training_never_shows_held_out_real_names_or_cities(training_text):
 
 
 def _pattern(template: str) -> re.Pattern:
-    """A template as a regular expression: placeholders match any value, the first letter either case."""
+    """A template as a regular expression, in any letter case (casual messages are lower-cased).
+
+    Placeholders match any value within a clause: values never hold ``,.!?`` or line breaks.
+    """
     pieces = [re.escape(p) for p in re.split(r"\{\w+\}", template)]
-    text = "[^\\n]{1,60}?".join(pieces)
-    if template[:1].isalpha():
-        text = f"[{template[0].lower()}{template[0].upper()}]" + text[1:]
-    return re.compile(text)
+    return re.compile("[^\\n,.!?]{1,60}?".join(pieces), re.IGNORECASE)
 
 
 def _rendered_training_templates() -> list[str]:
