@@ -2,9 +2,12 @@
 
 The second turn sees the first through the conversation transcript, as with any chat model.
 
-    python examples/generate.py /models/MemT-1.0-Nano [--url http://127.0.0.1:30000]
+    python examples/generate.py memt_core/bundled/memt-tiny-demo --url http://127.0.0.1:30000
 
-Reads MEMT_API_KEY (sent as a Bearer token) when the server requires one.
+The model path is a local copy of the checkpoint the server serves (its tokenizer and chat template);
+the bundled demo model answers these turns (it was trained on facts told and asked like them). Replies
+are greedy (--temperature 0) unless you say otherwise. Reads MEMT_API_KEY (sent as a Bearer token) when
+the server requires one.
 """
 
 import argparse
@@ -18,6 +21,7 @@ def main() -> None:
     parser.add_argument("model_path", help="local checkpoint directory of the served model (Nano or Flash)")
     parser.add_argument("--url", default="http://127.0.0.1:30000", help="server address")
     parser.add_argument("--max-new-tokens", type=int, default=512, help="most tokens per reply")
+    parser.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0: greedy)")
     args = parser.parse_args()
 
     # AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False), also for Flash.
@@ -27,16 +31,14 @@ def main() -> None:
         args.model_path, tokenizer=tokenizer, chat_template_kwargs={"enable_thinking": False}
     )
     client = NativeClient(args.url, api_key=os.environ.get("MEMT_API_KEY"))
+    sampling = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature}
 
     with MemTSession(client, chat_format, parser) as chat:
         print(f"session {chat.session_id}: memory reading off, automatic writes off")
         chat.set_memory_read(False)
-        question = "Type 'I love MemT' exactly."
-        print(f"user: {question}")
-        print("assistant:", chat.chat(question, enable_memory=False, max_new_tokens=args.max_new_tokens))
-        question = "Translate your previous answer into Chinese."
-        print(f"user: {question}")
-        print("assistant:", chat.chat(question, enable_memory=False, max_new_tokens=args.max_new_tokens))
+        for question in ("Hi, my name is Alice and I live in Lisbon.", "Where do I live?"):
+            print(f"user: {question}")
+            print("assistant:", chat.chat(question, enable_memory=False, **sampling))
         print(f"the transcript holds {len(chat.messages)} messages; nothing was written to memory")
     client.close()
 
