@@ -58,6 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--thinking", choices=["on", "off"], default="off", help="thinking mode when a request sets neither reasoning_effort nor chat_template_kwargs.enable_thinking")
     parser.add_argument("--on-divergence", choices=["reject", "reset"], default="reject", help="when a transcript's earlier messages differ from what the session committed: reject with 409, or reset the session's memory and start over")
     parser.add_argument("--state-directory", default=None, help="keep each session's record of what its memory holds here, so that a restarted proxy still trims transcripts and continues turns waiting for tool results (default: in memory only; after a restart, resent histories count as edited). Sessions offloaded to make room upstream (their memory exported to a snapshot in the upstream's state directory, restored on their next request) are recorded here too; without it those records live in memory, so after a proxy restart an offloaded session starts with empty memory and its resent transcript is committed again: what memory held beyond the transcript (e.g. a restored snapshot) is lost")
+    parser.add_argument("--records-directory", default=None, help="keep the per-session records (see --state-directory) here instead: a directory on a filesystem all proxies of a cluster share, so trimming continues on whichever node a session moves to (default: --state-directory)")
+    parser.add_argument("--cluster", action="store_true", help="run as one node behind a router (SMG) over cores sharing a --snapshot-store: the session may come as X-SMG-Routing-Key, sessions restored from the store are adopted, POST /admin/drain hands this node's sessions off (see memt_proxy.cluster)")
     parser.add_argument("--max-sessions", type=positive, default=MAX_SESSIONS, help="session states kept in memory; beyond it the least recently used idle one is dropped (its native session and memory stay upstream; its next request re-reads its record from --state-directory, or without one counts its history as unknown); when all are busy a new session gets 429")
     parser.add_argument("--response-snapshots", type=positive, default=SNAPSHOTS_PER_CHAIN, help="Responses API: memory snapshots kept per previous_response_id chain, so that continuing one of its last N responses (not the latest) branches from the right memory; an older one is refused with 409")
     parser.add_argument("--lease-wait", type=float, default=30.0, help="seconds a request waits for another request on the same session before 409")
@@ -121,8 +123,12 @@ def build_app(args: argparse.Namespace):
         client = InProcessNativeClient(core, api_key=plan.api_key, timeout=args.timeout)
     else:
         client = AsyncNativeClient(args.upstream, api_key=args.upstream_api_key, timeout=args.timeout)
+    if args.cluster:
+        from memt_proxy.cluster import RestoredAdopted
+
+        client = RestoredAdopted(client)
     sessions = Sessions(
-        client, identity=chat_format.identity, records=SessionRecordStore(args.state_directory), max_sessions=args.max_sessions,
+        client, identity=chat_format.identity, served=chat_format.served, records=SessionRecordStore(args.state_directory, args.records_directory), max_sessions=args.max_sessions,
         lease_wait=args.lease_wait, lease_ttl=args.lease_ttl, lease_idle=args.lease_idle, native_encoding=chat_format.native_encoding,
     )
     service = ChatService(
@@ -137,6 +143,10 @@ def build_app(args: argparse.Namespace):
         service, api_keys=load_api_keys(args.api_key, args.api_keys_file), max_request_bytes=args.max_request_bytes, body_timeout=args.body_timeout,
         responses=responses,
     )
+    if args.cluster:
+        from memt_proxy.cluster import install
+
+        install(app, sessions, api_keys=load_api_keys(args.api_key, args.api_keys_file))
     if core is not None:
         from memt_proxy.embedded import embed
 

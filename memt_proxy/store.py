@@ -13,6 +13,12 @@ replaced atomically (temporary file + rename), so a killed proxy never leaves ha
 A session offloaded to make room upstream has an offload record beside it (``<native>.offload.json``):
 the upstream snapshot holding its memory, the hashes that memory holds and its turn waiting for tool
 results. Without a directory the newest ``MEMORY_OFFLOADS`` offload records are kept in memory.
+
+The per-session records can live in a directory of their own (``--records-directory``): on a filesystem
+the proxies of a cluster share, whichever proxy the router sends a session to finds its record, and,
+since a core restores the session's latest published version from the shared snapshot store, the
+record's version matches and trimming continues there. (Offload records stay in the state directory:
+they name snapshots in one upstream's own state directory.)
 """
 
 from __future__ import annotations
@@ -34,14 +40,18 @@ MEMORY_OFFLOADS = 65536  # offload records kept in memory without a directory (a
 class SessionRecordStore:
     """Per-session records under ``directory``; with ``directory=None`` nothing is kept."""
 
-    def __init__(self, directory: str | Path | None):
+    def __init__(self, directory: str | Path | None, records_directory: str | Path | None = None):
         self.directory = Path(directory) if directory is not None else None
-        if self.directory is not None:
-            self.directory.mkdir(parents=True, exist_ok=True)
+        # the per-session records (not the offload records): elsewhere when shared by a cluster's proxies
+        self.records_directory = Path(records_directory) if records_directory is not None else self.directory
+        for place in (self.directory, self.records_directory):
+            if place is not None:
+                place.mkdir(parents=True, exist_ok=True)
         self._offloads: OrderedDict[str, dict] = OrderedDict()  # without a directory
 
     def _path(self, native: str, suffix: str = ".json") -> Path:
-        return self.directory / f"{native}{suffix}"  # native ids are [A-Za-z0-9_.-]: safe file names
+        # native ids are [A-Za-z0-9_.-]: safe file names
+        return (self.records_directory if suffix == ".json" else self.directory) / f"{native}{suffix}"
 
     def save_offload(self, native: str, file: str, committed: list[str] | None, pending: dict | None) -> None:
         """Record that the session's memory is in the upstream snapshot ``file`` and holds ``committed`` (None: unknown)."""
@@ -83,13 +93,13 @@ class SessionRecordStore:
 
         A change of memory ends any turn that was waiting for tool results: the record drops it.
         """
-        if self.directory is None:
+        if self.records_directory is None:
             return
         self._write(native, {"version": version, "committed": committed, "next": {"version": version + 1, "committed": next_committed}})
 
     def save_pending(self, native: str, version: int, committed: list[str] | None, pending: dict | None) -> None:
         """Record (or with None, forget) the turn waiting for tool results at ``version``: its message hashes, token ids, thinking flag."""
-        if self.directory is None:
+        if self.records_directory is None:
             return
         record = self._read(native) or {"version": version, "committed": committed, "next": None}
         record.pop("pending", None)
@@ -98,7 +108,7 @@ class SessionRecordStore:
         self._write(native, record)
 
     def _write(self, native: str, record: dict, suffix: str = ".json") -> None:
-        fd, temporary = tempfile.mkstemp(dir=self.directory, prefix=f".{native}.", suffix=".tmp")
+        fd, temporary = tempfile.mkstemp(dir=self._path(native, suffix).parent, prefix=f".{native}.", suffix=".tmp")
         try:
             with os.fdopen(fd, "w") as out:
                 json.dump(record, out)
@@ -121,7 +131,7 @@ class SessionRecordStore:
 
     def load(self, native: str, version: int) -> list[str] | None:
         """The committed hashes recorded for ``version`` of the session's memory, or None if none match."""
-        if self.directory is None:
+        if self.records_directory is None:
             return None
         record = self._read(native)
         if record is None:
@@ -141,7 +151,7 @@ class SessionRecordStore:
 
     def load_pending(self, native: str, version: int) -> dict | None:
         """The turn waiting for tool results recorded at ``version``, or None."""
-        record = self._read(native) if self.directory is not None else None
+        record = self._read(native) if self.records_directory is not None else None
         pending = record.get("pending") if record is not None else None
         if pending is None:
             return None
@@ -157,5 +167,5 @@ class SessionRecordStore:
             return None
 
     def delete(self, native: str) -> None:
-        if self.directory is not None:
+        if self.records_directory is not None:
             self._path(native).unlink(missing_ok=True)

@@ -1,0 +1,161 @@
+"""The proxy as one node of a cluster behind a router (SMG), on cores that share a snapshot store.
+
+Three pieces, switched on together by ``--cluster`` (``install``):
+
+* **The session from the routing key.** SMG (the Shepherd Model Gateway) routes with consistent hashing
+  on a routing-key header and forwards only a short list of headers to its workers — ``Authorization``,
+  request ids, trace context and its own ``X-SMG-Routing-Key`` — so ``X-MemT-Session`` never reaches the
+  proxy. Behind SMG a client sends its session as ``X-SMG-Routing-Key`` (SMG hashes it and passes it
+  on); ``RoutingKeySession`` gives the request that session. A request carrying both headers with
+  different values is refused (400): it would be routed by one name and served under another.
+* **Sessions restored from the store are adopted.** A core with ``--snapshot-store`` answers ``create`` of
+  a session it does not hold, but the store does, by restoring its latest published version
+  (``restored_version``). For the proxy that session exists already, made elsewhere: ``RestoredAdopted``
+  reports it as ``SessionExists``, so the proxy adopts it at its published version and finds its record
+  (``--records-directory`` on the shared filesystem), and trimming continues on the new node.
+* **Planned drain.** ``POST /admin/drain`` refuses new requests (503 ``draining``, with ``Retry-After``),
+  makes ``/health/ready`` fail (the router's health check then stops sending here), waits for the
+  requests and commits under way, and releases every native lease the proxy keeps. Every published
+  version is already in the snapshot store; the sessions continue on the node the router picks next,
+  once this node's core has stopped and its ownership leases lapse (``--ownership-ttl``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+
+from memt_core.client.errors import MemTClientError
+from memt_core.errors import SessionExists
+
+log = logging.getLogger("memt.proxy")
+
+ROUTING_KEY_HEADER = b"x-smg-routing-key"
+SESSION_HEADER = b"x-memt-session"
+DRAIN_PATH = "/admin/drain"
+READY_PATH = "/health/ready"
+DRAIN_WAIT = 120.0  # seconds a drain waits for the requests and commits under way
+
+
+class RestoredAdopted:
+    """A native client whose ``create`` of a session restored from the snapshot store raises ``SessionExists``
+    (everything else is the wrapped client's)."""
+
+    def __init__(self, client):
+        self._client = client
+
+    def __getattr__(self, name):
+        return getattr(self._client, name)
+
+    async def control(self, action: str, session: str | None = None, **fields) -> dict:
+        body = await self._client.control(action, session, **fields)
+        if action == "create" and body.get("restored_version"):
+            cause = SessionExists(f"session {session!r} was restored from the snapshot store at version {body['restored_version']}")
+            raise MemTClientError(cause.message, stage="create", cause=cause)
+        return body
+
+
+class Node:
+    """This proxy's part in the cluster: the requests it is serving, and whether it is draining."""
+
+    def __init__(self, sessions):
+        self.sessions = sessions
+        self.draining = False
+        self.in_flight = 0  # requests being served (not the health checks or the drain itself)
+
+    async def drain(self, wait: float = DRAIN_WAIT) -> dict:
+        """Stop taking requests, finish the ones under way and their commits, release every kept lease."""
+        self.draining = True
+        sessions = self.sessions
+        deadline = time.monotonic() + wait
+        while self.in_flight or sessions.behind or any(state.lock.locked() for state in sessions.table):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"requests or commits still under way after {wait:g} s")
+            await asyncio.sleep(0.05)
+        released = 0
+        for state in [*sessions.table, *sessions.table.evicted]:
+            lease = state.drop_lease()
+            if lease is not None:
+                await sessions.release(state, lease)
+                released += 1
+        sessions.table.evicted.clear()
+        log.info("drained: %d sessions, %d leases released", len(sessions.table), released)
+        return {"drained": True, "sessions": len(sessions.table), "leases_released": released}
+
+
+async def _answer(send, status: int, body: dict, headers: list[tuple[bytes, bytes]] = ()) -> None:
+    payload = json.dumps(body).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()), *headers]})
+    await send({"type": "http.response.body", "body": payload})
+
+
+def _error(status: int, message: str, code: str, param: str | None = None) -> dict:
+    type_ = "invalid_request_error" if status < 500 else "server_error"
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+class ClusterMiddleware:
+    """ASGI middleware: the routing key as the session, the drain route, readiness and refusals while draining."""
+
+    def __init__(self, app, node: Node, authorize=None):
+        self.app = app
+        self.node = node
+        self.authorize = authorize  # (headers) -> error body or None: the proxy's API keys guard the drain
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        node, path = self.node, scope.get("path", "")
+        if path == DRAIN_PATH and scope["method"] == "POST":
+            refusal = self.authorize(scope["headers"]) if self.authorize else None
+            if refusal is not None:
+                return await _answer(send, 401, refusal)
+            try:
+                return await _answer(send, 200, await node.drain())
+            except TimeoutError as exc:
+                return await _answer(send, 503, _error(503, f"drain incomplete: {exc}", "drain_timeout"))
+        if path == "/health" or path == READY_PATH:
+            if node.draining and path == READY_PATH:
+                return await _answer(send, 503, _error(503, "not ready: this node is draining", "draining"))
+            return await self.app(scope, receive, send)
+        if node.draining:
+            return await _answer(send, 503, _error(503, "this node is draining; retry (the router sends the session to another node)", "draining"),
+                                 [(b"retry-after", b"1")])
+        headers = scope["headers"]
+        key = next((value for name, value in headers if name == ROUTING_KEY_HEADER), None)
+        if key is not None:
+            session = next((value for name, value in headers if name == SESSION_HEADER), None)
+            if session is None:
+                scope = dict(scope, headers=[*headers, (SESSION_HEADER, key)])
+            elif session != key:
+                return await _answer(send, 400, _error(
+                    400, "X-MemT-Session and X-SMG-Routing-Key name different sessions: the router routes by one, the proxy would serve the other",
+                    "invalid_session", "X-SMG-Routing-Key"))
+        node.in_flight += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            node.in_flight -= 1
+
+
+def install(app, sessions, *, api_keys: dict[str, str] | None = None) -> Node:
+    """Make the proxy app a cluster node (see the module docstring); returns the node."""
+    import hmac
+
+    node = Node(sessions)
+
+    def authorize(headers) -> dict | None:
+        if not api_keys:
+            return None
+        value = next((v for n, v in headers if n == b"authorization"), b"").decode("latin-1")
+        scheme, _, token = value.partition(" ")
+        if scheme.lower() == "bearer" and any(hmac.compare_digest(token.strip().encode(), key.encode()) for key in api_keys):
+            return None
+        return _error(401, "invalid API key; send 'Authorization: Bearer <key>'", "invalid_api_key")
+
+    app.add_middleware(ClusterMiddleware, node=node, authorize=authorize)
+    app.state.cluster_node = node
+    return node

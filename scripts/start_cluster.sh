@@ -1,0 +1,85 @@
+#!/bin/bash
+# Start a MemT cluster on this machine: Redis (session ownership), one shared snapshot store, N core+proxy
+# pairs, and SMG in front routing each session to one pair (consistent hashing on X-SMG-Routing-Key).
+# Ctrl-C (or SIGTERM) stops everything it started.
+#
+#   bash scripts/start_cluster.sh [N] [CHECKPOINT_DIR]
+#
+# Clients send the session as `X-SMG-Routing-Key: <id>` (SMG hashes it and forwards it; the proxies run
+# with --cluster and take it as the session). Environment:
+#   MEMT_PYTHON          the project's .venv/bin/python, else python3
+#   MEMT_CLUSTER_DIR     ./memt-cluster: snapshot store, proxy records, per-node state, logs
+#   MEMT_CLUSTER_PORT    8000: SMG's port (the OpenAI API is at http://127.0.0.1:$MEMT_CLUSTER_PORT/v1)
+#   MEMT_CORE_PORT       30000: core i listens on MEMT_CORE_PORT+i, proxy i on MEMT_PROXY_PORT+i
+#   MEMT_PROXY_PORT      8100
+#   MEMT_REDIS_PORT      6390
+#   MEMT_OWNERSHIP_TTL   10: seconds a dead node's sessions stay owned before another node takes them
+#   MEMT_CORE_ARGS       extra python -m memt_core.launch arguments (e.g. "--device cuda:0")
+set -euo pipefail
+
+N=${1:-3}
+MODEL=${2:-}
+. "$(dirname -- "$0")/lib/python.sh"
+PY=$MEMT_PYTHON
+SMG=$(dirname -- "$PY")/smg
+[ -x "$SMG" ] || SMG=$(command -v smg || true)
+if [ -z "$SMG" ]; then echo "smg is not installed: pip install 'memt-serve[cluster]'" >&2; exit 2; fi
+if ! command -v redis-server >/dev/null; then echo "redis-server is not installed: apt-get install redis-server (scripts/setup.sh)" >&2; exit 2; fi
+
+DIR=${MEMT_CLUSTER_DIR:-./memt-cluster}
+PORT=${MEMT_CLUSTER_PORT:-8000}
+CORE_PORT=${MEMT_CORE_PORT:-30000}
+PROXY_PORT=${MEMT_PROXY_PORT:-8100}
+REDIS_PORT=${MEMT_REDIS_PORT:-6390}
+TTL=${MEMT_OWNERSHIP_TTL:-10}
+mkdir -p "$DIR/store" "$DIR/records" "$DIR/logs"
+MODEL_ARGS=()
+[ -n "$MODEL" ] && MODEL_ARGS=(--model-path "$MODEL")
+
+PIDS=()
+stop() {
+    trap - INT TERM EXIT
+    echo "stopping the cluster"
+    for ((i=${#PIDS[@]}-1; i>=0; i--)); do kill "${PIDS[i]}" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+}
+trap stop INT TERM EXIT
+
+wait_for() {  # URL NAME: until it answers (its state), or give up after 300 s
+    for _ in $(seq 600); do
+        curl -sf -o /dev/null "$1" && return 0
+        sleep 0.5
+    done
+    echo "$2 did not start; see $DIR/logs" >&2
+    exit 1
+}
+
+redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no --dir "$DIR" >"$DIR/logs/redis.log" 2>&1 &
+PIDS+=($!)
+REDIS="redis://127.0.0.1:$REDIS_PORT/0"
+
+WORKERS=()
+for ((i=0; i<N; i++)); do
+    cport=$((CORE_PORT+i)); pport=$((PROXY_PORT+i))
+    # shellcheck disable=SC2086
+    "$PY" -m memt_core.launch "${MODEL_ARGS[@]}" --host 127.0.0.1 --port "$cport" \
+        --state-directory "$DIR/node$i" --snapshot-store "$DIR/store" \
+        --ownership "$REDIS" --ownership-ttl "$TTL" --node-id "node$i" ${MEMT_CORE_ARGS:-} >"$DIR/logs/core$i.log" 2>&1 &
+    PIDS+=($!)
+    wait_for "http://127.0.0.1:$cport/health" "core $i"
+    "$PY" -m memt_proxy "${MODEL_ARGS[@]}" --upstream "http://127.0.0.1:$cport" --host 127.0.0.1 --port "$pport" \
+        --state-directory "$DIR/node$i-proxy" --records-directory "$DIR/records" --cluster >"$DIR/logs/proxy$i.log" 2>&1 &
+    PIDS+=($!)
+    wait_for "http://127.0.0.1:$pport/health/ready" "proxy $i"
+    WORKERS+=("http://127.0.0.1:$pport")
+done
+
+"$SMG" launch --host 127.0.0.1 --port "$PORT" --prometheus-host 127.0.0.1 --prometheus-port $((PORT+1)) \
+    --policy consistent_hashing --worker-urls "${WORKERS[@]}" \
+    --health-check-endpoint /health/ready --health-check-interval-secs 2 --health-failure-threshold 2 \
+    --shutdown-grace-period-secs 5 --log-level warn >"$DIR/logs/smg.log" 2>&1 &
+PIDS+=($!)
+wait_for "http://127.0.0.1:$PORT/v1/models" "SMG"
+echo "MemT cluster: $N nodes behind SMG at http://127.0.0.1:$PORT/v1 (send X-SMG-Routing-Key: <session>); Ctrl-C stops it"
+wait || true
+echo "a process of the cluster exited; see $DIR/logs" >&2
