@@ -2,10 +2,27 @@
 
 ``parse(text)`` splits a complete output; ``stream()`` returns an incremental parser that is fed the
 cumulative text and yields deltas. Reassembling the deltas gives exactly what ``parse`` returns (the
-tests hold them to that). Text that could still become a tag is held back until it is decided.
+tests hold them to that, also on adversarial outputs). Text that could still become a tag is held back
+until it is decided.
 
 * Nano (ChatML): ``<think>…</think>`` reasoning, ``<tool_call>{"name", "arguments"}</tool_call>`` calls.
 * Flash (DeepSeek-V4 style): reasoning ends at ``</think>``; calls in a ``<｜DSML｜tool_calls>`` block.
+
+Clean outputs: markup is never content, and never reasoning either. The rules, for any output:
+
+* A reasoning block (the output's start in thinking mode, or ``<think>`` … ``</think>`` anywhere in the
+  answer) is reasoning; blocks after the first are appended to it after a blank line. An unclosed block
+  runs to the end of the output.
+* A call block whose body is a well-formed call is a tool call. A malformed one (not the family's call
+  grammar), one opened again before it closes, or one still open at the end of the output is reported as
+  its body's text without the markup (nothing when the body is empty). Text inside a call block is never
+  reasoning.
+* Stray tags (a ``</think>`` or ``</tool_call>`` with nothing open; Flash's ``<｜DSML｜``/``</｜DSML｜``
+  markers) are removed from content and reasoning, repeatedly, so that removing one never leaves a new one
+  (an answer's ``<thi</think>nk>`` leaves nothing, not ``<think>``). A fragment of a tag just before a tool call or a reasoning block is dropped.
+* ``Parsed.text`` is the output as it may be committed to memory: the reasoning block it opens with and its
+  well-formed calls in their own markup, the content as returned, and nothing else (no later reasoning
+  block, no stray or malformed markup). It equals the output whenever the output is clean.
 
 Each family (:mod:`memt_core.families`) names its parser class; ``parser_for`` asks the registry.
 """
@@ -35,6 +52,7 @@ class Parsed:
     content: str
     reasoning: str | None
     tool_calls: list[ToolCall]
+    text: str = ""  # the output as it may be committed (see the module's docstring); "" when not parsed from text
 
 
 @dataclass
@@ -54,6 +72,9 @@ class OutputParser:
     think_close = "</think>"
     call_open: str
     call_close: str
+    # strings never left in content or reasoning; each starts with "<" and has no other "<", so that no two
+    # overlap and removing them repeatedly has one result, whatever the order (the stream relies on it)
+    markup: tuple[str, ...]
 
     def __init__(self, family: str):
         self.family = family  # public name of the family this parser serves
@@ -62,57 +83,17 @@ class OutputParser:
         """Tool calls in the text between ``call_open`` and ``call_close``; None if malformed."""
         raise NotImplementedError
 
-    def _split(self, text: str, *, thinking: bool, final: bool) -> tuple[str | None, list[tuple[str, str]]]:
-        """(reasoning or None, segments): ("content", text) and ("calls", block) pieces in order.
-
-        ``thinking``: the prompt opened a reasoning block, so the output starts inside it. When not
-        ``final``, whatever could still turn into a tag at the end is left out (undecided).
-        """
-        reasoning = None
-        rest = text
-        if not final and _is_prefix(text, self.think_open):
-            return None, []  # could still become the opening tag (in thinking mode too)
-        if thinking or text.startswith(self.think_open):
-            body = text[len(self.think_open):] if text.startswith(self.think_open) else text
-            if self.think_close not in body:
-                return (body if final else hold_partial(body, (self.think_close,))), []
-            reasoning, rest = body.split(self.think_close, 1)
-        segments: list[tuple[str, str]] = []
-        while rest:
-            at = rest.find(self.call_open)
-            if at < 0:
-                piece = rest if final else hold_partial(rest, (self.call_open,))
-                if piece:
-                    segments.append(("content", piece))
-                break
-            if at:
-                segments.append(("content", rest[:at]))
-            end = rest.find(self.call_close, at)
-            if end < 0:
-                if final:
-                    segments.append(("content", rest[at:]))  # an unterminated call block stays plain text
-                break
-            segments.append(("calls", rest[at + len(self.call_open): end]))
-            rest = rest[end + len(self.call_close):]
-        return reasoning, segments
-
-    def _assemble(self, segments: list[tuple[str, str]]) -> tuple[str, list[ToolCall]]:
-        """Content text and tool calls of complete segments; a malformed call block counts as text."""
-        content, calls = [], []
-        for kind, piece in segments:
-            parsed = self._calls(piece) if kind == "calls" else None
-            if kind == "content":
-                content.append(piece)
-            elif parsed is None:
-                content.append(self.call_open + piece + self.call_close)
-            else:
-                calls.extend(parsed)
-        return "".join(content), calls
+    def _loose(self, block: str) -> str:
+        """The text of a call block that is not a well-formed call (its markup is removed later)."""
+        return block
 
     def parse(self, text: str, *, thinking: bool = False) -> Parsed:
-        reasoning, segments = self._split(text, thinking=thinking, final=True)
-        content, calls = self._assemble(segments)
-        return Parsed(content=content.strip(), reasoning=None if reasoning is None else reasoning.strip(), tool_calls=calls)
+        """``text``, a complete output: ``thinking`` says the prompt opened a reasoning block."""
+        stream = StreamParser(self, thinking=thinking, keep=True)
+        deltas = stream.finish(text)
+        reasoning = "".join(d.text for d in deltas if d.kind == "reasoning")
+        content = "".join(d.text for d in deltas if d.kind == "content")
+        return Parsed(content=content, reasoning=reasoning if stream.reasoned else None, tool_calls=stream.calls, text="".join(stream.kept))
 
     def stream(self, *, thinking: bool = False) -> "StreamParser":
         return StreamParser(self, thinking=thinking)
@@ -123,89 +104,163 @@ class StreamParser:
 
     Incremental: each feed searches only text it has not searched before and slices only the part not
     yet turned into deltas, so a long answer costs work proportional to its length, not its square.
-    ``OutputParser.parse`` is the reference; reassembled deltas equal what it returns.
+    ``OutputParser.parse`` is this parser fed the whole output at once.
     """
 
-    def __init__(self, parser: OutputParser, *, thinking: bool):
+    def __init__(self, parser: OutputParser, *, thinking: bool, keep: bool = False):
         self.parser = parser
         self.thinking = thinking
-        self._reasoning = _Trimmed()
-        self._content = _Trimmed()
         self.calls: list[ToolCall] = []
-        self._phase = "start"  # start (reasoning undecided) → reasoning → body
-        self._pos = 0  # text before this is already in deltas (or held in a _Trimmed)
-        self._searched = 0  # the tag being looked for does not start before this
-        self._block: int | None = None  # where an unclosed tool-call block opens
+        self.reasoned = thinking  # a reasoning block was opened (parse's reasoning is then not None)
+        self.kept: list[str] = []  # with ``keep``: the pieces of ``Parsed.text``
+        self._keep = keep
+        self._reasoning, self._content = _Trimmed(), _Trimmed()
+        self._reasoning_clean, self._content_clean = _Scrubbed(parser.markup), _Scrubbed(parser.markup)
+        self._state = "think" if thinking else "text"  # text, think (inside a reasoning block), call (inside a call block)
+        self._leading = thinking  # the open reasoning block is the output's first thing (kept in Parsed.text)
+        self._begun = False  # the output has had more than whitespace
+        self._pos = 0  # text before this is already in deltas (or held in a _Scrubbed/_Trimmed)
+        self._searched = 0  # the tags being looked for do not start before this
+        self._block = 0  # where the open call block's body starts
 
     def feed(self, text: str, *, final: bool = False) -> list[Delta]:
-        p = self.parser
-        if self._phase == "start":
-            if not final and _is_prefix(text, p.think_open):
-                return []  # could still become the opening tag (in thinking mode too)
-            if self.thinking or text.startswith(p.think_open):
-                self._phase = "reasoning"
-                self._pos = self._searched = len(p.think_open) if text.startswith(p.think_open) else 0
+        p, deltas = self.parser, []
+        while True:
+            if self._state == "think":
+                at, _ = self._find(text, (p.think_close,))
+                if at < 0:
+                    end = len(text) if final else self._pos + len(hold_partial(text[self._pos:], (p.think_close,)))
+                    deltas += self._reason(text[self._pos:end], closed=final)
+                    self._pos = end
+                    break
+                deltas += self._reason(text[self._pos:at], closed=True)
+                if self._leading:
+                    self._keep_piece(p.think_close)
+                self._state, self._leading = "text", False
+                self._pos = self._searched = at + len(p.think_close)
+            elif self._state == "text":
+                at, tag = self._find(text, (p.call_open, p.think_open))
+                if at < 0:
+                    end = len(text) if final else self._pos + len(hold_partial(text[self._pos:], (p.call_open, p.think_open)))
+                    deltas += self._say(text[self._pos:end])
+                    self._pos = end
+                    break
+                deltas += self._say(text[self._pos:at])
+                self._pos = self._searched = at + len(tag)
+                if tag == p.call_open:
+                    self._state, self._block = "call", self._pos
+                    continue
+                deltas += self._say("", drop=True)  # a tag's fragment just before the block is dropped
+                self._state, self._leading, self._begun = "think", not self._begun, True
+                if self._leading:
+                    self._keep_piece(p.think_open)
+                if self.reasoned:  # a later block: a blank line between (dropped if nothing precedes or follows)
+                    deltas += [Delta("reasoning", piece) for piece in self._reasoning.extend("\n\n", False)]
+                self.reasoned = True
             else:
-                self._phase = "body"
-        deltas: list[Delta] = []
-        if self._phase == "reasoning":
-            at = self._find(text, p.think_close)
-            if at < 0:
-                end = len(text) if final else self._pos + len(hold_partial(text[self._pos:], (p.think_close,)))
-                deltas += [Delta("reasoning", piece) for piece in self._reasoning.extend(text[self._pos:end], final)]
-                self._pos = end
-                return deltas + self._close(final)
-            deltas += [Delta("reasoning", piece) for piece in self._reasoning.extend(text[self._pos:at], False)]
-            self._phase = "body"
-            self._pos = self._searched = at + len(p.think_close)
-        return deltas + self._body(text, final) + self._close(final)
+                at, tag = self._find(text, (p.call_close, p.call_open))
+                if at < 0:
+                    if not final:
+                        break
+                    # an unterminated call block: its text without the opening tag
+                    deltas += self._say(p._loose(text[self._block:]))
+                    self._state, self._pos = "text", len(text)
+                    continue
+                block = text[self._block:at]
+                self._pos = self._searched = at + len(tag)
+                if tag == p.call_open:  # opened again before it closed: the earlier block is its text
+                    deltas += self._say(p._loose(block))
+                    self._block = self._pos
+                    continue
+                self._state = "text"
+                calls = p._calls(block)
+                if calls is None:
+                    deltas += self._say(p._loose(block))
+                    continue
+                deltas += self._say("", drop=True)  # a tag's fragment just before the call is dropped
+                self._begun = True
+                self._keep_piece(p.call_open + block + p.call_close)
+                for call in calls:
+                    self.calls.append(call)
+                    deltas.append(Delta("tool_call", index=len(self.calls) - 1, call=call))
+        if final:
+            deltas += self._say("", final=True)
+            self._reasoning.extend("", True)
+            self._content.extend("", True)
+        return deltas
 
     def finish(self, text: str) -> list[Delta]:
         return self.feed(text, final=True)
 
-    def _find(self, text: str, tag: str) -> int:
-        """``tag``'s first place at or after ``_searched`` (a tag may straddle the last search's end)."""
-        at = text.find(tag, self._searched)
-        self._searched = max(self._searched, len(text) - len(tag) + 1) if at < 0 else at
-        return at
+    def _find(self, text: str, tags: tuple[str, ...]) -> tuple[int, str]:
+        """The first of ``tags`` at or after ``_searched`` as (place, tag), or (-1, "") (a tag may
+        straddle the last search's end)."""
+        best, found = -1, ""
+        for tag in tags:
+            at = text.find(tag, self._searched)
+            if at >= 0 and (best < 0 or at < best):
+                best, found = at, tag
+        if best < 0:
+            self._searched = max(self._searched, len(text) - max(map(len, tags)) + 1)
+        return best, found
 
-    def _body(self, text: str, final: bool) -> list[Delta]:
-        p, deltas = self.parser, []
-        while True:
-            if self._block is None:
-                at = self._find(text, p.call_open)
-                if at < 0:
-                    end = len(text) if final else self._pos + len(hold_partial(text[self._pos:], (p.call_open,)))
-                    deltas += self._text(text[self._pos:end])
-                    self._pos = end
-                    return deltas
-                deltas += self._text(text[self._pos:at])
-                self._block = self._pos = at
-                self._searched = at + len(p.call_open)
-            end = self._find(text, p.call_close)
-            if end < 0:
-                if final:  # an unterminated call block stays plain text
-                    deltas += self._text(text[self._block:])
-                    self._pos, self._block = len(text), None
-                return deltas
-            block = text[self._block + len(p.call_open): end]
-            calls = p._calls(block)
-            if calls is None:  # a malformed call block counts as text
-                deltas += self._text(p.call_open + block + p.call_close)
-            for call in calls or ():
-                self.calls.append(call)
-                deltas.append(Delta("tool_call", index=len(self.calls) - 1, call=call))
-            self._pos = self._searched = end + len(p.call_close)
-            self._block = None
+    def _keep_piece(self, piece: str) -> None:
+        if self._keep and piece:
+            self.kept.append(piece)
 
-    def _text(self, piece: str) -> list[Delta]:
-        return [Delta("content", text) for text in self._content.extend(piece, False)]
+    def _say(self, piece: str, *, final: bool = False, drop: bool = False) -> list[Delta]:
+        clean = self._content_clean.extend(piece, final=final, drop=drop)
+        self._keep_piece(clean)
+        self._begun = self._begun or bool(clean.strip())
+        return [Delta("content", text) for text in self._content.extend(clean, False)]
 
-    def _close(self, final: bool) -> list[Delta]:
-        if final:
-            self._reasoning.extend("", True)
-            self._content.extend("", True)
-        return []
+    def _reason(self, piece: str, *, closed: bool) -> list[Delta]:
+        clean = self._reasoning_clean.extend(piece, final=closed)
+        if self._leading:
+            self._keep_piece(clean)
+        return [Delta("reasoning", text) for text in self._reasoning.extend(clean, False)]
+
+
+class _Scrubbed:
+    """A text given piece by piece with every ``markup`` string removed, repeatedly: removing one may join
+    two fragments into another, which goes too. What a later piece could still join into markup is held
+    back; ``final`` lets it out, ``drop`` drops it (the text is cut there)."""
+
+    def __init__(self, markup: tuple[str, ...]):
+        assert all(m.count("<") == 1 and m.startswith("<") for m in markup)
+        self.markup = markup
+        self.ends = {m[-1] for m in markup}
+        self.held: list[str] = []  # characters not let out yet; removals happen only inside them
+
+    def extend(self, piece: str, *, final: bool = False, drop: bool = False) -> str:
+        held = self.held
+        for ch in piece:
+            held.append(ch)
+            if ch in self.ends:
+                for m in self.markup:
+                    if len(held) >= len(m) and "".join(held[-len(m):]) == m:
+                        del held[-len(m):]
+                        break
+        if final or drop:
+            out = "" if drop and not final else "".join(held)
+            held.clear()
+            return out
+        cut = len(held)  # let out all but a tail that could still become markup (itself or once a tag in it goes)
+        while cut:
+            start = _last(held, "<", cut)
+            if start < 0 or not any(m.startswith("".join(held[start:cut])) and len(m) > cut - start for m in self.markup):
+                break
+            cut = start
+        out = "".join(held[:cut])
+        del held[:cut]
+        return out
+
+
+def _last(chars: list[str], ch: str, end: int) -> int:
+    for i in range(end - 1, -1, -1):
+        if chars[i] == ch:
+            return i
+    return -1
 
 
 class _Trimmed:
@@ -230,10 +285,6 @@ class _Trimmed:
         return [core] if core else []
 
 
-def _is_prefix(text: str, tag: str) -> bool:
-    return len(text) < len(tag) and tag.startswith(text)
-
-
 def hold_partial(text: str, tags: tuple[str, ...]) -> str:
     """Drop a trailing part of ``text`` that could be the start of one of ``tags``."""
     cut = len(text)
@@ -250,6 +301,7 @@ class NanoParser(OutputParser):
 
     call_open = "<tool_call>"
     call_close = "</tool_call>"
+    markup = ("<think>", "</think>", "<tool_call>", "</tool_call>")
 
     def _calls(self, block: str) -> list[ToolCall] | None:
         try:
@@ -270,6 +322,7 @@ class NanoParser(OutputParser):
 DSML = "｜DSML｜"
 _INVOKE = re.compile(rf'<{DSML}invoke name="([^"]+)">(.*?)</{DSML}invoke>', re.S)
 _PARAMETER = re.compile(rf'<{DSML}parameter name="([^"]+)" string="(true|false)">(.*?)</{DSML}parameter>', re.S)
+_DSML_TAG = re.compile(rf"</?{DSML}[^<>]*>")
 
 
 class FlashParser(OutputParser):
@@ -277,6 +330,7 @@ class FlashParser(OutputParser):
 
     call_open = f"<{DSML}tool_calls>"
     call_close = f"</{DSML}tool_calls>"
+    markup = ("<think>", "</think>", f"<{DSML}", f"</{DSML}")  # any DSML element's tag loses its marker at least
 
     def _calls(self, block: str) -> list[ToolCall] | None:
         calls = []
@@ -292,6 +346,10 @@ class FlashParser(OutputParser):
                         return None
             calls.append(ToolCall(name=name, arguments=json.dumps(arguments, ensure_ascii=False)))
         return calls or None
+
+    def _loose(self, block: str) -> str:
+        """Its text with whole DSML tags (invoke, parameter) taken out."""
+        return _DSML_TAG.sub("", block)
 
 
 def parser_for(family: str) -> OutputParser:

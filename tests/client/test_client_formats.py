@@ -123,9 +123,10 @@ def test_nano_parser_results():
     # thinking mode: output starts inside the reasoning block
     assert parser.parse("still thinking", thinking=True).reasoning == "still thinking"
     assert parser.parse("still thinking", thinking=True).content == ""
-    # malformed and unterminated calls stay text
-    assert parser.parse("x <tool_call>{oops}</tool_call>").content == "x <tool_call>{oops}</tool_call>"
+    # malformed and unterminated calls are their text without the markup
+    assert parser.parse("x <tool_call>{oops}</tool_call>").content == "x {oops}"
     assert parser.parse("x <tool_call>{").tool_calls == []
+    assert parser.parse("x <tool_call>{").content == "x {"
 
 
 def test_flash_parser_results():
