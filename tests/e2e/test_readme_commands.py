@@ -339,3 +339,18 @@ def test_document_runs_line_by_line(document, tmp_path):
     assert reader.ran, f"{document}: nothing ran"
     unmatched = [key for key in EXPECTED[document] if not any(key in what for what in reader.ran)]
     assert not unmatched, f"{document}: expected outputs whose command or snippet is no longer there: {unmatched}"
+
+
+@pytest.mark.parametrize(("script", "args", "printed"), [
+    ("scripts/start_memt_nano.sh", [BUNDLED, "--dry-run"], '"checkpoint_id": "memt-tiny-demo"'),
+    ("scripts/start_memt_flash.sh", [BUNDLED, "--help"], "usage: python -m memt_core.launch"),  # its settings need a real Flash
+    ("scripts/start_proxy.sh", ["--help"], "usage: python -m memt_proxy"),
+])
+def test_start_scripts_find_the_venv(script, args, printed, tmp_path):
+    """The README's start scripts run from a shell without the venv on PATH and without MEMT_PYTHON (issue 16)."""
+    env = clean_path_env()
+    env.pop("MEMT_PYTHON", None)
+    env["MEMT_STATE_DIRECTORY"] = str(tmp_path / "state")
+    done = subprocess.run(["sh", script, *args], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert printed in done.stdout, done.stdout[-2000:]
