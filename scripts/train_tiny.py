@@ -52,6 +52,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log-every", type=int, default=defaults.log_every, help="steps between progress lines")
     parser.add_argument("--time-limit-min", type=float, default=None,
                         help="safety stop: save and stop after this many minutes even if steps remain")
+    parser.add_argument("--schedule-by-time", action="store_true",
+                        help="with --time-limit-min: the curriculum and the learning-rate decay follow the larger of the "
+                             "step and the time fraction, so a slow (shared) machine still completes them in time; "
+                             "the log records the steps reached")
     parser.add_argument("--warm-up", type=float, default=0.2, help="fraction of training on single facts (curriculum)")
     parser.add_argument("--full-mix", type=float, default=0.5, help="fraction of training where the full mix is reached")
     shape = defaults.shape
@@ -90,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     def mix_for(progress: float) -> Mix:
         return Mix.curriculum(progress, warm=args.warm_up, full=args.full_mix)
 
-    train(config, args.out, log=log, mix_for=mix_for, time_limit_s=args.time_limit_min * 60 if args.time_limit_min else None)
+    train(config, args.out, log=log, mix_for=mix_for, time_limit_s=args.time_limit_min * 60 if args.time_limit_min else None,
+          schedule_by_time=args.schedule_by_time)
     minutes = (time.time() - started) / 60
     size = sum(p.stat().st_size for p in args.out.iterdir() if p.is_file())
     print(f"trained in {minutes:.1f} min; checkpoint {args.out} ({size / 1e6:.1f} MB)", flush=True)

@@ -280,12 +280,19 @@ def episode_loss(model: MemTForCausalLM, batch: list[TokenEpisode]) -> tuple[tor
 # The loop
 
 
-def lr_at(step: int, config: TrainConfig) -> float:
-    """Linear warm-up, constant until ``decay_from`` of training, then cosine down to ``min_lr_ratio``."""
+def lr_at(step: int, config: TrainConfig, progress: float | None = None) -> float:
+    """Linear warm-up, constant until ``decay_from`` of training, then cosine down to ``min_lr_ratio``.
+
+    ``progress`` (a fraction of training) replaces ``step / steps`` for the decay when training is
+    scheduled by time (see :func:`train`).
+    """
     if step < config.warmup:
         return config.lr * (step + 1) / config.warmup
-    start = max(config.warmup, int(config.decay_from * config.steps))
-    progress = max(0.0, (step - start) / max(1, config.steps - start))
+    if progress is None:
+        start = max(config.warmup, int(config.decay_from * config.steps))
+        progress = max(0.0, (step - start) / max(1, config.steps - start))
+    else:
+        progress = max(0.0, (progress - config.decay_from) / max(1e-9, 1.0 - config.decay_from))
     cosine = 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
     return config.lr * (config.min_lr_ratio + (1 - config.min_lr_ratio) * cosine)
 
@@ -297,11 +304,17 @@ def train(
     log: Callable[[str], None] = print,
     mix_for: Callable[[float], Mix] = Mix.curriculum,
     time_limit_s: float | None = None,
+    schedule_by_time: bool = False,
 ) -> MemTForCausalLM:
     """Train a demo model into ``directory`` (tokenizer + config.json + BF16 weights); returns it (FP32).
 
     ``mix_for(progress)`` gives the data mix at each fraction of training: by default
-    :meth:`Mix.curriculum`, a warm-up on single facts, then a blend to the full mix.
+    :meth:`Mix.curriculum`, a warm-up on single facts, then a blend to the full mix. Training stops
+    after ``config.steps`` or, with ``time_limit_s``, when that many seconds have passed. With
+    ``schedule_by_time`` the progress that drives the mix and the learning-rate decay is the larger of
+    the step fraction and the time fraction, so a machine slower than expected still completes the
+    curriculum and the decay before the time limit (on a fast machine the steps bind and the run is
+    reproducible step for step; on a slow one it depends on its speed: the log records the steps reached).
     """
     from transformers import PreTrainedTokenizerFast
 
@@ -327,12 +340,21 @@ def train(
         lr=config.lr, betas=(0.9, 0.98),
     )
     window_loss, window_tokens, window_exact, window_values = [], 0, defaultdict(list), defaultdict(list)
-    window_start = time.time()
+    window_start = loop_start = time.time()
+    budget = None if time_limit_s is None else max(1.0, time_limit_s - (loop_start - started))
+
+    def progress_at(step: int) -> float:
+        fraction = step / config.steps
+        if schedule_by_time and budget is not None:
+            fraction = max(fraction, (time.time() - loop_start) / budget)
+        return min(1.0, fraction)
+
     for step in range(config.steps):
-        mix = mix_for(step / config.steps)
+        progress = progress_at(step)
+        mix = mix_for(progress)
         batch = [fmt.episode(sampler.sample(mix), chunk, reply_weight=config.reply_weight) for _ in range(config.batch_size)]
         for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, config)
+            group["lr"] = lr_at(step, config, progress if schedule_by_time else None)
         loss, stats = episode_loss(model, batch)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -352,13 +374,13 @@ def train(
             )
             log(
                 f"step {step + 1}/{config.steps} loss {sum(window_loss) / len(window_loss):.3f} "
-                f"lr {lr_at(step, config):.2e} {window_tokens / elapsed:.0f} tok/s "
+                f"lr {lr_at(step, config, progress if schedule_by_time else None):.2e} {window_tokens / elapsed:.0f} tok/s "
                 f"t={time.time() - started:.0f}s | exact/values {kinds}"
             )
             window_loss, window_tokens, window_exact, window_values = [], 0, defaultdict(list), defaultdict(list)
             window_start = time.time()
         if time_limit_s is not None and time.time() - started > time_limit_s:
-            log(f"time limit reached at step {step + 1}")
+            log(f"time limit reached at step {step + 1}" + (" (schedule by time: curriculum and decay completed)" if schedule_by_time else ""))
             break
     model.eval()
     save_weights(model, directory)
