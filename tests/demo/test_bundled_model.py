@@ -128,3 +128,14 @@ def test_train_loop_writes_a_loadable_checkpoint(tmp_path):
     assert any(line.startswith("step 2/2") for line in lines)
     model = load_model(tmp_path)
     assert read_checkpoint(tmp_path).model == NANO and model.memory_layers
+
+
+def test_learning_rate_decays_by_step_or_by_the_given_progress():
+    """Scheduled by time, the fraction of training passed in drives the decay, ending at ``min_lr_ratio``."""
+    from memt_core.demo.train import TrainConfig, lr_at
+
+    config = TrainConfig(steps=1000)
+    assert lr_at(400, config) == config.lr and lr_at(999, config) == pytest.approx(config.lr * config.min_lr_ratio, rel=1e-3)
+    # after 100 of 1000 steps, a time-scheduled run that has used its whole budget is fully decayed
+    assert lr_at(100, config, 1.0) == pytest.approx(config.lr * config.min_lr_ratio)
+    assert lr_at(100, config, 0.5) == config.lr and lr_at(100, config, 0.75) < config.lr
