@@ -354,3 +354,48 @@ def test_start_scripts_find_the_venv(script, args, printed, tmp_path):
     done = subprocess.run(["sh", script, *args], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert printed in done.stdout, done.stdout[-2000:]
+
+
+#: Commands quoted in the README's prose that wrap a python script: their flags are that script's.
+WRAPPERS = {"scripts/demo.sh": ["scripts/demo.py"]}
+
+
+def prose_commands() -> list[str]:
+    """The README's inline code spans outside fenced blocks that are python or bash commands."""
+    text = re.sub(r"^```.*?^```", "", (REPO_ROOT / "README.md").read_text(encoding="utf-8"), flags=re.S | re.M)
+    spans = re.findall(r"`([^`]+)`", text)
+    return sorted({" ".join(span.split()) for span in spans if re.match(r"(python|bash) \S", span)})
+
+
+def test_every_command_quoted_in_the_prose_exists_with_its_flags():
+    """Commands named in passing (benchmarks, training, CLI forms) exist and accept the flags quoted with them.
+
+    They are too long to run here (training takes an hour); their ``--help`` answers and lists each
+    flag the README gives them, so a renamed script or flag fails this test.
+    """
+    commands = prose_commands()
+    assert "python scripts/train_tiny.py" in commands, commands  # the parser found the prose
+    helps: dict[tuple[str, ...], str] = {}
+    problems = []
+    for command in commands:
+        words = shlex.split(command.replace("[", " ").replace("]", " "))
+        if words[0] == "python":
+            target = words[1:3] if words[1] == "-m" else words[1:2]
+        elif words[1] in WRAPPERS:
+            target = WRAPPERS[words[1]]
+        else:
+            target = None
+            if not (REPO_ROOT / words[1]).is_file():
+                problems.append(f"{command}: no {words[1]}")
+        flags = [w.split("=")[0] for w in words if w.startswith("--")]
+        if target is None:
+            if flags:
+                problems.append(f"{command}: flags for a script this test cannot ask (add it to WRAPPERS)")
+            continue
+        if tuple(target) not in helps:
+            done = subprocess.run([sys.executable, *target, "--help"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+            helps[tuple(target)] = done.stdout if done.returncode == 0 else ""
+            if done.returncode != 0:
+                problems.append(f"{command}: `{' '.join(target)} --help` exit code {done.returncode}: {done.stderr[-1000:]}")
+        problems += [f"{command}: {' '.join(target)} has no {flag}" for flag in flags if flag not in helps[tuple(target)]]
+    assert not problems, "\n".join(problems)
