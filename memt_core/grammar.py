@@ -1,4 +1,5 @@
-"""Grammar-constrained decoding: JSON schema, regular expression or EBNF, compiled with llguidance.
+"""Grammar-constrained decoding: JSON schema, regular expression or EBNF (GBNF, or llguidance Lark when it
+starts with ``%llguidance``), compiled with llguidance.
 
 ``GrammarCompiler`` wraps one tokenizer (its llguidance view is built once, on first use); ``compile``
 returns a fresh ``Grammar`` per request, the ``TokenConstraint`` the sampler applies: at every step
@@ -23,6 +24,9 @@ import torch
 from memt_core.errors import InvalidRequest
 
 KINDS = ("json_schema", "regex", "ebnf")
+#: An ``ebnf`` source that starts with this is llguidance Lark (``%json {schema}`` rules, ``<[id]>`` tokens),
+#: compiled as it is (vLLM's convention); the proxy composes tool-call grammars that way.
+LARK_MARKER = "%llguidance"
 CLOSING_CHARS = frozenset('"}],')
 CLOSING_WINDOW = 96  # budgets above this many tokens never need closing yet
 
@@ -109,13 +113,13 @@ class GrammarCompiler:
             return self._llg_tokenizer
 
     def _closing_tokens(self, size: int) -> list[torch.Tensor]:
-        """Tiers of closing tokens: those that start with a quote, then brackets only, then with separators."""
+        """Tiers of closing tokens: those that start with a quote, then brackets only, then any with a separator."""
         special = set(self.tokenizer.all_special_ids)
         tiers = [torch.zeros(size, dtype=torch.bool) for _ in range(3)]
         for token in range(min(size, len(self.tokenizer))):
             text = "" if token in special else self.tokenizer.decode([token])
             if text and set(text) <= CLOSING_CHARS:
-                tier = 0 if text.startswith('"') else (1 if "," not in text else 2)
+                tier = 2 if "," in text else (0 if text.startswith('"') else 1)  # a comma opens another item: last
                 tiers[tier][token] = True
         return tiers
 
@@ -129,6 +133,8 @@ class GrammarCompiler:
                 grammar = llguidance.LLMatcher.grammar_from_json_schema(json.loads(source), defaults={"whitespace_flexible": False})
             elif kind == "regex":
                 grammar = llguidance.LLMatcher.grammar_from_regex(source)
+            elif kind == "ebnf" and source.lstrip().startswith(LARK_MARKER):  # llguidance's own Lark dialect, as vLLM takes it
+                grammar = llguidance.LLMatcher.grammar_from_lark(source)
             elif kind == "ebnf":
                 from llguidance.gbnf_to_lark import gbnf_to_lark
 

@@ -2,7 +2,9 @@
 
 Pydantic models only; ``ChatCompletionRequest.validate_semantics`` refuses fields that would change
 the meaning of a request this proxy cannot honour (naming the field), and reports harmless unknown
-fields so the caller can log them.
+fields so the caller can log them. ``output_schema`` reads ``response_format`` (the JSON schema the
+answer must match, or None); ``logprobs_content`` turns the native server's log-probabilities into
+OpenAI's ``logprobs.content`` entries.
 """
 
 from __future__ import annotations
@@ -110,9 +112,14 @@ class ChatCompletionRequest(BaseModel):
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     response_format: dict[str, Any] | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
     logit_bias: dict[str, Any] | None = None
+    # SGLang/vLLM sampling extras, accepted in the body as vLLM does
+    top_k: int | None = Field(default=None, ge=-1, le=MAX_TOKENS_BOUND)
+    min_p: float | None = Field(default=None, ge=0, le=1)
+    repetition_penalty: float | None = Field(default=None, gt=0, le=2)
+    min_tokens: int | None = Field(default=None, ge=0, le=MAX_TOKENS_BOUND)
     modalities: list[str] | None = None
     audio: dict[str, Any] | None = None
     functions: list[Any] | None = None
@@ -121,17 +128,19 @@ class ChatCompletionRequest(BaseModel):
 
     def validate_semantics(self) -> list[str]:
         """Refuse what cannot be honoured; return the names of ignored unknown fields."""
-        if self.n not in (None, 1):
-            raise ProxyError(400, "n > 1 is not supported: one choice per request", param="n", code="unsupported_parameter")
-        if self.logprobs or self.top_logprobs:
-            raise ProxyError(400, "logprobs are not supported by MemT serve", param="logprobs" if self.logprobs else "top_logprobs", code="unsupported_parameter")
-        if self.response_format and self.response_format.get("type") not in (None, "text"):
-            raise ProxyError(400, f"response_format {self.response_format.get('type')!r} is not supported; only 'text'", param="response_format", code="unsupported_parameter")
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name):
-                raise ProxyError(400, f"{name} is not supported", param=name, code="unsupported_parameter")
-        if self.logit_bias:
-            raise ProxyError(400, "logit_bias is not supported", param="logit_bias", code="unsupported_parameter")
+        if self.top_logprobs and not self.logprobs:
+            raise ProxyError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+        if self.top_k == 0:
+            raise ProxyError(400, "top_k must be -1 (no limit) or a positive integer", param="top_k")
+        self.output_schema()  # raises on a malformed response_format
+        for key, value in (self.logit_bias or {}).items():
+            if not (key.isascii() and key.isdigit()):
+                raise ProxyError(400, f"logit_bias keys must be token ids (as strings), got {key[:40]!r}", param="logit_bias")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not -100 <= value <= 100:
+                raise ProxyError(400, f"logit_bias[{key!r}] must be a number in [-100, 100]", param="logit_bias")
+        stops = [self.stop] if isinstance(self.stop, str) else self.stop or []
+        if not all(stops):
+            raise ProxyError(400, "stop strings must be nonempty", param="stop")
         if self.modalities and any(m != "text" for m in self.modalities) or self.audio:
             raise ProxyError(400, "audio output is not supported; text only", param="modalities" if self.modalities else "audio", code="unsupported_parameter")
         if self.functions or self.function_call:
@@ -162,6 +171,52 @@ class ChatCompletionRequest(BaseModel):
     def max_new_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
 
+    def output_schema(self) -> dict | None:
+        """The JSON schema ``response_format`` asks the answer to match (``json_object``: any object), or None."""
+        return output_schema(self.response_format, "response_format")
+
+
+def output_schema(format: Any, param: str, *, flat: bool = False) -> dict | None:
+    """The schema of an OpenAI response format: ``{"type": "json_schema", "json_schema": {"name", "schema",
+    "strict"}}`` (Responses: ``flat``, the schema beside the type), ``{"type": "json_object"}`` → any
+    object, ``{"type": "text"}`` or None → None. A malformed format is a 400 naming ``param``."""
+    if format is None:
+        return None
+    if not isinstance(format, dict):
+        raise ProxyError(400, f"{param} must be an object such as {{'type': 'json_schema', ...}}", param=param)
+    kind = format.get("type")
+    if kind in (None, "text"):
+        return None
+    if kind == "json_object":
+        return {"type": "object"}
+    if kind != "json_schema":
+        raise ProxyError(400, f"{param} type {str(kind)[:40]!r} is not supported; use 'text', 'json_object' or 'json_schema'", param=param, code="unsupported_parameter")
+    spec = format if flat else format.get("json_schema")
+    if not isinstance(spec, dict):
+        raise ProxyError(400, f"{param}.json_schema must be an object with 'name' and 'schema'", param=param)
+    schema = spec.get("schema", {})
+    if not isinstance(schema, dict):
+        raise ProxyError(400, f"{param} schema must be a JSON schema object", param=param)
+    return schema or {"type": "object"}
+
+
+def logprobs_content(meta: dict, start: int = 0) -> list[dict]:
+    """OpenAI ``logprobs.content`` entries for the native ``output_token_logprobs`` /
+    ``output_top_logprobs`` (``[logprob, token id, text]`` each) from output token ``start`` on."""
+    def entry(item: list) -> dict:
+        logprob, _, text = item
+        text = text or ""
+        return {"token": text, "logprob": logprob if logprob is not None else float("-inf"), "bytes": list(text.encode("utf-8"))}
+
+    tokens = meta.get("output_token_logprobs") or []
+    tops = meta.get("output_top_logprobs") or []
+    out = []
+    for index in range(start, len(tokens)):
+        item = entry(tokens[index])
+        item["top_logprobs"] = [entry(alt) for alt in tops[index]] if index < len(tops) else []
+        out.append(item)
+    return out
+
 
 def text_of(content: str | list[ContentPart] | list[dict] | None) -> str:
     """The text of a message's content (a string or text parts)."""
@@ -183,20 +238,30 @@ def completion_id() -> str:
     return f"chatcmpl-{uuid.uuid4().hex}"
 
 
-def response_body(*, id: str, model: str, message: dict, finish_reason: str, usage: Usage) -> dict:
+def choice(index: int, message: dict, finish_reason: str, logprobs: list[dict] | None = None) -> dict:
+    """One ``choices[i]`` of a chat.completion (``logprobs``: the ``content`` entries, when asked for)."""
+    return {"index": index, "message": message, "finish_reason": finish_reason, "logprobs": None if logprobs is None else {"content": logprobs, "refusal": None}}
+
+
+def response_body(*, id: str, model: str, usage: Usage, message: dict | None = None, finish_reason: str = "stop", choices: list[dict] | None = None) -> dict:
+    """A chat.completion: one choice (``message``, ``finish_reason``) or the given ``choices``."""
     return {
         "id": id,
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [{"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": None}],
+        "choices": choices if choices is not None else [choice(0, message, finish_reason)],
         "usage": usage.model_dump(),
     }
 
 
-def chunk_body(*, id: str, model: str, created: int, delta: dict | None, finish_reason: str | None = None, usage: Usage | None = None) -> dict:
+def chunk_body(
+    *, id: str, model: str, created: int, delta: dict | None, finish_reason: str | None = None, usage: Usage | None = None,
+    index: int = 0, logprobs: list[dict] | None = None,
+) -> dict:
     body: dict[str, Any] = {"id": id, "object": "chat.completion.chunk", "created": created, "model": model}
-    body["choices"] = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}]
+    lp = None if logprobs is None else {"content": logprobs, "refusal": None}
+    body["choices"] = [] if delta is None else [{"index": index, "delta": delta, "finish_reason": finish_reason, "logprobs": lp}]
     if usage is not None:
         body["usage"] = usage.model_dump()
     return body

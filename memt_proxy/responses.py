@@ -19,6 +19,9 @@ that calls functions leaves its turn pending in the session (exact token ids), a
 ``function_call_output`` items that answer it continue that turn; a response cut by
 ``max_output_tokens`` is not committed: its messages are sent with the next input. Usage
 ``input_tokens`` is the prompt the model read, so the constant cost of memory shows in it.
+
+``text.format`` json_schema / json_object and forced function calls are grammars as on Chat
+Completions (``memt_proxy.structured``); ``on_usage`` is ``ChatService.on_usage``'s contract here.
 """
 
 from __future__ import annotations
@@ -38,7 +41,9 @@ from memt_proxy.responses_protocol import (
     ConversationRequest, Events, InputItems, ResponseRequest, conversation_object, function_call_item, item_list,
     item_messages, message_item, new_id, reasoning_item, response_object, usage,
 )
+from memt_proxy.serving import MemoryTokens, RawStream, no_usage
 from memt_proxy.sessions import HeldSession, PendingTurn, Sessions
+from memt_proxy.structured import structure
 from memt_proxy.transcript import message_hash
 
 log = logging.getLogger("memt.proxy")
@@ -63,6 +68,8 @@ class Plan:
     prefix: str = ""
     thinking: bool = False
     sampling: dict = field(default_factory=dict)
+    raw: bool = False  # the answer is structured JSON, returned as it is (no markup to parse)
+    saved: int = 0  # prompt tokens memory spared this request
     started: bool = False  # streams: the response began
 
 
@@ -80,6 +87,8 @@ class ResponsesService:
         self.model_names = model_names
         self.default_thinking = default_thinking
         self.snapshots_per_chain = snapshots_per_chain
+        self.on_usage = no_usage  # as ChatService.on_usage: once per finished response
+        self.memory_tokens = MemoryTokens()
 
     # ------------------------------------------------------------------ POST /v1/responses
 
@@ -149,6 +158,7 @@ class ResponsesService:
                 await self._confirm(held, thread)
             plan = self._plan(request, tenant, items, thread, thread.uncommitted, thread.calls, state.pending)
             plan.base_version = state.version
+            plan.saved = self.memory_tokens.held(state)
             if request.stream:
                 handed_off = True  # the stream lets the session go when it ends
                 asyncio.get_running_loop().call_later(STREAM_START_TIMEOUT, self._unstarted, plan, hold)
@@ -186,10 +196,17 @@ class ResponsesService:
         plan = Plan(request, tenant, items, thread)
         tools = request.chat_tools()
         plan.thinking = self._thinking(request)
+        named = request.tool_choice["name"] if tools and isinstance(request.tool_choice, dict) else None
         if tools and request.tool_choice == "required":
             plan.prefix = self.chat_format.tool_call_prefix()
-        elif tools and isinstance(request.tool_choice, dict):
-            plan.prefix = self.chat_format.tool_call_prefix(request.tool_choice["name"])
+        elif named is not None:
+            plan.prefix = self.chat_format.tool_call_prefix(named)
+        grammar = structure(
+            self.chat_format, schema=request.output_schema(), schema_param="text.format", tools=tools, tools_param="tools",
+            forced=bool(tools) and (request.tool_choice == "required" or named is not None), name=named,
+        )
+        if grammar is not None:
+            plan.thinking, plan.raw = False, grammar.raw  # the grammar starts at the answer
         echoed = set(calls)  # an app may resend the function calls it answers (the Agents SDK may): already known
         new = item_messages([item for item in items if not (item["type"] == "function_call" and item["call_id"] in echoed)])
         answered = {m["tool_call_id"] for m in new if m["role"] == "tool"}
@@ -204,7 +221,7 @@ class ResponsesService:
             # function results continue the pending turn (the one recorded for these calls) from the model's exact tokens
             results = [{"tool_call_id": m["tool_call_id"], "content": m["content"]} for m in new]
             plan.turn_ids = pending.ids + self.chat_format.tool_results_ids(results, enable_thinking=pending.thinking)
-            plan.thinking = pending.thinking
+            plan.thinking = pending.thinking and grammar is None
         else:
             plan.turn_ids = self.chat_format.open_turn_ids(plan.turn, enable_thinking=plan.thinking)
         plan.turn_ids += self._encode(plan.prefix)
@@ -218,6 +235,8 @@ class ResponsesService:
         for name in ("temperature", "top_p"):
             if getattr(request, name) is not None:
                 plan.sampling[name] = getattr(request, name)
+        if grammar is not None:
+            plan.sampling[grammar.field] = grammar.source
         return plan
 
     def _thinking(self, request: ResponseRequest) -> bool:
@@ -232,6 +251,8 @@ class ResponsesService:
     async def _run(self, plan: Plan, held: HeldSession | None) -> dict:
         body = await (held.query(plan.prompt, plan.sampling) if held is not None else self.sessions.generate(plan.prompt, plan.sampling))
         output_ids = body["output_ids"]
+        if plan.raw:
+            return await self._settle(plan, held, new_id("resp"), int(time.time()), [message_item(self.chat_format.decode(output_ids))], output_ids, _finish(body))
         parsed = self.parser.parse(plan.prefix + self.chat_format.decode(output_ids), thinking=plan.thinking)
         output = []
         if parsed.reasoning:
@@ -253,7 +274,7 @@ class ResponsesService:
             yield events.event("response.created", response=opening)
             yield events.event("response.in_progress", response=opening)
             items = StreamedItems(events, one_call=plan.request.parallel_tool_calls is False)
-            stream, decoder = self.parser.stream(thinking=plan.thinking), self.chat_format.output_decoder()
+            stream, decoder = RawStream() if plan.raw else self.parser.stream(thinking=plan.thinking), self.chat_format.output_decoder()
             upstream = held.query_stream(plan.prompt, plan.sampling) if held is not None else self.sessions.generate_stream(plan.prompt, plan.sampling)
             body: dict = {"output_ids": [], "meta_info": {}}
             try:
@@ -297,6 +318,10 @@ class ResponsesService:
         else:
             await self._advance(plan, held, thread, response_id, messages, calls, output, output_ids, incomplete)
             uncommitted, version, snapshot_of = list(thread.uncommitted), thread.version, thread.snapshot_of
+        try:
+            self.on_usage(prompt_tokens=len(plan.prompt), completion_tokens=len(output_ids), saved_tokens=plan.saved, memory=thread is not None)
+        except Exception:
+            log.exception("on_usage failed")
         if request.stored:
             self.records.save(ResponseRecord(response_id, plan.tenant, body, plan.items, thread.id if thread else None, version, snapshot_of, uncommitted, calls if not incomplete else []))
         return body
@@ -315,7 +340,9 @@ class ResponsesService:
             thread.uncommitted, thread.calls = messages, []
         else:
             # committed behind the answer; the thread's next request waits for it, then confirms it (``_confirm``)
-            held.commit_turn_later(plan.context_ids, plan.turn_ids + output_ids, state.committed + [message_hash(m) for m in messages])
+            committed = state.committed + [message_hash(m) for m in messages]
+            held.commit_turn_later(plan.context_ids, plan.turn_ids + output_ids, committed)
+            self.memory_tokens.wrote(state, len(committed), len(plan.context_ids) + len(plan.turn_ids) + len(output_ids))
             version = plan.base_version + 1  # one publish per turn
             thread.uncommitted, thread.calls, thread.behind = [], [], messages
             thread.snapshot_of = None if thread.conversation else response_id  # a chain exports it before its next write

@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from memt_proxy.errors import ProxyError
+from memt_proxy.protocol import output_schema
 
 ITEM_TYPES = ("message", "function_call", "function_call_output", "reasoning")
 TEXT_PARTS = ("input_text", "output_text", "text", "summary_text", "reasoning_text")
@@ -84,10 +85,7 @@ class ResponseRequest(BaseModel):
             raise ProxyError(400, "send either 'conversation' or 'previous_response_id', not both: a conversation already continues its latest response", param="previous_response_id", code="invalid_request")
         if self.background:
             raise ProxyError(400, "background responses are not supported by this proxy; send 'background': false or leave it out", param="background", code="unsupported_parameter")
-        format = (self.text or {}).get("format")
-        kind = format.get("type", "text") if isinstance(format, dict) else format or "text"
-        if kind != "text":
-            raise ProxyError(400, f"text.format {kind!r} is not supported by this proxy; only {{'type': 'text'}} (leave 'text' out)", param="text.format", code="unsupported_parameter")
+        self.output_schema()  # raises on a malformed text.format
         for index, tool in enumerate(self.tools or []):
             if tool.type != "function":
                 raise ProxyError(400, f"tools[{index}]: built-in tool type {tool.type!r} is not supported by this proxy; only function tools ({{'type': 'function', 'name': …, 'parameters': …}})", param=f"tools[{index}].type", code="unsupported_tool")
@@ -107,6 +105,16 @@ class ResponseRequest(BaseModel):
         if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("name"), str) and choice["name"] in names:
             return
         raise ProxyError(400, f"tool_choice must be 'none', 'auto', 'required' or {{'type': 'function', 'name': <one of the request's function tools>}}; got {choice!r}", param="tool_choice", code="invalid_tool_choice")
+
+    def output_schema(self) -> dict | None:
+        """The JSON schema ``text.format`` asks the answer to match (``json_object``: any object), or None."""
+        return output_schema((self.text or {}).get("format"), "text.format", flat=True)
+
+    @property
+    def text_format(self) -> dict:
+        """``text.format`` as the response echoes it."""
+        format = (self.text or {}).get("format")
+        return format if isinstance(format, dict) and format.get("type") in ("json_schema", "json_object") else {"type": "text"}
 
     def chat_tools(self) -> list[dict] | None:
         """The function tools for the chat template, or None (no tools, or tool_choice 'none')."""
@@ -242,7 +250,7 @@ def response_object(request: ResponseRequest, *, response_id: str, created_at: i
         "reasoning": {"effort": None, "summary": None}, "store": request.stored,
         "temperature": request.temperature if request.temperature is not None else 1.0,
         "top_p": request.top_p if request.top_p is not None else 1.0,
-        "text": {"format": {"type": "text"}}, "tool_choice": request.tool_choice or "auto",
+        "text": {"format": request.text_format}, "tool_choice": request.tool_choice or "auto",
         "tools": [tool.model_dump(exclude_none=True) for tool in request.tools or []],
         "truncation": "disabled", "usage": usage, "metadata": request.metadata or {}, "user": None,
     }

@@ -7,6 +7,12 @@ it is a plain generation over the whole transcript. Memory policy: ``auto`` read
 each completed turn, ``read`` only reads, ``off`` neither. This module decides what the model sees
 (transcript trimming, tool rounds, thinking, stop strings) and shapes what the app gets back; the
 session layer decides nothing about OpenAI shapes.
+
+Structured outputs (``memt_proxy.structured``) become one grammar field of the native sampling params;
+a structured turn runs without a reasoning block (the grammar starts at the answer). ``n`` > 1 runs
+``n`` generations of a stateless request (choice ``i`` with seed ``seed + i``); a session has one
+memory and one answer per turn, so there it is refused. ``on_usage`` is called once per finished
+completion (see ``ChatService``).
 """
 
 from __future__ import annotations
@@ -21,10 +27,11 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
 from memt_core.client.chat_format import ChatFormat
-from memt_core.client.parsers import OutputParser, hold_partial
+from memt_core.client.parsers import Delta, OutputParser, hold_partial
 from memt_proxy.errors import ProxyError
-from memt_proxy.protocol import ChatCompletionRequest, Usage, chunk_body, completion_id, response_body
+from memt_proxy.protocol import ChatCompletionRequest, NamedToolChoice, Usage, choice, chunk_body, completion_id, logprobs_content, response_body
 from memt_proxy.sessions import HeldSession, PendingTurn, Sessions, SessionState
+from memt_proxy.structured import structure
 from memt_proxy.transcript import Split, as_dict, check_tool_rounds, message_hash, split_transcript
 
 log = logging.getLogger("memt.proxy")
@@ -33,6 +40,36 @@ POLICIES = ("auto", "read", "off")
 STREAM_START_TIMEOUT = 60.0
 #: requests with more text than this are templated and tokenized in a worker thread, off the event loop
 OFF_LOOP_CHARS = 64 * 1024
+SEED_MODULUS = 1 << 63  # native seeds are in [0, 2**63); OpenAI's may be negative
+
+
+def no_usage(**usage) -> None:
+    """The default ``on_usage``: nobody is counting."""
+
+
+class MemoryTokens:
+    """How many prompt tokens each session's memory holds, as written by this proxy: per native session,
+    ``(messages in memory, tokens written)``; a count is trusted only while the session's memory still
+    holds that many messages (an adopted, reset or failed-commit session counts 0 until written again)."""
+
+    LIMIT = 100_000  # sessions remembered (oldest forgotten first)
+
+    def __init__(self):
+        self._written: dict[str, tuple[int, int]] = {}
+
+    def held(self, state: SessionState | None) -> int:
+        if state is None:
+            return 0
+        messages, tokens = self._written.get(state.native, (None, 0))
+        return tokens if messages == len(state.committed) and state.committed else 0
+
+    def wrote(self, state: SessionState, messages: int, tokens: int) -> None:
+        """A commit of ``tokens`` is on its way; memory will then hold ``messages`` messages."""
+        total = self.held(state) + tokens
+        self._written.pop(state.native, None)  # re-inserted last: the most recently written are kept longest
+        self._written[state.native] = (messages, total)
+        while len(self._written) > self.LIMIT:
+            self._written.pop(next(iter(self._written)))
 
 
 @dataclass
@@ -52,6 +89,8 @@ class Prepared:
     parallel_tools: bool
     started: bool = False  # for streams: the response began
     digest: str = ""  # the request's digest (``request_digest``), kept with a committed turn's answer
+    raw: bool = False  # the answer is structured JSON, returned as it is (no markup to parse)
+    saved: int = 0  # prompt tokens memory spared this request (``MemoryTokens``)
 
 
 @dataclass
@@ -71,7 +110,13 @@ def request_digest(request: ChatCompletionRequest) -> str:
 
 
 class ChatService:
-    """Serves /v1/chat/completions for one upstream model, over its session layer."""
+    """Serves /v1/chat/completions for one upstream model, over its session layer.
+
+    ``on_usage(prompt_tokens=, completion_tokens=, saved_tokens=, memory=)`` is called once per finished
+    completion (streamed or not; not for a replayed answer): ``saved_tokens`` estimates the prompt
+    tokens the transcript would have cost beyond what was sent, as the tokens this proxy wrote into
+    the session's memory (0 stateless, or for memory it did not write); ``memory``: memory was read.
+    """
 
     def __init__(
         self,
@@ -93,6 +138,8 @@ class ChatService:
         self.on_divergence = on_divergence
         # one thread: tokenizer and templates are used from one worker at a time, off the event loop
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memt-prepare")
+        self.on_usage = no_usage
+        self.memory_tokens = MemoryTokens()
 
     async def _off_loop(self, request: ChatCompletionRequest, work, *args):
         """``work(*args)`` — in the worker thread when ``request`` is large, so it slows only itself."""
@@ -111,6 +158,11 @@ class ChatService:
         policy = (memory or self.default_memory).lower()
         if policy not in POLICIES:
             raise ProxyError(400, f"X-MemT-Memory must be one of {', '.join(POLICIES)}", param="X-MemT-Memory")
+        if (request.n or 1) > 1 and session is not None and policy != "off":
+            raise ProxyError(
+                400, "n > 1 needs a stateless request: a session's turn has one answer to commit; "
+                "leave out X-MemT-Session or send X-MemT-Memory: off", param="n", code="unsupported_parameter",
+            )
         await self.sessions.check_upstream()
         if session is None or policy == "off":
             prepared = await self._off_loop(request, self._prepare_stateless, request)
@@ -157,17 +209,44 @@ class ChatService:
             prefix = self.chat_format.tool_call_prefix()
         elif tools and request.tool_choice not in (None, "auto", "none"):  # a NamedToolChoice
             prefix = self.chat_format.tool_call_prefix(request.tool_choice.function.name)
+        if self._structure(request, tools) is not None:
+            thinking = False  # the grammar starts at the answer
         return thinking, tools, prefix, request.parallel_tool_calls is not False
 
-    def _sampling(self, request: ChatCompletionRequest) -> dict:
+    def _structure(self, request: ChatCompletionRequest, tools: list[dict] | None):
+        """The grammar of the answer (``memt_proxy.structured``), or None."""
+        named = request.tool_choice.function.name if isinstance(request.tool_choice, NamedToolChoice) else None
+        return structure(
+            self.chat_format, schema=request.output_schema(), schema_param="response_format", tools=tools, tools_param="tools",
+            forced=bool(tools) and (request.tool_choice == "required" or named is not None), name=named,
+        )
+
+    def _sampling(self, request: ChatCompletionRequest, tools: list[dict] | None = None) -> dict:
+        """The native sampling params (log-probability fields included; a ``json_schema`` grammar means
+        the answer is the JSON itself, see ``memt_proxy.structured``)."""
         sampling = dict(self.chat_format.default_sampling())
         sampling["max_new_tokens"] = request.max_new_tokens or 1024
-        for name in ("temperature", "top_p", "seed"):
+        for name in ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"):
             if getattr(request, name) is not None:
                 sampling[name] = getattr(request, name)
+        if request.seed is not None:
+            sampling["seed"] = request.seed % SEED_MODULUS
+        if request.min_tokens:
+            sampling["min_new_tokens"] = min(request.min_tokens, sampling["max_new_tokens"])
+        if request.logit_bias:
+            vocab = len(self.chat_format.tokenizer)
+            for key in request.logit_bias:
+                if int(key) >= vocab:
+                    raise ProxyError(400, f"logit_bias key {key[:40]!r} is not a token id of this model (its vocabulary has {vocab})", param="logit_bias")
+            sampling["logit_bias"] = {str(int(key)): float(value) for key, value in request.logit_bias.items()}
+        if request.logprobs:
+            sampling.update(return_logprob=True, top_logprobs_num=request.top_logprobs or 0, return_text_in_logprobs=True)
         stops = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
         if stops:
             sampling["stop"] = stops
+        grammar = self._structure(request, tools)
+        if grammar is not None:
+            sampling[grammar.field] = grammar.source
         return sampling
 
     def _prepare_stateless(self, request: ChatCompletionRequest) -> Prepared:
@@ -176,8 +255,8 @@ class ChatService:
         messages = [as_dict(m) for m in request.messages]
         prompt = self.chat_format.conversation_ids(messages, tools=tools, enable_thinking=thinking) + self._encode(prefix)
         self._check_length(prompt)
-        sampling = self._sampling(request)
-        return Prepared(None, "off", prompt, [], [], None, thinking, sampling, prefix, sampling.get("stop", []), parallel)
+        sampling = self._sampling(request, tools)
+        return Prepared(None, "off", prompt, [], [], None, thinking, sampling, prefix, sampling.get("stop", []), parallel, raw="json_schema" in sampling)
 
     async def _prepare_session(self, request: ChatCompletionRequest, state: SessionState, policy: str, on_divergence: str) -> Prepared:
         try:
@@ -199,7 +278,7 @@ class ChatService:
         if continues:
             results = [{"tool_call_id": m.get("tool_call_id"), "content": m["content"]} for m in turn[last_assistant + 1:]]
             turn_ids = pending.ids + self.chat_format.tool_results_ids(results, enable_thinking=pending.thinking)
-            thinking = pending.thinking
+            thinking = pending.thinking and self._structure(request, tools) is None  # a grammar starts at the answer
         else:
             turn_ids = self.chat_format.open_turn_ids(turn, enable_thinking=thinking)
         context_ids = self.chat_format.history_ids([as_dict(m) for m in split.context])
@@ -215,8 +294,11 @@ class ChatService:
         # retry after a failure, here or in a restarted proxy, continues it too; any other request abandons it
         if not continues:
             self.sessions.set_pending(state, None)
-        sampling = self._sampling(request)
-        return Prepared(state, policy, prompt, turn_ids + self._encode(prefix), context_ids, split, thinking, sampling, prefix, sampling.get("stop", []), parallel)
+        sampling = self._sampling(request, tools)
+        return Prepared(
+            state, policy, prompt, turn_ids + self._encode(prefix), context_ids, split, thinking, sampling, prefix, sampling.get("stop", []), parallel,
+            raw="json_schema" in sampling, saved=self.memory_tokens.held(state),
+        )
 
     def _encode(self, text: str) -> list[int]:
         return self.chat_format.tokenizer.encode(text, add_special_tokens=False) if text else []
@@ -245,6 +327,8 @@ class ChatService:
         return text, False
 
     def _message(self, prepared: Prepared, text: str, finish: str) -> tuple[dict, str]:
+        if prepared.raw:
+            return {"role": "assistant", "content": text}, finish
         parsed = self.parser.parse(text, thinking=prepared.thinking)
         calls = [c.to_openai() for c in parsed.tool_calls]
         if calls and not prepared.parallel_tools:
@@ -257,18 +341,38 @@ class ChatService:
             return message, "tool_calls"
         return message, finish
 
+    def _choice_sampling(self, prepared: Prepared, index: int) -> dict:
+        """Choice ``index``'s sampling params: its own seed when the request gave one (``seed + index``)."""
+        if index == 0 or "seed" not in prepared.sampling:
+            return prepared.sampling
+        return {**prepared.sampling, "seed": (prepared.sampling["seed"] + index) % SEED_MODULUS}
+
     async def _run(self, request: ChatCompletionRequest, prepared: Prepared, held: HeldSession | None) -> dict:
-        if held is None:
-            body = await self.sessions.generate(prepared.prompt, prepared.sampling)
-        else:
-            body = await held.query(prepared.prompt, prepared.sampling)
-        output_ids = body["output_ids"]
-        text, stopped = self._text(prepared, output_ids, final=True)
-        finish = "stop" if stopped or (body["meta_info"].get("finish_reason") or {}).get("type") == "stop" else "length"
-        message, finish = self._message(prepared, text, finish)
-        await self._after(prepared, held, output_ids, message, finish)
-        usage = Usage(prompt_tokens=len(prepared.prompt), completion_tokens=len(output_ids), total_tokens=len(prepared.prompt) + len(output_ids))
-        return response_body(id=completion_id(), model=request.model, message=message, finish_reason=finish, usage=usage)
+        n = request.n or 1
+
+        async def one(index: int) -> tuple[dict, int]:
+            sampling = self._choice_sampling(prepared, index)
+            body = await (self.sessions.generate(prepared.prompt, sampling) if held is None else held.query(prepared.prompt, sampling))
+            output_ids = body["output_ids"]
+            text, stopped = self._text(prepared, output_ids, final=True)
+            finish = "stop" if stopped or (body["meta_info"].get("finish_reason") or {}).get("type") == "stop" else "length"
+            message, finish = self._message(prepared, text, finish)
+            await self._after(prepared, held, output_ids, message, finish)
+            logprobs = logprobs_content(body["meta_info"]) if request.logprobs else None
+            return choice(index, message, finish, logprobs), len(output_ids)
+
+        results = [await one(0)] if n == 1 else await asyncio.gather(*(one(index) for index in range(n)))
+        completion = sum(count for _, count in results)
+        usage = Usage(prompt_tokens=len(prepared.prompt), completion_tokens=completion, total_tokens=len(prepared.prompt) + completion)
+        self._usage(prepared, usage)
+        return response_body(id=completion_id(), model=request.model, usage=usage, choices=[c for c, _ in results])
+
+    def _usage(self, prepared: Prepared, usage: Usage) -> None:
+        """Tell ``on_usage`` about a finished completion; a failing observer never fails the request."""
+        try:
+            self.on_usage(prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens, saved_tokens=prepared.saved, memory=prepared.policy != "off")
+        except Exception:
+            log.exception("on_usage failed")
 
     async def _after(self, prepared: Prepared, held: HeldSession | None, output_ids: list[int], message: dict, finish: str) -> None:
         """Record a pending tool round, or commit the completed turn (policy auto)."""
@@ -289,7 +393,9 @@ class ChatService:
             + [message_hash(message)]
         )
         # committed behind the answer: the app has it first, and the session's next request waits for the commit
-        held.commit_turn_later(prepared.context_ids, prepared.turn_ids + self._reply_ids(prepared, output_ids), committed)
+        reply_ids = self._reply_ids(prepared, output_ids)
+        held.commit_turn_later(prepared.context_ids, prepared.turn_ids + reply_ids, committed)
+        self.memory_tokens.wrote(state, len(committed), len(prepared.context_ids) + len(prepared.turn_ids) + len(reply_ids))
         usage = Usage(prompt_tokens=len(prepared.prompt), completion_tokens=len(output_ids), total_tokens=len(prepared.prompt) + len(output_ids))
         # the version the session has once that commit is published (a failed one leaves nothing to replay)
         state.last_turn = AnsweredTurn(prepared.digest, state.version + 1, message, finish, usage)
@@ -337,48 +443,78 @@ class ChatService:
             raise ProxyError(503, "the stream was not consumed in time", code="stream_expired")
         prepared.started = True
         try:
-            yield chunk_body(id=cid, model=request.model, created=created, delta={"role": "assistant", "content": ""})
-            stream = self.parser.stream(thinking=prepared.thinking)
-            decoder = self.chat_format.output_decoder()
-            output_ids: list[int] = []
-            finish = "length"
-            upstream = (
-                self.sessions.generate_stream(prepared.prompt, prepared.sampling)
-                if held is None
-                else held.query_stream(prepared.prompt, prepared.sampling)
-            )
-            try:
-                async for body in upstream:
-                    output_ids = body["output_ids"]
-                    text, stopped = self._text(prepared, output_ids, final=False, decoder=decoder)
-                    reason = (body["meta_info"].get("finish_reason") or {}).get("type")
-                    for delta in _deltas(stream.feed(text), prepared.parallel_tools):
-                        yield chunk_body(id=cid, model=request.model, created=created, delta=delta)
-                    if stopped or reason is not None:
-                        finish = "stop" if stopped or reason == "stop" else "length"
-                        break
-            finally:
-                await upstream.aclose()
-            text, stopped = self._text(prepared, output_ids, final=True, decoder=decoder)
-            finish = "stop" if stopped else finish
-            for delta in _deltas(stream.finish(text), prepared.parallel_tools):
-                yield chunk_body(id=cid, model=request.model, created=created, delta=delta)
-            message, finish = self._message(prepared, text, finish)
-            await self._after(prepared, held, output_ids, message, finish)
-            yield chunk_body(id=cid, model=request.model, created=created, delta={}, finish_reason=finish)
+            completion = 0
+            for index in range(request.n or 1):  # n > 1 (stateless only): the choices one after the other
+                counted: list[int] = []
+                async for chunk in self._stream_choice(request, prepared, held, index, cid, created, counted):
+                    yield chunk
+                completion += counted[0]
+            usage = Usage(prompt_tokens=len(prepared.prompt), completion_tokens=completion, total_tokens=len(prepared.prompt) + completion)
+            self._usage(prepared, usage)
             if request.stream_options and request.stream_options.include_usage:
-                usage = Usage(prompt_tokens=len(prepared.prompt), completion_tokens=len(output_ids), total_tokens=len(prepared.prompt) + len(output_ids))
                 yield chunk_body(id=cid, model=request.model, created=created, delta=None, usage=usage)
         finally:
             if held_until is not None:
                 # the client may have gone away: let the session go in a task of its own
                 asyncio.get_running_loop().create_task(held_until.aclose())
 
+    async def _stream_choice(self, request: ChatCompletionRequest, prepared: Prepared, held: HeldSession | None, index: int, cid: str, created: int, counted: list[int]) -> AsyncIterator[dict]:
+        """One choice's chunks (role, deltas with their log-probabilities, finish); ``counted`` gets its token count."""
+        def chunk(delta: dict, finish_reason: str | None = None) -> dict:
+            nonlocal sent
+            logprobs = None
+            if request.logprobs:
+                logprobs = logprobs_content(meta, sent)
+                sent += len(logprobs)
+            return chunk_body(id=cid, model=request.model, created=created, delta=delta, finish_reason=finish_reason, index=index, logprobs=logprobs)
+
+        sent, meta = 0, {}
+        yield chunk_body(id=cid, model=request.model, created=created, delta={"role": "assistant", "content": ""}, index=index)
+        stream = RawStream() if prepared.raw else self.parser.stream(thinking=prepared.thinking)
+        decoder = self.chat_format.output_decoder()
+        output_ids: list[int] = []
+        finish = "length"
+        sampling = self._choice_sampling(prepared, index)
+        upstream = self.sessions.generate_stream(prepared.prompt, sampling) if held is None else held.query_stream(prepared.prompt, sampling)
+        try:
+            async for body in upstream:
+                output_ids, meta = body["output_ids"], body["meta_info"]
+                text, stopped = self._text(prepared, output_ids, final=False, decoder=decoder)
+                reason = (meta.get("finish_reason") or {}).get("type")
+                for delta in _deltas(stream.feed(text), prepared.parallel_tools):
+                    yield chunk(delta)
+                if stopped or reason is not None:
+                    finish = "stop" if stopped or reason == "stop" else "length"
+                    break
+        finally:
+            await upstream.aclose()
+        text, stopped = self._text(prepared, output_ids, final=True, decoder=decoder)
+        finish = "stop" if stopped else finish
+        for delta in _deltas(stream.finish(text), prepared.parallel_tools):
+            yield chunk(delta)
+        message, finish = self._message(prepared, text, finish)
+        await self._after(prepared, held, output_ids, message, finish)
+        yield chunk({}, finish)
+        counted.append(len(output_ids))
+
     def _unstarted(self, prepared: Prepared, held_until: contextlib.AsyncExitStack) -> None:
         """A stream the server never started (client gone before the response): let its session go."""
         if not prepared.started:
             prepared.started = True
             asyncio.get_running_loop().create_task(held_until.aclose())
+
+
+class RawStream:
+    """The stream parser's interface for a structured answer: all of it is content, nothing is parsed."""
+
+    def __init__(self):
+        self.sent = 0
+
+    def feed(self, text: str) -> list[Delta]:
+        new, self.sent = text[self.sent:], max(self.sent, len(text))
+        return [Delta("content", new)] if new else []
+
+    finish = feed
 
 
 def _deltas(deltas, parallel_tools: bool):

@@ -43,14 +43,27 @@ def control_body(epoch: str, action: str, session: str | None, fields: dict) -> 
     return body
 
 
+#: Log-probability fields a caller may pass along with its sampling params (the proxy's one channel to a
+#: generation); the protocol reads them at the body's top level, so the request builders move them there.
+LOGPROB_FIELDS = ("return_logprob", "top_logprobs_num", "return_text_in_logprobs")
+
+
+def _sampling(sampling_params: dict | None) -> tuple[dict, dict]:
+    """``(sampling_params with the default max_new_tokens, the log-probability fields for the body)``."""
+    params = {"max_new_tokens": DEFAULT_MAX_NEW_TOKENS, **(sampling_params or {})}
+    return params, {name: params.pop(name) for name in LOGPROB_FIELDS if name in params}
+
+
 def query_body(epoch, session, lease, input_ids, sampling_params, stream, nonce) -> dict:
+    params, logprobs = _sampling(sampling_params)
     return {
         "rid": f"memt|{session}|query|{nonce or new_nonce()}",
         "input_ids": list(input_ids),
-        "sampling_params": {"max_new_tokens": DEFAULT_MAX_NEW_TOKENS, **(sampling_params or {})},
+        "sampling_params": params,
         "memt_lease": lease,
         "memt_epoch": epoch,
         "stream": stream,
+        **logprobs,
     }
 
 
@@ -67,11 +80,8 @@ def commit_body(epoch, session, lease, transaction, input_ids, nonce) -> dict:
 
 def generate_body(input_ids, sampling_params, stream) -> dict:
     """An ordinary generation (no MemT RID): never reads or writes session memory."""
-    return {
-        "input_ids": list(input_ids),
-        "sampling_params": {"max_new_tokens": DEFAULT_MAX_NEW_TOKENS, **(sampling_params or {})},
-        "stream": stream,
-    }
+    params, logprobs = _sampling(sampling_params)
+    return {"input_ids": list(input_ids), "sampling_params": params, "stream": stream, **logprobs}
 
 
 def check_response(status: int, body: Any, stage: str, *, changes_state: bool = False) -> Any:

@@ -27,8 +27,8 @@ def test_supported_fields_pass():
     r = request(
         temperature=0.7, top_p=0.9, max_tokens=16, stop=["\n"], seed=3, stream=True, stream_options={"include_usage": True},
         tools=[TOOL], tool_choice="auto", parallel_tool_calls=False, user="u", reasoning_effort="low",
-        chat_template_kwargs={"enable_thinking": False}, n=1, logprobs=False, response_format={"type": "text"},
-        presence_penalty=0, frequency_penalty=0.0,
+        chat_template_kwargs={"enable_thinking": False}, n=2, logprobs=True, top_logprobs=3, response_format={"type": "text"},
+        presence_penalty=1.5, frequency_penalty=-2.0, logit_bias={"12": -100, "7": 5.5}, top_k=40, min_p=0.1, repetition_penalty=1.1,
     )
     assert r.validate_semantics() == ["user"]  # accepted, changes nothing here: reported for logging
     assert r.max_new_tokens == 16 and r.stream_options.include_usage
@@ -47,14 +47,14 @@ def test_max_completion_tokens():
 
 
 @pytest.mark.parametrize("fields,param,code", [
-    ({"n": 2}, "n", "unsupported_parameter"),
-    ({"logprobs": True}, "logprobs", "unsupported_parameter"),
-    ({"top_logprobs": 2}, "top_logprobs", "unsupported_parameter"),
-    ({"response_format": {"type": "json_schema", "json_schema": {}}}, "response_format", "unsupported_parameter"),
-    ({"response_format": {"type": "json_object"}}, "response_format", "unsupported_parameter"),
-    ({"presence_penalty": 1.0}, "presence_penalty", "unsupported_parameter"),
-    ({"frequency_penalty": -1.0}, "frequency_penalty", "unsupported_parameter"),
-    ({"logit_bias": {"1": 2}}, "logit_bias", "unsupported_parameter"),
+    ({"top_logprobs": 2}, "top_logprobs", None),  # without logprobs: true
+    ({"response_format": {"type": "grammar"}}, "response_format", "unsupported_parameter"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": "{}"}}}, "response_format", None),
+    ({"response_format": {"type": "json_schema"}}, "response_format", None),
+    ({"logit_bias": {"a": 2}}, "logit_bias", None),
+    ({"logit_bias": {"1": 101}}, "logit_bias", None),
+    ({"top_k": 0}, "top_k", None),
+    ({"stop": ["x", ""]}, "stop", None),
     ({"modalities": ["audio"]}, "modalities", "unsupported_parameter"),
     ({"audio": {"voice": "x"}}, "audio", "unsupported_parameter"),
     ({"functions": [{"name": "f"}]}, "functions", "unsupported_parameter"),

@@ -40,8 +40,8 @@ def test_what_cannot_be_honoured_is_refused_naming_the_field():
     assert refusal(tools=[TOOL], tool_choice={"type": "function", "name": "other"}).param == "tool_choice"
     assert refusal(tool_choice={"type": "web_search"}).code == "invalid_tool_choice"
     assert refusal(background=True).param == "background"
-    assert refusal(text={"format": {"type": "json_schema", "name": "x", "schema": {}}}).param == "text.format"
-    assert refusal(text={"format": "json"}).code == "unsupported_parameter"
+    assert refusal(text={"format": {"type": "json_schema", "name": "x", "schema": "{}"}}).param == "text.format"
+    assert refusal(text={"format": {"type": "xml"}}).code == "unsupported_parameter"
     assert refusal(input=[{"type": "function_call", "name": "f", "arguments": "{}"}]).param == "input[0].call_id"
 
 
