@@ -65,11 +65,12 @@ def test_openai_parse_returns_the_pydantic_object(client):
     assert completion.choices[0].finish_reason == "stop"
 
 
-def test_langchain_with_structured_output(demo_proxy):
+@pytest.mark.parametrize("method", [None, "function_calling"])  # None: langchain-openai's default, json_schema
+def test_langchain_with_structured_output(demo_proxy, method):
     from langchain_openai import ChatOpenAI
 
     model = ChatOpenAI(model=DEMO_MODEL, base_url=demo_proxy.base_url, api_key="unused", temperature=0, max_tokens=64, max_retries=0)
-    structured = model.with_structured_output(Weather)  # langchain-openai's default method: json_schema
+    structured = model.with_structured_output(Weather, **({"method": method} if method else {}))
     result = structured.invoke("What is the weather in Paris?")
     assert isinstance(result, Weather)
 
@@ -78,6 +79,23 @@ def test_responses_parse(client):
     response = client.responses.parse(model=DEMO_MODEL, input="What is the weather in Paris?", text_format=Weather, max_output_tokens=64, store=False)
     assert isinstance(response.output_parsed, Weather), response.output_text
     assert response.text.format.type == "json_schema"
+
+
+def test_responses_stream_with_a_schema_and_a_forced_function_call(demo_proxy):
+    schema = Weather.model_json_schema()
+    body = {"model": DEMO_MODEL, "input": "Weather in Oslo?", "max_output_tokens": 64, "store": False, "stream": True,
+            "text": {"format": {"type": "json_schema", "name": "w", "schema": schema, "strict": True}}}
+    with demo_proxy.http(None, timeout=300) as http, http.stream("POST", "/v1/responses", json=body) as response:
+        assert response.status_code == 200
+        done = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: ")][-1]
+    assert done["type"] == "response.completed", done
+    jsonschema.validate(json.loads(done["response"]["output"][0]["content"][0]["text"]), schema)
+    tool = {"type": "function", "name": "add", "parameters": TOOLS["add"]["function"]["parameters"]}
+    with demo_proxy.http(None, timeout=300) as http:
+        made = http.post("/v1/responses", json={"model": DEMO_MODEL, "input": "Tell me a story.", "tools": [tool], "tool_choice": "required", "max_output_tokens": 64, "store": False})
+    calls = [item for item in made.json()["output"] if item["type"] == "function_call"]
+    assert len(calls) == 1 and calls[0]["name"] == "add", made.json()["output"]
+    jsonschema.validate(json.loads(calls[0]["arguments"]), tool["parameters"])
 
 
 def test_json_object_gives_an_object(http):
