@@ -4,7 +4,8 @@ Every JSON body is read through ``memt_core.request_body``: at most ``max_reques
 refused from ``Content-Length`` before anything is read), parsed with bounded integers, nesting and valid
 Unicode (400 naming where), a large one parsed off the event loop, and then validated by a pydantic
 model of ``memt_proxy.protocol`` (400 naming the field). With API keys, every route but the two health
-checks needs one, the OpenAPI document and its docs page included.
+checks needs one, the OpenAPI document, its docs page and ``/metrics`` (``memt_proxy.metrics``) included,
+as on the core.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any, TypeVar
 
 from fastapi import FastAPI, Header, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, ValidationError
 from sse_starlette.sse import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -30,6 +31,7 @@ from memt_core.protocol.events import check_name
 from memt_core.request_body import read_json
 from memt_core.server.docs import mount_assets, swagger_page
 from memt_proxy.errors import ProxyError, from_native
+from memt_proxy.metrics import CONTENT_TYPE, CountRequests, ProxyMetrics
 from memt_proxy.protocol import ChatCompletionRequest
 from memt_proxy.responses import ResponsesService
 from memt_proxy.responses_routes import add_responses_routes
@@ -85,6 +87,9 @@ def create_app(
         redoc_url=None,
         openapi_url=None,
     )
+    metrics = ProxyMetrics(service.sessions)
+    service.on_usage = metrics.observe_usage
+    app.add_middleware(CountRequests, metrics=metrics)
 
     def tenant_of(request: Request) -> str:
         if not api_keys:
@@ -131,6 +136,7 @@ def create_app(
 
     @app.exception_handler(ProxyError)
     async def proxy_error(request: Request, exc: ProxyError) -> JSONResponse:
+        metrics.observe_error(exc)
         return JSONResponse(exc.body(), status_code=exc.status)
 
     @app.exception_handler(StarletteHTTPException)
@@ -164,6 +170,11 @@ def create_app(
 
     mount_assets(app)
 
+    @app.get("/metrics", summary="Prometheus metrics: requests, latency, tokens, memory savings, sessions, upstream errors", tags=["health"])
+    async def get_metrics(request: Request) -> Response:
+        tenant_of(request)
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
+
     @app.get("/openapi.json", include_in_schema=False)
     async def openapi(request: Request) -> JSONResponse:
         tenant_of(request)
@@ -195,7 +206,7 @@ def create_app(
         )
         if isinstance(result, dict):
             return result
-        return EventSourceResponse(_sse(result), sep="\n", ping=15)
+        return EventSourceResponse(_sse(result, metrics.observe_error), sep="\n", ping=15)
 
     sessions = "/v1/memt/sessions/{session}"
 
@@ -270,13 +281,18 @@ def _request_body(model: type[BaseModel], *, required: bool = True) -> dict:
     return {"requestBody": {"required": required, "content": {"application/json": {"schema": inline(schema)}}}}
 
 
-async def _sse(chunks):
-    """``data: <chunk>`` frames then ``data: [DONE]``; an error mid-stream becomes an error frame."""
+async def _sse(chunks, observe_error):
+    """``data: <chunk>`` frames then ``data: [DONE]``; an error mid-stream becomes an error frame (and is
+    told to ``observe_error``)."""
+    error = None
     try:
         async for chunk in chunks:
             yield {"data": json.dumps(chunk, ensure_ascii=False)}
     except ProxyError as exc:
-        yield {"data": json.dumps(exc.body())}
+        error = exc
     except MemTClientError as exc:  # mapped where it enters; this is the last line of defence
-        yield {"data": json.dumps(from_native(exc).body())}
+        error = from_native(exc)
+    if error is not None:
+        observe_error(error)
+        yield {"data": json.dumps(error.body())}
     yield {"data": "[DONE]"}
