@@ -26,7 +26,7 @@ import httpx
 import pytest
 
 from coordination import redis_url  # noqa: F401  (pytest fixture)
-from e2e.proxies import STOPS, ProxyServer, unique
+from e2e.proxies import STOPS, ProxyServer, expected_prompt, unique
 from e2e.servers import HOST, MemTServer, free_port
 from memt_proxy.sessions import native_session_id
 
@@ -139,6 +139,13 @@ class Node:
         return response.json()
 
 
+def trimmed(chat_format, conversation: "Conversation", *, uncommitted: tuple[int, ...] = (0,)) -> bool:
+    """Whether the proxy sent the last turn trimmed: the earlier messages in memory, but for the last
+    ``uncommitted`` of them (sent as context), not the whole transcript."""
+    sent, prompt_tokens = conversation.prompts[-1]
+    return prompt_tokens in {len(expected_prompt(chat_format, sent, len(sent) - 1 - n)) for n in uncommitted}
+
+
 def stored_version(store: Path, session: str) -> int:
     """The session's latest published version in the shared snapshot store (tenant 'default')."""
     manifest = store / "sessions" / f"{native_session_id('default', session)}.json"
@@ -156,18 +163,22 @@ class Conversation:
         self.client = OpenAI(base_url=router.url + "/v1", api_key="none", max_retries=0, timeout=120,
                              default_headers={"X-SMG-Routing-Key": name})
         self.nodes: list[str] = []  # the worker that answered each turn
+        self.prompts: list[tuple[list[dict], int]] = []  # each turn's messages and the prompt tokens the proxy sent
 
     def turn(self, text: str) -> str:
         """One completed turn; returns the worker that served it."""
+        sent = [*self.messages, {"role": "user", "content": text}]
         raw = self.client.chat.completions.with_raw_response.create(
-            model=MODEL_NAME, messages=[*self.messages, {"role": "user", "content": text}], max_tokens=24, stop=STOPS, seed=len(self.messages),
+            model=MODEL_NAME, messages=sent, max_tokens=24, stop=STOPS, seed=len(self.messages),
         )
-        choice = raw.parse().choices[0]
+        completion = raw.parse()
+        choice = completion.choices[0]
         assert choice.finish_reason == "stop", "a turn cut by max_tokens is not committed; the counts below assume completed turns"
         reply = choice.message.content
         self.messages += [{"role": "user", "content": text}, {"role": "assistant", "content": reply}]
         node = raw.headers[ROUTED]
         self.nodes.append(node)
+        self.prompts.append((sent, completion.usage.prompt_tokens))
         return node
 
     def turn_when_possible(self, text: str) -> tuple[str, list[int]]:
@@ -178,8 +189,11 @@ class Conversation:
         while True:
             try:
                 return self.turn(text), refused
-            except openai.APIStatusError as exc:  # 409: still owned by the lost node; 5xx: the router saw it die
-                assert exc.status_code in (409, 502, 503, 504), exc
+            except openai.APIStatusError as exc:
+                # 409: still owned by the lost node; SMG's 500 call_upstream_*: sent to (or running on) the dead
+                # node before its health check failed; 502-504: the router or proxy saw it die
+                lost = exc.status_code == 500 and "'code': 'call_upstream_" in str(exc)
+                assert exc.status_code in (409, 502, 503, 504) or lost, exc
                 refused.append(exc.status_code)
             except openai.APIConnectionError:
                 refused.append(0)
@@ -218,7 +232,7 @@ def run_turns(conversations: list[Conversation], turns: range) -> None:
         list(pool.map(talk, conversations))
 
 
-def test_sessions_stay_on_one_node_survive_a_killed_node_and_only_remapped_ones_move_back(cluster):
+def test_sessions_stay_on_one_node_survive_a_killed_node_and_only_remapped_ones_move_back(cluster, proxy_chat_format):
     """Sticky routing; SIGKILL of a node loses no published version and its sessions continue elsewhere with
     their transcripts still trimmed; the node's return moves back exactly the sessions that hashed to it."""
     router, nodes, store = cluster
@@ -237,20 +251,34 @@ def test_sessions_stay_on_one_node_survive_a_killed_node_and_only_remapped_ones_
     lost = nodes[0]
     orphans = [c for c in conversations if home[c.name] == lost.url]
     assert orphans, "node0 serves no session; choose more sessions"
-    before = {c.name: stored_version(store, c.name) for c in conversations}
-    assert all(v == TURNS for v in before.values())
-    lost.kill()
+    assert all(stored_version(store, c.name) == TURNS for c in conversations)
 
+    def talk(conversation: Conversation) -> list[int]:
+        return [status for t in ("During the loss", "After the loss") for status in conversation.turn_when_possible(f"{t}, {conversation.name}.")[1]]
+
+    with ThreadPoolExecutor(4) as pool:  # two more turns each; node0 dies while the first ones run
+        running = [pool.submit(talk, c) for c in conversations]
+        deadline = time.monotonic() + WAIT
+        while not any(len(c.nodes) > TURNS for c in conversations):  # the round is under way
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        lost.kill()
+        refusals = dict(zip((c.name for c in conversations), (future.result() for future in running)))
     for conversation in conversations:
-        node, refused = conversation.turn_when_possible(f"After the loss, {conversation.name}.")
+        latest = stored_version(store, conversation.name)
+        node = conversation.nodes[-1]
         if conversation in orphans:
             assert node != lost.url
         else:
-            assert node == home[conversation.name] and not refused, "a session of a surviving node moved"
+            assert set(conversation.nodes) == {home[conversation.name]} and not refusals[conversation.name], "a session of a surviving node moved"
         seen = by_url[node].inspect(conversation.name)
-        # one more version on top of the last published one: none lost, none replayed, the history still trimmed
-        assert seen["native"]["published_version"] == before[conversation.name] + 1, seen
-        assert seen["history_known"] and seen["committed_messages"] == 2 * (TURNS + 1), seen
+        # the node serves the latest published version (none lost); every answered turn is in memory once
+        # (one answered just before the kill, not yet committed, is committed with the next), the history still trimmed
+        assert seen["native"]["published_version"] == latest and TURNS + 1 <= latest <= TURNS + 2, seen
+        assert seen["history_known"] and seen["committed_messages"] == 2 * (TURNS + 2), seen
+        # trimmed: the proxy sent only the new message (and the turn answered just before the kill, if any)
+        assert trimmed(proxy_chat_format, conversation, uncommitted=(0, 2)), conversation.prompts[-1]
+    before = {c.name: stored_version(store, c.name) for c in orphans}
     moved = {c.name: c.nodes[-1] for c in orphans}
 
     lost.start()  # the same address: SMG's health check brings it back into the ring
@@ -260,16 +288,16 @@ def test_sessions_stay_on_one_node_survive_a_killed_node_and_only_remapped_ones_
             # routed home again; its taker (alive) still owns it, so the core refuses cleanly, naming the owner
             import openai
 
-            with pytest.raises(openai.ConflictError, match="owned by another server"):
+            with pytest.raises(openai.ConflictError, match="owned by another server") as refused:
                 conversation.turn("Home again?")
-            assert moved[conversation.name] != lost.url
+            assert refused.value.response.headers[ROUTED] == lost.url != moved[conversation.name]
         else:
             assert conversation.turn("Still here?") == home[conversation.name]
     for conversation in orphans:  # the refusal changed nothing: the taker's version is the latest
-        assert stored_version(store, conversation.name) == before[conversation.name] + 1
+        assert stored_version(store, conversation.name) == before[conversation.name]
 
 
-def test_a_drained_node_hands_its_sessions_off(cluster):
+def test_a_drained_node_hands_its_sessions_off(cluster, proxy_chat_format):
     """POST /admin/drain: the node answers not-ready, SMG stops routing to it, its leases are released; once its
     core stops, its sessions continue on the others from their published memory, trimmed."""
     router, nodes, store = cluster
@@ -293,6 +321,7 @@ def test_a_drained_node_hands_its_sessions_off(cluster):
         seen = by_url[node].inspect(conversation.name)
         assert seen["native"]["published_version"] == 3 and seen["history_known"] and seen["committed_messages"] == 6, seen
         assert stored_version(store, conversation.name) == 3
+        assert trimmed(proxy_chat_format, conversation)
 
 
 def test_the_routing_key_is_the_session_and_may_not_contradict_it(cluster):
