@@ -89,6 +89,8 @@ def create_app(
     )
     metrics = ProxyMetrics(service.sessions)
     service.on_usage = metrics.observe_usage
+    if responses is not None:
+        responses.on_usage = metrics.observe_usage  # the Responses API's completions count alike
     app.add_middleware(CountRequests, metrics=metrics)
 
     def tenant_of(request: Request) -> str:

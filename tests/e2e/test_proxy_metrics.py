@@ -86,6 +86,23 @@ def test_memory_savings_and_sessions(proxy):
     assert after[("memt_proxy_sessions", frozenset())] >= 1
 
 
+def total(before: dict, after: dict, name: str) -> float:
+    """How much every sample ``name{…}`` grew together between two scrapes."""
+    return sum(value for (n, _), value in after.items() if n == name) - sum(value for (n, _), value in before.items() if n == name)
+
+
+def test_responses_api_usage_is_counted(proxy):
+    """A Responses API call counts as one completion with the tokens its usage reports."""
+    client = proxy.openai()
+    before = scrape(proxy)
+    response = client.responses.create(model=MODEL, input="Hello there", max_output_tokens=8, temperature=1.0)
+    after = scrape(proxy)
+    assert moved(before, after, "memt_proxy_requests_total", route="/v1/responses", method="POST", status="200") == 1
+    assert total(before, after, "memt_proxy_completions_total") == 1
+    assert total(before, after, "memt_proxy_prompt_tokens_total") == response.usage.input_tokens
+    assert total(before, after, "memt_proxy_completion_tokens_total") == response.usage.output_tokens
+
+
 def test_metrics_need_an_api_key(proxy):
     """Like every route but the health checks (and like the core's /metrics): 401 without a key."""
     with proxy.http(None) as http:
