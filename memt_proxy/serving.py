@@ -209,8 +209,8 @@ class ChatService:
             prefix = self.chat_format.tool_call_prefix()
         elif tools and request.tool_choice not in (None, "auto", "none"):  # a NamedToolChoice
             prefix = self.chat_format.tool_call_prefix(request.tool_choice.function.name)
-        if self._structure(request, tools) is not None:
-            thinking = False  # the grammar starts at the answer
+        if _structured(request, prefix):
+            thinking = False  # the grammar (or forced call) starts at the answer
         return thinking, tools, prefix, request.parallel_tool_calls is not False
 
     def _structure(self, request: ChatCompletionRequest, tools: list[dict] | None):
@@ -278,7 +278,7 @@ class ChatService:
         if continues:
             results = [{"tool_call_id": m.get("tool_call_id"), "content": m["content"]} for m in turn[last_assistant + 1:]]
             turn_ids = pending.ids + self.chat_format.tool_results_ids(results, enable_thinking=pending.thinking)
-            thinking = pending.thinking and self._structure(request, tools) is None  # a grammar starts at the answer
+            thinking = pending.thinking and not _structured(request, prefix)  # a grammar starts at the answer
         else:
             turn_ids = self.chat_format.open_turn_ids(turn, enable_thinking=thinking)
         context_ids = self.chat_format.history_ids([as_dict(m) for m in split.context])
@@ -502,6 +502,11 @@ class ChatService:
         if not prepared.started:
             prepared.started = True
             asyncio.get_running_loop().create_task(held_until.aclose())
+
+
+def _structured(request: ChatCompletionRequest, prefix: str) -> bool:
+    """Whether the answer is constrained from its first token: a JSON response format, or a forced call."""
+    return bool(prefix) or request.output_schema() is not None
 
 
 class RawStream:
