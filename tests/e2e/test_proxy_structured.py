@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import json
 import random
+from typing import Literal
 
-import httpx
 import jsonschema
 import pytest
 from e2e.proxies import DEMO_MODEL, assert_openai_error, demo_chat_format, unique
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from memt_core.demo.episodes import TOOLS
 
@@ -28,6 +28,14 @@ class Weather(BaseModel):
     city: str
     temperature: int
     sunny: bool
+
+
+class Forecast(BaseModel):
+    """Nested models ($defs / $ref), an enum, an optional field and a list, as apps' schemas have."""
+
+    days: list[Weather] = Field(max_length=2)
+    unit: Literal["C", "F"]
+    note: str | None = None
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +71,11 @@ def test_openai_parse_returns_the_pydantic_object(client):
     parsed = completion.choices[0].message.parsed
     assert isinstance(parsed, Weather), completion.choices[0].message.content
     assert completion.choices[0].finish_reason == "stop"
+
+
+def test_openai_parse_with_nested_models(client):
+    completion = client.chat.completions.parse(model=DEMO_MODEL, messages=QUESTION, response_format=Forecast, max_tokens=128)
+    assert isinstance(completion.choices[0].message.parsed, Forecast), completion.choices[0].message.content
 
 
 @pytest.mark.parametrize("method", [None, "function_calling"])  # None: langchain-openai's default, json_schema
