@@ -247,9 +247,19 @@ def test_logit_bias_forces_a_token(http):
     assert "sunny" not in chat(http, logit_bias={str(token): -100}, max_tokens=4, temperature=0)["choices"][0]["message"]["content"]
 
 
-def test_penalties_and_sglang_extras_are_accepted(http):
+def test_penalties_and_sglang_extras_reach_the_sampler(http):
     body = chat(http, presence_penalty=1.5, frequency_penalty=-0.5, repetition_penalty=1.2, min_p=0.05, top_k=20, temperature=0.8, seed=1, max_tokens=8)
     assert body["choices"][0]["finish_reason"] in ("stop", "length")
+    story = [{"role": "user", "content": "Tell me a long story about the weather."}]
+
+    def greedy(**fields) -> str:
+        return chat(http, messages=story, temperature=0, max_tokens=32, **fields)["choices"][0]["message"]["content"]
+
+    plain = greedy()
+    # greedy decoding changes only if the penalty is applied (the tiny model repeats itself; a presence
+    # penalty of 2 is below its margins here, and shares the frequency penalty's path in the sampler)
+    assert greedy(frequency_penalty=2) != plain
+    assert greedy(repetition_penalty=2) != plain
 
 
 def test_n_choices_stateless(http):
