@@ -68,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--body-timeout", type=float, default=60.0, help="seconds a client has to send a request's body (408 after)")
     server.add_argument("--max-request-bytes", type=int, default=8 * 1024 * 1024, help="largest request body accepted (413 beyond)")
     server.add_argument("--api-key", default=None, help="require 'Authorization: Bearer <key>' on every route but /health")
+    server.add_argument("--spec-strict", action="store_true", help="answer with only what the memt-http-v1 spec promises (no error 'code', no extension fields, spec statuses): for testing clients against the spec")
     server.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"], help="log verbosity")
     parser.add_argument("--dry-run", action="store_true", help="validate and print the launch identity and engine arguments without loading weights")
     return parser
@@ -101,6 +102,7 @@ class LaunchPlan:
     api_key: str | None
     log_level: str
     defaulted_model: bool = False  # no --model-path was given: the bundled demo model is served
+    spec_strict: bool = False  # only what the spec promises on the wire (--spec-strict)
 
     @property
     def engine_class(self) -> type[Engine]:
@@ -205,6 +207,7 @@ def plan_launch(args: argparse.Namespace, environ=os.environ) -> LaunchPlan:
         header_timeout=args.header_timeout, body_timeout=args.body_timeout,
         snapshot_store=args.snapshot_store, ownership=args.ownership, ownership_ttl=args.ownership_ttl,
         node_id=args.node_id or f"{socket.gethostname()}:{args.port}", api_key=args.api_key, log_level=args.log_level,
+        spec_strict=args.spec_strict,
     )
     plan.engine_class.check_options(plan.engine_options())
     return plan
@@ -265,7 +268,7 @@ def assemble(plan: LaunchPlan, engine: Engine, *, tokenizer=None):
         "engine": {"name": engine.name, **engine.capabilities()},
     }
     app = create_app(service, identity=plan.identity(engine.identity()), capabilities=capabilities, api_key=plan.api_key,
-                     max_body_bytes=plan.max_request_bytes, body_timeout=plan.body_timeout)
+                     max_body_bytes=plan.max_request_bytes, body_timeout=plan.body_timeout, spec_strict=plan.spec_strict)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):

@@ -62,10 +62,11 @@ from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
 from typing import AsyncIterator, Iterator
 
+from memt_core.client.chat_format import serves
 from memt_core.client.errors import MemTClientError
 from memt_core.client.native import AsyncNativeClient, new_nonce, new_transaction
 from memt_core.client.turns import AbortStep, BeginStep, CommitStep, ImportStep, MemoryWrite, PublishStep, Step, WaitStep
-from memt_core.errors import EpochMismatch, InvalidRequest, LeaseConflict, SessionBusy, SessionExists, UnknownSession
+from memt_core.errors import Conflict, EpochMismatch, InvalidRequest, LeaseConflict, SessionBusy, SessionExists, UnknownSession
 from memt_core.names import check_snapshot_name
 from memt_proxy.errors import ProxyError, from_native
 from memt_proxy.store import SessionRecordStore
@@ -211,6 +212,7 @@ class Sessions:
         client: AsyncNativeClient,
         *,
         identity: str | None,
+        served: dict | None = None,
         records: SessionRecordStore | None = None,
         max_sessions: int = MAX_SESSIONS,
         lease_wait: float = 30.0,
@@ -220,6 +222,7 @@ class Sessions:
     ):
         self.client = client
         self.identity = identity  # the model/tokenizer identity the upstream must serve
+        self.served = served  # what its /memt/identity must say (model, config_sha256) when it reports no identity hash
         self.records = records or SessionRecordStore(None)
         self.table = SessionTable(max_sessions)
         self.lease_wait = lease_wait
@@ -244,7 +247,13 @@ class Sessions:
             capabilities = await self.client.capabilities(refresh=True)
         except MemTClientError as exc:
             raise from_native(exc) from None
-        if capabilities.get("identity") != self.identity:
+        described = None
+        if "identity" not in capabilities:  # a server that reports only the spec's fields: its /memt/identity
+            try:
+                described = await self.client.identity()
+            except MemTClientError as exc:
+                raise from_native(exc) from None
+        if not serves(self.identity, self.served, capabilities, described):
             raise ProxyError(503, "the upstream MemT server serves a different model/tokenizer than this proxy's --model-path", code="upstream_identity_mismatch")
         self.max_prefill_tokens = capabilities.get("max_prefill_tokens")
         self.chunk_tokens = capabilities.get("chunk_tokens")
@@ -538,7 +547,8 @@ class Sessions:
                 try:
                     await self.client.control("renew", state.native, lease=lease, ttl=self.lease_ttl)
                 except MemTClientError as exc:
-                    if not isinstance(exc.cause, (UnknownSession, LeaseConflict, EpochMismatch)):
+                    # a bare 409 (a server that does not name the kind) means the same: the lease is no longer usable
+                    if not isinstance(exc.cause, (UnknownSession, LeaseConflict, EpochMismatch)) and type(exc.cause) is not Conflict:
                         log.warning("renewing the lease of %s failed; retrying", state.native, exc_info=True)
                         renew_at = time.monotonic() + 1.0  # e.g. the upstream briefly unreachable: the lease is still ours
                         continue
@@ -562,7 +572,7 @@ class Sessions:
                 return
             except MemTClientError as exc:
                 # after a client disconnect the cancelled upstream query may still be in flight for a moment
-                if isinstance(exc.cause, SessionBusy) and time.monotonic() < deadline:
+                if (isinstance(exc.cause, SessionBusy) or type(exc.cause) is Conflict) and time.monotonic() < deadline:
                     await asyncio.sleep(0.05)
                     continue
                 log.warning("release of %s failed", state.native, exc_info=True)
@@ -733,11 +743,19 @@ class HeldSession:
         self.lease = await self.sessions.lease_of(self.state)
 
     def _lapsed(self, exc: MemTClientError) -> bool:
-        """Whether a query failed only because the lease kept from an earlier request lapsed (then it is retaken, once)."""
-        if not (self.kept and isinstance(exc.cause, LeaseConflict)):
+        """Whether a query failed only because the lease kept from an earlier request lapsed (then it is retaken, once).
+        A bare 409 (from a server that does not name the kind) may be that too."""
+        if not (self.kept and (isinstance(exc.cause, LeaseConflict) or type(exc.cause) is Conflict)):
             return False
         self.kept = False
         return True
+
+    async def _retake(self, exc: MemTClientError) -> None:
+        """A new lease after ``_lapsed``; after a bare 409 the old lease may still hold, so it is released first."""
+        old = self.lease
+        if type(exc.cause) is Conflict and old is not None:
+            await self.sessions.release(self.state, old)
+        self.lease = await self.sessions.acquire(self.state)
 
     async def query(self, prompt: list[int], sampling: dict) -> dict:
         """Generate from ``prompt`` reading the session's memory."""
@@ -747,7 +765,8 @@ class HeldSession:
         except MemTClientError as exc:
             if not self._lapsed(exc):
                 raise sessions.upstream_error(exc) from None
-        self.lease = await sessions.acquire(self.state)
+            lapsed = exc
+        await self._retake(lapsed)
         return await sessions.call(sessions.client.query, self.state.native, self.lease, prompt, sampling_params=sampling)
 
     async def query_stream(self, prompt: list[int], sampling: dict) -> AsyncIterator[dict]:
@@ -762,7 +781,7 @@ class HeldSession:
             await upstream.aclose()
             if not self._lapsed(exc):
                 raise sessions.upstream_error(exc) from None
-            self.lease = await sessions.acquire(self.state)
+            await self._retake(exc)
             async for body in sessions.stream(sessions.client.query_stream(self.state.native, self.lease, prompt, sampling_params=sampling)):
                 yield body
             return

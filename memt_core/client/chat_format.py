@@ -25,6 +25,15 @@ from memt_core.client.parsers import OutputParser
 from memt_core.detokenize import IncrementalDecoder
 
 
+def serves(identity: str | None, served: dict | None, capabilities: dict, described: dict | None) -> bool:
+    """Whether a server serves the checkpoint of ``identity``: by this project's identity hash (model,
+    template and vocabulary) when its capabilities report one, else by the spec's ``/memt/identity`` fields
+    (``described``) against ``served``."""
+    if "identity" in capabilities:
+        return capabilities["identity"] == identity
+    return described is not None and all(described.get(key) == value for key, value in (served or {}).items())
+
+
 class ChatFormat:
     """Encodes conversation pieces for one checkpoint's tokenizer and prompt format."""
 
@@ -35,8 +44,14 @@ class ChatFormat:
         checkpoint = read_checkpoint(self.path, validate_backbone=False)
         self.family = checkpoint.model  # the family's public name
         self.identity = checkpoint.identity()
+        # the spec's identity fields, which any memt-http-v1 server reports at /memt/identity
+        self.served = {"model": checkpoint.model, "config_sha256": checkpoint.config_sha256}
         self.native_encoding = checkpoint.native_encoding()["name"]
         self.chunk_tokens = checkpoint.memory.chunk_tokens
+
+    def matches(self, capabilities: dict, described: dict | None = None) -> bool:
+        """Whether a server serves this checkpoint (see ``serves``)."""
+        return serves(self.identity, self.served, capabilities, described)
 
     def default_sampling(self) -> dict:
         """Sampling defaults from the checkpoint's generation_config.json (greedy when there is none)."""

@@ -18,7 +18,7 @@ from typing import Any, AsyncIterator, Iterator
 import httpx
 
 from memt_core.client.errors import MemTClientError
-from memt_core.errors import error_from_wire
+from memt_core.errors import Conflict, EpochMismatch, LeaseConflict, SessionExists, UnknownSession, error_from_wire
 
 #: Control actions that change nothing on the server (never uncertain).
 READ_ONLY_ACTIONS = {"inspect", "status"}
@@ -111,6 +111,36 @@ def stream_chunk(line: str, stage: str) -> dict | None:
     return chunk
 
 
+#: Actions whose bare 409 is named by asking whether the session exists (``inspect`` needs no lease).
+PROBED_ACTIONS = {"create", "acquire", "inspect", "status"}
+
+
+def unnamed_conflict(exc: MemTClientError) -> bool:
+    """A 409 whose kind the server did not name: the spec promises only the status (``code`` is this
+    project's extension), so the client finds the kind out itself where it can."""
+    return type(exc.cause) is Conflict
+
+
+def named_conflict(action: str, *, epoch_changed: bool, exists: bool | None) -> type[Conflict] | None:
+    """The kind of a bare 409 to ``action``, from what the spec lets a client see: whether the server's
+    epoch changed (it restarted) and, for the probed actions, whether the session exists."""
+    if epoch_changed:
+        return EpochMismatch
+    if exists is None:
+        return None
+    if action == "create":
+        return SessionExists if exists else None
+    if not exists:
+        return UnknownSession
+    return LeaseConflict if action == "acquire" else None
+
+
+def _renamed(exc: MemTClientError, kind: type[Conflict] | None) -> MemTClientError:
+    if kind is not None:
+        exc.cause = kind(exc.cause.message)
+    return exc
+
+
 def _json_or_text(text: str) -> Any:
     try:
         return json.loads(text)
@@ -201,7 +231,31 @@ class NativeClient(_Base):
     def control(self, action: str, session: str | None = None, **fields: Any) -> dict:
         """``POST /memt/control``; ``None`` fields are left out, the epoch is added."""
         body = control_body(self.epoch, action, session, fields)
-        return self._send(action, "POST", "/memt/control", body=body, changes_state=action not in READ_ONLY_ACTIONS)
+        try:
+            return self._send(action, "POST", "/memt/control", body=body, changes_state=action not in READ_ONLY_ACTIONS)
+        except MemTClientError as exc:
+            if session is None or not unnamed_conflict(exc):
+                raise
+            raise _renamed(exc, self._name(action, session)) from None
+
+    def _name(self, action: str, session: str) -> type[Conflict] | None:
+        """The kind of a bare 409 (see ``named_conflict``); None when it cannot be found out."""
+        epoch = self.epoch
+        try:
+            if self.capabilities(refresh=True)["epoch"] != epoch:
+                return named_conflict(action, epoch_changed=True, exists=None)
+            if action not in PROBED_ACTIONS:
+                return None
+            try:
+                self._send("inspect", "POST", "/memt/control", body=control_body(self.epoch, "inspect", session, {}), changes_state=False)
+                exists = True
+            except MemTClientError as probe:
+                if probe.status != 409:
+                    return None
+                exists = False
+        except MemTClientError:
+            return None
+        return named_conflict(action, epoch_changed=False, exists=exists)
 
     def query(self, session: str, lease: str, input_ids: list[int], *, sampling_params: dict | None = None, stream: bool = False, nonce: str | None = None) -> dict | Iterator[dict]:
         """Generate from ``input_ids`` reading the session's memory; ``stream`` yields cumulative bodies."""
@@ -294,19 +348,55 @@ class AsyncNativeClient(_Base):
     async def control(self, action: str, session: str | None = None, **fields: Any) -> dict:
         await self.capabilities()
         body = control_body(self.epoch, action, session, fields)
-        return await self._send(action, "POST", "/memt/control", body=body, changes_state=action not in READ_ONLY_ACTIONS)
+        try:
+            return await self._send(action, "POST", "/memt/control", body=body, changes_state=action not in READ_ONLY_ACTIONS)
+        except MemTClientError as exc:
+            if session is None or not unnamed_conflict(exc):
+                raise
+            raise _renamed(exc, await self._name(action, session)) from None
+
+    async def _name(self, action: str, session: str) -> type[Conflict] | None:
+        """The kind of a bare 409 (see ``named_conflict``); None when it cannot be found out."""
+        epoch = self.epoch
+        try:
+            if (await self.capabilities(refresh=True))["epoch"] != epoch:
+                return named_conflict(action, epoch_changed=True, exists=None)
+            if action not in PROBED_ACTIONS:
+                return None
+            try:
+                await self._send("inspect", "POST", "/memt/control", body=control_body(self.epoch, "inspect", session, {}), changes_state=False)
+                exists = True
+            except MemTClientError as probe:
+                if probe.status != 409:
+                    return None
+                exists = False
+        except MemTClientError:
+            return None
+        return named_conflict(action, epoch_changed=False, exists=exists)
 
     async def query(self, session: str, lease: str, input_ids: list[int], *, sampling_params: dict | None = None, nonce: str | None = None) -> dict:
         await self.capabilities()
         body = query_body(self.epoch, session, lease, input_ids, sampling_params, False, nonce)
-        return await self._send("query", "POST", "/generate", body=body, changes_state=False)
+        try:
+            return await self._send("query", "POST", "/generate", body=body, changes_state=False)
+        except MemTClientError as exc:
+            if not unnamed_conflict(exc):
+                raise
+            raise _renamed(exc, await self._name("query", session)) from None
 
     async def query_stream(self, session: str, lease: str, input_ids: list[int], *, sampling_params: dict | None = None, nonce: str | None = None) -> AsyncIterator[dict]:
         """Cumulative stream bodies; leaving the iteration early closes the upstream request (which cancels it)."""
         await self.capabilities()
         body = query_body(self.epoch, session, lease, input_ids, sampling_params, True, nonce)
-        async for chunk in self._stream(body, "query"):
-            yield chunk
+        started = False
+        try:
+            async for chunk in self._stream(body, "query"):
+                started = True
+                yield chunk
+        except MemTClientError as exc:
+            if started or not unnamed_conflict(exc):
+                raise
+            raise _renamed(exc, await self._name("query", session)) from None
 
     async def generate(self, input_ids: list[int], *, sampling_params: dict | None = None) -> dict:
         return await self._send("generate", "POST", "/generate", body=generate_body(input_ids, sampling_params, False), changes_state=False)

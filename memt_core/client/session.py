@@ -93,8 +93,9 @@ class MemTSession:
         self._uncertain: _Uncertain | None = None
         self._closed = False
         capabilities = client.capabilities(refresh=True)
-        server_identity = capabilities.get("identity")
-        if server_identity != chat_format.identity:
+        described = None if "identity" in capabilities else client.identity()  # a server that reports only the spec's fields
+        if not chat_format.matches(capabilities, described):
+            server_identity = capabilities.get("identity") or {key: (described or {}).get(key) for key in chat_format.served}
             raise MemTClientError(
                 "the server's model/tokenizer identity does not match this chat format's checkpoint "
                 f"(server {server_identity!r}, local {chat_format.identity!r}); use the checkpoint the server serves",

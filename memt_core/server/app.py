@@ -1,7 +1,11 @@
 """FastAPI routes of memt-http-v1: a thin adapter from HTTP to ``MemTService``.
 
 Parse the body, call the service, serialise the answer; every ``MemTError`` becomes its status with
-``{"error": {"type", "message"}}``. No protocol rule lives here.
+``{"error": {"type", "message", "code"}}``. No protocol rule lives here.
+
+``spec_strict`` (``--spec-strict``) leaves out everything this server adds to what the memt-http-v1 spec
+promises, so that clients can be tested against exactly the spec: errors carry only ``type`` and
+``message`` with the spec's statuses, and identity, capabilities and control answers only the spec's fields.
 """
 
 from __future__ import annotations
@@ -30,6 +34,14 @@ DISABLED_ROUTES = (
 )
 
 
+#: Statuses the spec gives MemT errors (401/404/405 are plain HTTP); others become 400 in spec-strict mode.
+SPEC_STATUSES = {400, 401, 404, 405, 409, 429, 502, 503}
+#: The spec's capabilities and identity fields (``epoch`` is added per request).
+SPEC_CAPABILITIES = ("protocol", "snapshot_format", "chunk_tokens", "max_prefill_tokens", "streaming", "retain_kv")
+SPEC_IDENTITY = ("model", "config_sha256", "checkpoint_id", "sglang_version", "memt_runtime")
+#: Fields this server adds to control answers.
+EXTENSION_FIELDS = ("restored_version", "reads")
+
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 DEFAULT_BODY_TIMEOUT = 60.0
 
@@ -37,8 +49,9 @@ DEFAULT_BODY_TIMEOUT = 60.0
 def create_app(
     service: MemTService, *, identity: dict, capabilities: dict, api_key: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, body_timeout: float = DEFAULT_BODY_TIMEOUT,
+    spec_strict: bool = False,
 ) -> FastAPI:
-    """The HTTP application for one service."""
+    """The HTTP application for one service (``spec_strict``: see the module docstring)."""
     # with an API key every route but /health needs it, so the unauthenticated docs routes go
     app = FastAPI(
         title="MemT serve — memt-http-v1",
@@ -63,7 +76,17 @@ def create_app(
     @app.exception_handler(MemTError)
     async def memt_error(request: Request, exc: MemTError) -> JSONResponse:
         headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
-        return JSONResponse(exc.to_wire(), status_code=exc.status, headers=headers)
+        return JSONResponse(wire(exc), status_code=exc.status if not spec_strict or exc.status in SPEC_STATUSES else 400, headers=headers)
+
+    def wire(exc: MemTError) -> dict:
+        body = exc.to_wire()
+        if spec_strict:
+            del body["error"]["code"]
+        return body
+
+    if spec_strict:
+        identity = {key: identity.get(key) for key in SPEC_IDENTITY}
+        capabilities = {key: capabilities[key] for key in SPEC_CAPABILITIES}
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -96,14 +119,18 @@ def create_app(
 
     @app.post("/memt/control", dependencies=guard, openapi_extra=request_body(CONTROL))
     async def control(request: Request) -> dict:
-        return await service.control(await json_body(request))
+        answer = await service.control(await json_body(request))
+        if spec_strict:
+            for field in EXTENSION_FIELDS:
+                answer.pop(field, None)
+        return answer
 
     @app.post("/generate", dependencies=guard, openapi_extra=request_body(GENERATE))
     async def generate(request: Request):
         result = await service.generate(await json_body(request))
         if isinstance(result, dict):
             return result
-        return EventSourceResponse(_sse(result), sep="\n", ping=15)
+        return EventSourceResponse(_sse(result, wire), sep="\n", ping=15)
 
     @app.get("/metrics", dependencies=guard)
     async def get_metrics() -> Response:
@@ -114,13 +141,13 @@ def create_app(
     return app
 
 
-async def _sse(bodies):
+async def _sse(bodies, wire):
     """Stream bodies as ``data: <json>`` frames, then ``data: [DONE]``; errors become a final error frame."""
     try:
         async for body in bodies:
             yield {"data": json.dumps(body, ensure_ascii=False)}
     except MemTError as exc:
-        yield {"data": json.dumps(exc.to_wire())}
+        yield {"data": json.dumps(wire(exc))}
         return
     yield {"data": "[DONE]"}
 
