@@ -231,31 +231,7 @@ class NativeClient(_Base):
     def control(self, action: str, session: str | None = None, **fields: Any) -> dict:
         """``POST /memt/control``; ``None`` fields are left out, the epoch is added."""
         body = control_body(self.epoch, action, session, fields)
-        try:
-            return self._send(action, "POST", "/memt/control", body=body, changes_state=action not in READ_ONLY_ACTIONS)
-        except MemTClientError as exc:
-            if session is None or not unnamed_conflict(exc):
-                raise
-            raise _renamed(exc, self._name(action, session)) from None
-
-    def _name(self, action: str, session: str) -> type[Conflict] | None:
-        """The kind of a bare 409 (see ``named_conflict``); None when it cannot be found out."""
-        epoch = self.epoch
-        try:
-            if self.capabilities(refresh=True)["epoch"] != epoch:
-                return named_conflict(action, epoch_changed=True, exists=None)
-            if action not in PROBED_ACTIONS:
-                return None
-            try:
-                self._send("inspect", "POST", "/memt/control", body=control_body(self.epoch, "inspect", session, {}), changes_state=False)
-                exists = True
-            except MemTClientError as probe:
-                if probe.status != 409:
-                    return None
-                exists = False
-        except MemTClientError:
-            return None
-        return named_conflict(action, epoch_changed=False, exists=exists)
+        return self._send(action, "POST", "/memt/control", body=body, changes_state=action not in READ_ONLY_ACTIONS)
 
     def query(self, session: str, lease: str, input_ids: list[int], *, sampling_params: dict | None = None, stream: bool = False, nonce: str | None = None) -> dict | Iterator[dict]:
         """Generate from ``input_ids`` reading the session's memory; ``stream`` yields cumulative bodies."""
