@@ -140,10 +140,13 @@ def test_invalid_schema_is_a_400_naming_response_format(http):
 
 
 def random_schema(rng: random.Random, depth: int = 0) -> dict:
-    """A small JSON schema of the kinds structured outputs use (strict-style objects, enums, arrays, anyOf)."""
+    """A small JSON schema of the kinds structured outputs use: strict-style objects, bounded numbers,
+    string lengths and patterns, enums, arrays with item counts, anyOf."""
     kinds = ["string", "integer", "number", "boolean", "enum", "null"] + (["object", "array", "anyOf"] if depth < 2 else [])
     kind = rng.choice(kinds)
     if kind == "string":
+        if rng.random() < 0.25:
+            return {"type": "string", "pattern": rng.choice(["^[a-z]{2,6}$", "^[A-Z][0-9]{3}$", "^(yes|no)$", "^\\d{4}-\\d{2}-\\d{2}$"])}
         schema: dict = {"type": "string", "maxLength": rng.randint(1, 12)}
         if rng.random() < 0.3:
             schema["minLength"] = rng.randint(0, schema["maxLength"])
@@ -151,6 +154,8 @@ def random_schema(rng: random.Random, depth: int = 0) -> dict:
     if kind == "integer":
         low = rng.randint(-1000, 1000)
         return {"type": "integer", "minimum": low, "maximum": low + rng.randint(0, 5000)} if rng.random() < 0.5 else {"type": "integer"}
+    if kind == "number" and rng.random() < 0.5:
+        return {"type": "number", "minimum": -10.5, "maximum": rng.choice([0, 3.25, 1e6])}
     if kind == "enum":
         return {"enum": rng.sample(["red", "green", "blue", 1, 2.5, True, None, "x y"], rng.randint(1, 4))}
     if kind == "object":
@@ -159,7 +164,8 @@ def random_schema(rng: random.Random, depth: int = 0) -> dict:
         required = [name for name in names if rng.random() < 0.7]
         return {"type": "object", "properties": properties, "required": required, "additionalProperties": False}
     if kind == "array":
-        return {"type": "array", "items": random_schema(rng, depth + 1), "maxItems": rng.randint(1, 3)}
+        most = rng.randint(1, 3)
+        return {"type": "array", "items": random_schema(rng, depth + 1), "minItems": rng.randint(0, most), "maxItems": most}
     if kind == "anyOf":
         return {"anyOf": [random_schema(rng, depth + 1), random_schema(rng, depth + 1)]}
     return {"type": kind}
