@@ -134,7 +134,7 @@ class ChatCompletionRequest(BaseModel):
             raise ProxyError(400, "top_k must be -1 (no limit) or a positive integer", param="top_k")
         self.output_schema()  # raises on a malformed response_format
         for key, value in (self.logit_bias or {}).items():
-            if not (key.isascii() and key.isdigit()):
+            if not (key.isascii() and key.isdigit() and len(key) <= 18):
                 raise ProxyError(400, f"logit_bias keys must be token ids (as strings), got {key[:40]!r}", param="logit_bias")
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not -100 <= value <= 100:
                 raise ProxyError(400, f"logit_bias[{key!r}] must be a number in [-100, 100]", param="logit_bias")

@@ -52,6 +52,7 @@ def test_max_completion_tokens():
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": "{}"}}}, "response_format", None),
     ({"response_format": {"type": "json_schema"}}, "response_format", None),
     ({"logit_bias": {"a": 2}}, "logit_bias", None),
+    ({"logit_bias": {"9" * 5000: 2}}, "logit_bias", None),  # (past int()'s digit limit: a 400, not a 500)
     ({"logit_bias": {"1": 101}}, "logit_bias", None),
     ({"top_k": 0}, "top_k", None),
     ({"stop": ["x", ""]}, "stop", None),
