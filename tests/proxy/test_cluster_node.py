@@ -1,0 +1,111 @@
+"""The proxy's cluster pieces without servers: shared session records, the routing key as the session, drain.
+
+(The live behaviour behind SMG is tests/e2e/test_cluster.py.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+from fastapi import FastAPI, Request
+
+from memt_core.client.native import AsyncNativeClient
+from memt_proxy.cluster import install
+from memt_proxy.sessions import Sessions
+from memt_proxy.store import SessionRecordStore
+
+A, B = "a" * 64, "b" * 64
+
+
+def test_records_in_a_shared_directory_are_read_by_another_proxy(tmp_path):
+    """Per-session records go to the records directory, where another node's proxy finds them; offload records
+    (naming one upstream's snapshot files) stay in the proxy's own state directory."""
+    shared = tmp_path / "records"
+    here = SessionRecordStore(tmp_path / "node0", shared)
+    there = SessionRecordStore(tmp_path / "node1", shared)
+    here.save("p-1", 3, [A], [A, B])
+    assert there.load("p-1", 4) == [A, B]
+    here.save_offload("p-1", "sha256-" + "0" * 64 + ".safetensors", [A], None)
+    assert there.load_offload("p-1") is None and here.load_offload("p-1") is not None
+    assert sorted(p.name for p in shared.iterdir()) == ["p-1.json"]
+    there.delete("p-1")
+    assert here.load("p-1", 4) is None
+
+
+def test_a_records_directory_alone_keeps_offloads_in_memory(tmp_path):
+    store = SessionRecordStore(None, tmp_path)
+    store.save("p-1", 0, [], [A])
+    store.save_offload("p-1", "sha256-" + "1" * 64 + ".safetensors", [A], None)
+    assert store.load("p-1", 1) == [A] and store.load_offload("p-1")["committed"] == [A]
+    assert [p.name for p in tmp_path.iterdir()] == ["p-1.json"]
+
+
+def node_app():
+    """A stand-in for the proxy's routes (the session header echoed; /slow waits to be let go), as a cluster node."""
+    app = FastAPI()
+    release = asyncio.Event()
+
+    @app.get("/health/ready")
+    async def ready() -> dict:
+        return {"status": "ready"}
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> dict:
+        return {"session": request.headers.get("x-memt-session")}
+
+    @app.post("/slow")
+    async def slow() -> dict:
+        await release.wait()
+        return {"done": True}
+
+    sessions = Sessions(AsyncNativeClient("http://127.0.0.1:9"), identity=None)  # never called: no session is held
+    node = install(app, sessions, api_keys={"k": "default"})
+    return app, node, release
+
+
+def run(coroutine):
+    return asyncio.run(coroutine)
+
+
+def test_the_routing_key_becomes_the_session_unless_it_contradicts_it():
+    app, _, _ = node_app()
+
+    async def go():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://node") as http:
+            keyed = await http.post("/v1/chat/completions", headers={"X-SMG-Routing-Key": "alice"})
+            both = await http.post("/v1/chat/completions", headers={"X-SMG-Routing-Key": "alice", "X-MemT-Session": "alice"})
+            neither = await http.post("/v1/chat/completions")
+            clash = await http.post("/v1/chat/completions", headers={"X-SMG-Routing-Key": "alice", "X-MemT-Session": "bob"})
+        return keyed, both, neither, clash
+
+    keyed, both, neither, clash = run(go())
+    assert keyed.json() == both.json() == {"session": "alice"}
+    assert neither.json() == {"session": None}
+    assert clash.status_code == 400 and clash.json()["error"]["param"] == "X-SMG-Routing-Key"
+
+
+def test_a_drain_waits_for_the_requests_under_way_then_refuses_and_fails_readiness():
+    app, node, release = node_app()
+
+    async def go():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://node") as http:
+            unauthorized = await http.post("/admin/drain")
+            slow = asyncio.create_task(http.post("/slow"))
+            while node.in_flight == 0:  # the slow request is being served
+                await asyncio.sleep(0.01)
+            drain = asyncio.create_task(http.post("/admin/drain", headers={"Authorization": "Bearer k"}))
+            while not node.draining:
+                await asyncio.sleep(0.01)
+            refused = await http.post("/v1/chat/completions")
+            not_ready = await http.get("/health/ready")
+            assert not drain.done()  # still waiting for the slow request
+            release.set()
+            return unauthorized, await slow, await drain, refused, not_ready
+
+    unauthorized, slow, drained, refused, not_ready = run(go())
+    assert unauthorized.status_code == 401
+    assert slow.json() == {"done": True}
+    assert drained.status_code == 200 and drained.json()["drained"] is True
+    assert refused.status_code == 503 and refused.json()["error"]["code"] == "draining" and refused.headers["retry-after"] == "1"
+    assert not_ready.status_code == 503
