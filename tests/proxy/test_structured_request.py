@@ -15,9 +15,11 @@ from memt_core.client.native import AsyncNativeClient, generate_body, query_body
 from memt_core.demo import BUNDLED_MODEL
 from memt_core.demo.episodes import TOOLS
 from memt_core.grammar import GrammarCompiler
+from memt_proxy.conversations import ResponseRecords
 from memt_proxy.errors import ProxyError
 from memt_proxy.protocol import ChatCompletionRequest, Usage, logprobs_content, output_schema
-from memt_proxy.responses_protocol import ResponseRequest
+from memt_proxy.responses import ResponsesService
+from memt_proxy.responses_protocol import InputItems, ResponseRequest, message_item
 from memt_proxy.serving import ChatService, MemoryTokens, Prepared, RawStream
 from memt_proxy.sessions import Sessions, SessionState
 from memt_proxy.structured import check_schema, structure
@@ -218,3 +220,16 @@ def test_memory_tokens_count_what_this_proxy_wrote():
     state.committed = ["a", "b", "c", "d"]
     assert tokens.held(state) == 50
     assert tokens.held(SessionState(native="adopted", committed=["x"])) == 0  # memory this proxy did not write
+
+
+def test_responses_plan_and_usage(service):
+    """The Responses surface: ``text.format`` becomes the same grammar, and ``on_usage`` hears of a settled response."""
+    responses = ResponsesService(service.sessions, service.chat_format, service.parser, ResponseRecords(None), model_names=["m"])
+    request = ResponseRequest.model_validate({"model": "m", "input": "hi", "store": False, "reasoning": {"effort": "high"}, "text": {"format": {"type": "json_schema", "name": "w", "schema": WEATHER}}})
+    plan = responses._plan(request, "t", InputItems.of(request.input).items, None, [], [], None)
+    assert json.loads(plan.sampling["json_schema"]) == WEATHER and plan.raw and plan.thinking is False
+    seen = []
+    responses.on_usage = lambda **fields: seen.append(fields)
+    body = asyncio.run(responses._settle(plan, None, "resp_1", 0, [message_item('{"city":"Oslo","degrees":3}')], [5, 6, 7], "stop"))
+    assert body["text"] == {"format": request.text["format"]}
+    assert seen == [{"prompt_tokens": len(plan.prompt), "completion_tokens": 3, "saved_tokens": 0, "memory": False}]
