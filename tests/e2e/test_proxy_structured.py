@@ -127,9 +127,13 @@ def test_structured_answer_on_a_session_is_valid_and_committed(demo_proxy, http)
     session = unique("structured")
     schema = Weather.model_json_schema()
     body = chat(http, headers={"X-MemT-Session": session}, response_format={"type": "json_schema", "json_schema": {"name": "w", "schema": schema}}, max_tokens=64)
-    jsonschema.validate(json.loads(body["choices"][0]["message"]["content"]), schema)
-    with demo_proxy.http(None) as raw:  # the next request waits for the commit behind the answer
-        assert raw.get(f"/v1/memt/sessions/{session}").status_code == 200
+    answer = body["choices"][0]["message"]["content"]
+    jsonschema.validate(json.loads(answer), schema)
+    assert demo_proxy.inspect(session, None)["committed_messages"] == 2  # the question and the JSON answer
+    follow = QUESTION + [{"role": "assistant", "content": answer}, {"role": "user", "content": "And in Oslo?"}]
+    again = chat(http, headers={"X-MemT-Session": session}, messages=follow, response_format={"type": "json_schema", "json_schema": {"name": "w", "schema": schema}}, max_tokens=64)
+    jsonschema.validate(json.loads(again["choices"][0]["message"]["content"]), schema)
+    assert demo_proxy.inspect(session, None)["committed_messages"] == 4  # the transcript lined up with memory
 
 
 def test_invalid_schema_is_a_400_naming_response_format(http):
