@@ -22,6 +22,7 @@ failover time through SMG from the kill to the first answered turn (health check
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import signal
 import statistics
@@ -210,6 +211,7 @@ def main() -> None:
             raise SystemExit(f"{binary} is not installed (scripts/setup.sh installs it)")
     work = Path(tempfile.mkdtemp(prefix="memt-bench-cluster-"))
     say(f"model {args.model_path.name}; {args.sessions} sessions x {args.turns} turns, {args.concurrency} at a time; logs under {work}")
+    say(f"{os.cpu_count()} CPU cores, load average {os.getloadavg()[0]:.1f} before the run (the pairs share these cores)")
     rates = {}
     for pairs in args.pairs:
         cluster = Cluster(pairs, args.model_path, work / f"pairs{pairs}", args.ownership_ttl)
