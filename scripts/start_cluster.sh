@@ -15,6 +15,7 @@
 #   MEMT_REDIS_PORT      6390
 #   MEMT_OWNERSHIP_TTL   10: seconds a dead node's sessions stay owned before another node takes them
 #   MEMT_CORE_ARGS       extra python -m memt_core.launch arguments (e.g. "--device cuda:0")
+#   MEMT_PROXY_KEY       an API key the proxies require (SMG is given it too: it lists the workers' models with it)
 set -euo pipefail
 
 N=${1:-3}
@@ -35,6 +36,8 @@ TTL=${MEMT_OWNERSHIP_TTL:-10}
 mkdir -p "$DIR/store" "$DIR/records" "$DIR/logs"
 MODEL_ARGS=()
 [ -n "$MODEL" ] && MODEL_ARGS=(--model-path "$MODEL")
+KEY_ARGS=()
+[ -n "${MEMT_PROXY_KEY:-}" ] && KEY_ARGS=(--api-key "$MEMT_PROXY_KEY")
 
 PIDS=()
 stop() {
@@ -42,6 +45,7 @@ stop() {
     echo "stopping the cluster"
     for ((i=${#PIDS[@]}-1; i>=0; i--)); do kill "${PIDS[i]}" 2>/dev/null || true; done
     wait 2>/dev/null || true
+    exit 0
 }
 trap stop INT TERM EXIT
 
@@ -68,18 +72,23 @@ for ((i=0; i<N; i++)); do
     PIDS+=($!)
     wait_for "http://127.0.0.1:$cport/health" "core $i"
     "$PY" -m memt_proxy "${MODEL_ARGS[@]}" --upstream "http://127.0.0.1:$cport" --host 127.0.0.1 --port "$pport" \
-        --state-directory "$DIR/node$i-proxy" --records-directory "$DIR/records" --cluster >"$DIR/logs/proxy$i.log" 2>&1 &
+        --state-directory "$DIR/node$i-proxy" --records-directory "$DIR/records" --cluster "${KEY_ARGS[@]}" >"$DIR/logs/proxy$i.log" 2>&1 &
     PIDS+=($!)
     wait_for "http://127.0.0.1:$pport/health/ready" "proxy $i"
     WORKERS+=("http://127.0.0.1:$pport")
 done
 
 "$SMG" launch --host 127.0.0.1 --port "$PORT" --prometheus-host 127.0.0.1 --prometheus-port $((PORT+1)) \
-    --policy consistent_hashing --worker-urls "${WORKERS[@]}" \
+    --policy consistent_hashing --worker-urls "${WORKERS[@]}" "${KEY_ARGS[@]}" \
     --health-check-endpoint /health/ready --health-check-interval-secs 2 --health-failure-threshold 2 \
     --shutdown-grace-period-secs 5 --log-level warn >"$DIR/logs/smg.log" 2>&1 &
 PIDS+=($!)
-wait_for "http://127.0.0.1:$PORT/v1/models" "SMG"
+AUTH=()
+[ -n "${MEMT_PROXY_KEY:-}" ] && AUTH=(-H "Authorization: Bearer $MEMT_PROXY_KEY")
+for _ in $(seq 240); do  # until SMG has registered the workers and lists their model
+    curl -sf "${AUTH[@]}" "http://127.0.0.1:$PORT/v1/models" | grep -q '"id"' && break
+    sleep 0.5
+done
 echo "MemT cluster: $N nodes behind SMG at http://127.0.0.1:$PORT/v1 (send X-SMG-Routing-Key: <session>); Ctrl-C stops it"
 wait || true
 echo "a process of the cluster exited; see $DIR/logs" >&2
