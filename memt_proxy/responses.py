@@ -326,6 +326,17 @@ class ResponsesService:
             self.records.save(ResponseRecord(response_id, plan.tenant, body, plan.items, thread.id if thread else None, version, snapshot_of, uncommitted, calls if not incomplete else []))
         return body
 
+    def _reply_ids(self, plan: Plan, output_ids: list[int]) -> list[int]:
+        """The answer as committed (``ChatFormat.reply_ids``): without the stray or malformed markup the
+        parser dropped, as the app received it."""
+        if plan.raw:
+            return output_ids
+        generated = self.chat_format.decode(output_ids)
+        kept = self.parser.parse(plan.prefix + generated, thinking=plan.thinking).text
+        if not kept.startswith(plan.prefix):  # the forced prefix is already in the turn's ids
+            return output_ids
+        return self.chat_format.reply_ids(output_ids, generated, kept[len(plan.prefix):])
+
     async def _advance(self, plan: Plan, held: HeldSession, thread: Thread, response_id: str, messages: list[dict], calls: list[str], output: list[dict], output_ids: list[int], incomplete: bool) -> None:
         """The thread after this response: its turn committed behind the answer (a completed answer), left
         pending (function calls), or left open (cut by max_output_tokens)."""
@@ -341,8 +352,9 @@ class ResponsesService:
         else:
             # committed behind the answer; the thread's next request waits for it, then confirms it (``_confirm``)
             committed = state.committed + [message_hash(m) for m in messages]
-            held.commit_turn_later(plan.context_ids, plan.turn_ids + output_ids, committed)
-            self.memory_tokens.wrote(state, len(committed), len(plan.context_ids) + len(plan.turn_ids) + len(output_ids))
+            reply_ids = self._reply_ids(plan, output_ids)
+            held.commit_turn_later(plan.context_ids, plan.turn_ids + reply_ids, committed)
+            self.memory_tokens.wrote(state, len(committed), len(plan.context_ids) + len(plan.turn_ids) + len(reply_ids))
             version = plan.base_version + 1  # one publish per turn
             thread.uncommitted, thread.calls, thread.behind = [], [], messages
             thread.snapshot_of = None if thread.conversation else response_id  # a chain exports it before its next write

@@ -91,6 +91,7 @@ class Prepared:
     digest: str = ""  # the request's digest (``request_digest``), kept with a committed turn's answer
     raw: bool = False  # the answer is structured JSON, returned as it is (no markup to parse)
     saved: int = 0  # prompt tokens memory spared this request (``MemoryTokens``)
+    kept: str | None = None  # the answer's text as it may be committed (``Parsed.text``; set by ``_message``)
 
 
 @dataclass
@@ -327,9 +328,11 @@ class ChatService:
         return text, False
 
     def _message(self, prepared: Prepared, text: str, finish: str) -> tuple[dict, str]:
+        prepared.kept = text
         if prepared.raw:
             return {"role": "assistant", "content": text}, finish
         parsed = self.parser.parse(text, thinking=prepared.thinking)
+        prepared.kept = parsed.text
         calls = [c.to_openai() for c in parsed.tool_calls]
         if calls and not prepared.parallel_tools:
             calls = calls[:1]
@@ -425,15 +428,12 @@ class ChatService:
             yield chunk_body(id=cid, model=request.model, created=created, delta=None, usage=last.usage)
 
     def _reply_ids(self, prepared: Prepared, output_ids: list[int]) -> list[int]:
-        """The reply as committed: the generated ids, or for a reply cut by a stop string the ids of the
-        text the client received (the stop string and whatever followed it left out) and an end token."""
-        if not prepared.stops or (output_ids and output_ids[-1] in self.chat_format.end_ids):
+        """The reply as committed (``ChatFormat.reply_ids``): the generated ids, or for a reply cut by a stop
+        string or cleaned of markup by the parser, the ids of the text the app received and an end token."""
+        kept = prepared.kept if prepared.kept is not None else self._text(prepared, output_ids, final=True)[0]
+        if not kept.startswith(prepared.prefix):  # the forced prefix is already in the turn's ids
             return output_ids
-        text, stopped = self._text(prepared, output_ids, final=True)
-        if not stopped:
-            return output_ids
-        end = self.chat_format.tokenizer.eos_token_id
-        return self._encode(text[len(prepared.prefix):]) + ([end] if end is not None else [])
+        return self.chat_format.reply_ids(output_ids, self.chat_format.decode(output_ids), kept[len(prepared.prefix):])
 
     # ---- streaming
 

@@ -125,6 +125,15 @@ class ChatFormat:
         keep = [i for i in ids if i not in self.end_ids]
         return self.tokenizer.decode(keep, skip_special_tokens=False)
 
+    def reply_ids(self, output_ids: list[int], generated: str, kept: str) -> list[int]:
+        """A reply's ids as committed to memory: ``output_ids`` when ``kept`` (what the app received of it:
+        cut at a stop string, stray or malformed markup dropped by the parser) is all that was ``generated``;
+        otherwise the ids of ``kept`` and an end token, so that memory never holds what the app never saw."""
+        if kept == generated:
+            return output_ids
+        end = self.tokenizer.eos_token_id
+        return self._encode(kept) + ([end] if end is not None else [])
+
     def output_decoder(self) -> "OutputDecoder":
         """``decode`` for a stream: fed the growing output ids, decoding only what is new."""
         return OutputDecoder(self)

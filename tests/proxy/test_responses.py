@@ -95,3 +95,14 @@ def test_the_turn_committed_behind_the_last_answer_is_confirmed_or_resent(servic
         assert thread.version == 3 and thread.uncommitted == [{"role": "user", "content": "added"}]
     else:  # the write did not land: its messages go with the next input, as context, and are committed with it
         assert thread.version == 2 and thread.uncommitted == said + [{"role": "user", "content": "added"}]
+
+
+def test_an_answer_is_committed_without_the_markup_the_app_never_saw(service):
+    chat_format = service.chat_format
+    eos = chat_format.tokenizer.eos_token_id
+    made = plan(service, "Hi")
+    messy = chat_format._encode("Hi <tool_call>not a call</tool_call> there.</think>") + [eos]
+    committed = service._reply_ids(made, messy)
+    assert chat_format.decode(committed) == "Hi not a call there." and committed[-1] == eos
+    clean = chat_format._encode("Hi there.") + [eos]
+    assert service._reply_ids(made, clean) == clean  # a clean answer is committed as generated

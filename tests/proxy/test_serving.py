@@ -68,7 +68,7 @@ def test_committed_reply_ids(service):
     assert eos in chat_format.end_ids
     ids = chat_format._encode("alpha beta gamma")
     # ended by the model's end token, or no stop strings at all: the generated ids as they are
-    assert service._reply_ids(prepared(service, stops=["beta"]), ids + [eos]) == ids + [eos]
+    assert service._reply_ids(prepared(service, stops=["zzz"]), ids + [eos]) == ids + [eos]
     assert service._reply_ids(prepared(service), ids) == ids
     # cut by a stop string: what the client received, then the end token (never the stop string)
     assert service._reply_ids(prepared(service, stops=["beta"]), ids) == chat_format._encode("alpha ") + [eos]
@@ -76,6 +76,29 @@ def test_committed_reply_ids(service):
     # with a forced prefix (already in the turn's ids) only the generated part follows
     cut = service._reply_ids(prepared(service, stops=["gamma"], prefix="pre: "), ids)
     assert cut == chat_format._encode("alpha beta ") + [eos]
+
+
+@pytest.mark.parametrize("generated, received", [
+    ("Hi <tool_call>not a call</tool_call> there.", "Hi not a call there."),  # a malformed call: its text, no markup
+    ("The answer.<think>\n\n</think>\n\nMore.", "The answer.\n\nMore."),  # a reasoning block inside the answer
+    ("Sunny</think> today.", "Sunny today."),  # a stray closing tag
+    ("Let me check. <tool_call>{\"name\": \"get_wea", "Let me check. {\"name\": \"get_wea"),  # unterminated
+])
+def test_markup_the_app_never_sees_is_never_committed(service, generated, received):
+    chat_format = service.chat_format
+    eos = chat_format.tokenizer.eos_token_id
+    ids = chat_format._encode(generated) + [eos]
+    ready = prepared(service)
+    message, finish = service._message(ready, service._text(ready, ids, final=True)[0], "stop")
+    assert (message["content"], finish) == (received.strip(), "stop")
+    committed = service._reply_ids(ready, ids)
+    assert committed[-1] == eos and chat_format.decode(committed) == received
+    for tag in ("<tool_call>", "</tool_call>", "<think>", "</think>"):
+        assert tag not in chat_format.decode(committed)
+    clean = chat_format._encode("A clean answer.") + [eos]  # a clean answer is committed as generated
+    ready = prepared(service)
+    service._message(ready, service._text(ready, clean, final=True)[0], "stop")
+    assert service._reply_ids(ready, clean) == clean
 
 
 def test_tool_call_messages(service):
