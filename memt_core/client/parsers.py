@@ -224,43 +224,41 @@ class StreamParser:
 class _Scrubbed:
     """A text given piece by piece with every ``markup`` string removed, repeatedly: removing one may join
     two fragments into another, which goes too. What a later piece could still join into markup is held
-    back; ``final`` lets it out, ``drop`` drops it (the text is cut there)."""
+    back; ``final`` lets it out, ``drop`` drops it (the text is cut there).
+
+    Every markup string has one "<", its first character, so what is held is a stack of proper prefixes
+    of markup, each from a "<" on: the top one completes (and goes) or grows, or, once it can no longer
+    become markup, nothing held before it can either, and all is let out. Linear in the text.
+    """
 
     def __init__(self, markup: tuple[str, ...]):
-        assert all(m.count("<") == 1 and m.startswith("<") for m in markup)
-        self.markup = markup
-        self.ends = {m[-1] for m in markup}
-        self.held: list[str] = []  # characters not let out yet; removals happen only inside them
+        assert all(m.count("<") == 1 and m.startswith("<") and len(m) > 1 for m in markup)
+        self.markup = set(markup)
+        self.prefixes = {m[:size] for m in markup for size in range(1, len(m))}
+        self.held: list[str] = []  # open prefixes, oldest first
 
     def extend(self, piece: str, *, final: bool = False, drop: bool = False) -> str:
-        held = self.held
+        held, out = self.held, []
         for ch in piece:
-            held.append(ch)
-            if ch in self.ends:
-                for m in self.markup:
-                    if len(held) >= len(m) and "".join(held[-len(m):]) == m:
-                        del held[-len(m):]
-                        break
+            if ch == "<":
+                held.append(ch)
+            elif not held:
+                out.append(ch)
+            else:
+                top = held[-1] + ch
+                if top in self.markup:
+                    held.pop()
+                elif top in self.prefixes:
+                    held[-1] = top
+                else:  # the top can no longer become markup, and nothing under it can
+                    held[-1] = top
+                    out += held
+                    held.clear()
         if final or drop:
-            out = "" if drop and not final else "".join(held)
+            if not drop:
+                out += held
             held.clear()
-            return out
-        cut = len(held)  # let out all but a tail that could still become markup (itself or once a tag in it goes)
-        while cut:
-            start = _last(held, "<", cut)
-            if start < 0 or not any(m.startswith("".join(held[start:cut])) and len(m) > cut - start for m in self.markup):
-                break
-            cut = start
-        out = "".join(held[:cut])
-        del held[:cut]
-        return out
-
-
-def _last(chars: list[str], ch: str, end: int) -> int:
-    for i in range(end - 1, -1, -1):
-        if chars[i] == ch:
-            return i
-    return -1
+        return "".join(out)
 
 
 class _Trimmed:

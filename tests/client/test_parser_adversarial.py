@@ -143,3 +143,38 @@ def test_the_defined_results_of_broken_outputs():
     bad = f'<{DSML}tool_calls><{DSML}invoke name="f"><{DSML}parameter name="n" string="false">{{x</{DSML}parameter></{DSML}invoke></{DSML}tool_calls>'
     assert flash.parse("ok " + bad).content == "ok {x"
     assert flash.parse(f"a <{DSML}invoke b").content == "a invoke b"
+
+
+def lines_run(parser, text: str, step: int) -> int:
+    """Lines of the parsers module executed while ``text`` is streamed ``step`` characters at a time."""
+    import sys
+
+    source = sys.modules[type(parser).__module__].__file__
+    count = 0
+
+    def trace(frame, event, arg):
+        nonlocal count
+        if frame.f_code.co_filename != source:
+            return None
+        if event == "line":
+            count += 1
+        return trace
+
+    stream = parser.stream()
+    sys.settrace(trace)
+    try:
+        for end in range(step, len(text) + 1, step):
+            stream.feed(text[:end])
+        stream.finish(text)
+    finally:
+        sys.settrace(None)
+    return count
+
+
+@pytest.mark.parametrize("unit", ["<", "<thi", "<<b", "</tool_ca"])
+def test_runs_of_tag_fragments_cost_linear_work(unit):
+    """Held fragments of tags (a model emitting "<<<<…") are not rescanned at every token: doubling the
+    text doubles the lines executed, within a bounded cost per character (it was quadratic)."""
+    parser = parser_for(NANO)
+    small, large = (lines_run(parser, unit * (n // len(unit)), 3) for n in (1500, 3000))
+    assert small > 1000 and large < 2.3 * small and large < 60 * 3000, (small, large)
