@@ -259,9 +259,13 @@ class MemTSession:
         meta = body.get("meta_info", {})
         finish = (meta.get("finish_reason") or {}).get("type")
         truncated = finish != "stop"
-        turn.ids = turn.ids + output_ids
-        parsed = self.parser.parse(self.chat_format.decode(output_ids), thinking=turn.thinking)
+        decoded = self.chat_format.decode(output_ids)
+        parsed = self.parser.parse(decoded, thinking=turn.thinking)
         calls = [call.to_openai() for call in parsed.tool_calls]
+        # a completed answer is kept (replayed, committed) as the caller received it, without stray or
+        # malformed markup; a tool round continues from its exact generated tokens
+        cleaned = not truncated and not calls
+        turn.ids = turn.ids + (self.chat_format.reply_ids(output_ids, decoded, parsed.text) if cleaned else output_ids)
         message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
         if parsed.reasoning is not None:
             message["reasoning_content"] = parsed.reasoning

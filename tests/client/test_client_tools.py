@@ -159,3 +159,27 @@ def test_truncated_reply_is_kept_and_committed_later(live: Live):
         mark = rec.mark()
         assert session.save_state()["committed_turns"] == [3]
         assert rec.since(mark) == ["acquire", "begin", "commit", "export", "publish", "release"]
+
+
+@pytest.mark.parametrize("generated", [
+    "Hi <tool_call>not a call</tool_call> there.",  # a malformed call block
+    "Sunny</think> today.<think>\n\n</think>",  # a stray tag and a reasoning block after the answer
+])
+def test_a_completed_answer_is_kept_without_the_markup_the_caller_never_saw(live_nano: Live, generated):
+    """What ``MemTSession`` replays and commits of an answer is what ``chat`` returned, not stray markup."""
+    from memt_core.client.native import NativeClient
+    from memt_core.client.session import TurnRecord
+
+    with NativeClient(live_nano.server.url) as client:
+        session = live_nano.session(client)
+        try:
+            eos = live_nano.tokenizer.eos_token_id
+            turn = TurnRecord(number=1, messages=[{"role": "user", "content": "hi"}], ids=live_nano.encode("hi"), thinking=False)
+            result = session._absorb(turn, {"output_ids": live_nano.encode(generated) + [eos], "meta_info": {"finish_reason": {"type": "stop"}}})
+            kept = live_nano.chat_format.decode(session._turns[-1].ids[len(live_nano.encode("hi")):])
+            assert kept == result["answer"] or kept.strip() == result["answer"]
+            for tag in ("<tool_call>", "</tool_call>", "<think>", "</think>"):
+                assert tag not in kept
+            assert session.commit_history()["memory_updated"] is True
+        finally:
+            session.close()
