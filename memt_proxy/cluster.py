@@ -1,6 +1,7 @@
 """The proxy as one node of a cluster behind a router (SMG), on cores that share a snapshot store.
 
-Three pieces, switched on together by ``--cluster`` (``install``):
+Three pieces: the first and third are switched on by ``--cluster`` (``install``); the second wraps every
+proxy's native client (a single core with ``--snapshot-store`` restores sessions after a crash too):
 
 * **The session from the routing key.** SMG (the Shepherd Model Gateway) routes with consistent hashing
   on a routing-key header and forwards only a short list of headers to its workers — ``Authorization``,

@@ -1,0 +1,48 @@
+"""A proxy in front of one core with a durable snapshot store, across a crash of the core.
+
+The core restarts (SIGKILL, new epoch) and restores each session's latest published version from
+``--snapshot-store`` when the proxy creates it again (``restored_version``). The proxy must adopt that
+version and keep trimming from its record, not take the session for a fresh one (it would resend and
+commit the whole transcript, so memory would hold it twice).
+"""
+
+from __future__ import annotations
+
+import openai
+
+from e2e.proxies import STOPS, ProxyServer, expected_prompt, unique
+from e2e.servers import MemTServer
+
+MODEL = "tiny-random-nano"
+
+
+def test_a_crashed_durable_core_comes_back_with_the_session_trimmed(nano_checkpoint, proxy_chat_format, tmp_path):
+    core = MemTServer(nano_checkpoint, args=["--snapshot-store", str(tmp_path / "store")]).start()
+    try:
+        with ProxyServer(core.url, nano_checkpoint, args=["--state-directory", str(tmp_path / "proxy")]) as proxy:
+            client = proxy.openai(timeout=120)
+            session, messages = unique("durable"), []
+
+            def turn(text: str):
+                sent = [*messages, {"role": "user", "content": text}]
+                completion = client.chat.completions.create(
+                    model=MODEL, messages=sent, max_tokens=24, stop=STOPS, seed=len(messages), extra_headers={"X-MemT-Session": session},
+                )
+                assert completion.choices[0].finish_reason == "stop"
+                messages[:] = [*sent, {"role": "assistant", "content": completion.choices[0].message.content}]
+                return sent, completion.usage.prompt_tokens
+
+            turn("My name is Ann.")
+            turn("I live in Oslo.")
+            assert proxy.inspect(session)["native"]["published_version"] == 2  # inspect waits for the turn's commit
+            core.restart(kill=True)
+            try:  # the proxy learns of the new epoch from this request (an error it may answer), then starts over
+                sent, prompt_tokens = turn("Where do I live?")
+            except openai.APIStatusError as exc:
+                assert exc.status_code in (409, 503), exc
+                sent, prompt_tokens = turn("Where do I live?")
+            assert prompt_tokens == len(expected_prompt(proxy_chat_format, sent, len(sent) - 1)), "the transcript was not trimmed"
+            seen = proxy.inspect(session)
+            assert seen["native"]["published_version"] == 3 and seen["history_known"] and seen["committed_messages"] == 6, seen
+    finally:
+        core.close()
