@@ -134,10 +134,13 @@ def held_out_notes(splits: dict) -> str:
     ind, held = splits["in_distribution"]["figures"], splits["heldout"]["figures"]
     lines = []
     if "fact1_values" in held and "fact1" in held:
+        cause = ("New values are copied out of memory; new phrasings are what it fails on."
+                 if held["fact1_values"] - held["fact1"] >= 0.1 else
+                 "New phrasings cost little beyond what new values cost.")
         lines.append(
             f"- Never-seen values told and asked with *training* phrasings are recalled in {held['fact1_values']:.0%} "
             f"of cases ({ind['fact1_values']:.0%} for in-distribution values); with held-out phrasings as well, "
-            f"{held['fact1']:.0%}. New values are copied out of memory; new phrasings are what it fails on.")
+            f"{held['fact1']:.0%}. {cause}")
     gaps = [(ind[n] - held[n], n) for n in LABELS_FOR_GAPS if n in held and n in ind]
     worst = [n for gap, n in sorted(gaps, reverse=True) if gap >= 0.2]
     if worst:
@@ -148,8 +151,9 @@ def held_out_notes(splits: dict) -> str:
     examples = [text for name, shown in splits["heldout"].get("examples", {}).items() if name.endswith("_wrong") for text in shown[:1]]
     if examples:
         lines.append("- Wrong held-out answers from this evaluation:\n" + "\n".join(f"  - `{e[:160]}`" for e in examples[:8]))
-    lines.append("- A user who phrases things like its training templates gets answers like the in-distribution column; "
-                 "other phrasings often get a wrong or unrelated answer.")
+    if worst:
+        lines.append("- A user who phrases things like its training templates gets answers like the in-distribution column; "
+                     "other phrasings often get a wrong or unrelated answer.")
     return "\n".join(lines)
 
 
