@@ -62,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--snapshot-store", default=None, help="directory (e.g. shared by several servers) that keeps every session's latest published memory; a session created under a name the store knows starts from it")
     server.add_argument("--ownership", default=None, help="redis:// URL: one owner per session among servers sharing --snapshot-store (a lease with a fencing token)")
     server.add_argument("--ownership-ttl", type=float, default=30.0, help="seconds a session's ownership lease lasts unless renewed")
+    server.add_argument("--unload-idle", type=float, default=None, help="with --snapshot-store: unload a session left without a lease for this many seconds (its memory stays in the store, its ownership is given up), so that a router's new choice of server can take it over; a later request here restores it (default: 60 with --ownership, else never)")
     server.add_argument("--node-id", default=None, help="this server's name as a session owner (default: host:port)")
     server.add_argument("--ack-timeout", type=float, default=120.0, help="seconds the engine has to acknowledge a commit or start a query before the server answers 503 (the outcome is then unknown: status/recover)")
     server.add_argument("--header-timeout", type=float, default=10.0, help="seconds a client has to send a request's headers (the connection is closed after)")
@@ -103,6 +104,7 @@ class LaunchPlan:
     log_level: str
     defaulted_model: bool = False  # no --model-path was given: the bundled demo model is served
     spec_strict: bool = False  # only what the spec promises on the wire (--spec-strict)
+    unload_idle: float | None = None  # seconds without a lease before a durable session is unloaded
 
     @property
     def engine_class(self) -> type[Engine]:
@@ -207,10 +209,18 @@ def plan_launch(args: argparse.Namespace, environ=os.environ) -> LaunchPlan:
         header_timeout=args.header_timeout, body_timeout=args.body_timeout,
         snapshot_store=args.snapshot_store, ownership=args.ownership, ownership_ttl=args.ownership_ttl,
         node_id=args.node_id or f"{socket.gethostname()}:{args.port}", api_key=args.api_key, log_level=args.log_level,
-        spec_strict=args.spec_strict,
+        spec_strict=args.spec_strict, unload_idle=_unload_idle(args),
     )
     plan.engine_class.check_options(plan.engine_options())
     return plan
+
+
+def _unload_idle(args: argparse.Namespace) -> float | None:
+    if args.unload_idle is None:
+        return 60.0 if args.ownership else None
+    if args.unload_idle <= 0 or args.snapshot_store is None:
+        raise CheckpointError("--unload-idle must be a positive number of seconds, and needs --snapshot-store")
+    return args.unload_idle
 
 
 def _cuda_available() -> bool:
@@ -244,6 +254,8 @@ def assemble(plan: LaunchPlan, engine: Engine, *, tokenizer=None):
             max_inflight_commits=plan.runtime.max_inflight_commits_per_rank,
             retain_kv_enabled=plan.enable_streaming_session,
             native_encoding=native,
+            durable=plan.snapshot_store is not None,
+            unload_idle=plan.unload_idle,
         ),
     )
     service = MemTService(

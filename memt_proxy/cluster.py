@@ -67,7 +67,8 @@ class Node:
         self.in_flight = 0  # requests being served (not the health checks or the drain itself)
 
     async def drain(self, wait: float = DRAIN_WAIT) -> dict:
-        """Stop taking requests, finish the ones under way and their commits, release every kept lease."""
+        """Stop taking requests, finish the ones under way and their commits, then hand every session off
+        (``Sessions.unload``: its core frees it and gives up its ownership, its memory stays in the store)."""
         self.draining = True
         sessions = self.sessions
         deadline = time.monotonic() + wait
@@ -75,15 +76,18 @@ class Node:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"requests or commits still under way after {wait:g} s")
             await asyncio.sleep(0.05)
-        released = 0
+        released = unloaded = 0
         for state in [*sessions.table, *sessions.table.evicted]:
+            if state.exists:  # handed off: the core frees it and its ownership, its memory stays in the store
+                unloaded += await sessions.unload(state)
+                continue
             lease = state.drop_lease()
             if lease is not None:
                 await sessions.release(state, lease)
                 released += 1
         sessions.table.evicted.clear()
-        log.info("drained: %d sessions, %d leases released", len(sessions.table), released)
-        return {"drained": True, "sessions": len(sessions.table), "leases_released": released}
+        log.info("drained: %d sessions, %d handed off, %d leases released", len(sessions.table), unloaded, released)
+        return {"drained": True, "sessions": len(sessions.table), "handed_off": unloaded, "leases_released": released}
 
 
 async def _answer(send, status: int, body: dict, headers: list[tuple[bytes, bytes]] = ()) -> None:

@@ -510,20 +510,51 @@ class Sessions:
 
     async def acquire(self, state: SessionState) -> str:
         """A new native lease (waiting up to ``lease_wait`` while another client holds it), kept as the session's
-        and renewed until released, or until the session has been idle for ``lease_idle`` seconds."""
+        and renewed until released, or until the session has been idle for ``lease_idle`` seconds. A session the
+        upstream no longer holds (a server with a snapshot store unloads idle ones) is brought back first."""
         state.drop_lease()
         deadline = time.monotonic() + self.lease_wait
+        reloaded = False
         while True:
             try:
                 lease = (await self.client.control("acquire", state.native, ttl=self.lease_ttl))["lease"]
                 break
             except MemTClientError as exc:
+                if isinstance(exc.cause, UnknownSession) and state.exists and not reloaded:
+                    reloaded = True
+                    await self._reload(state)
+                    continue
                 if not isinstance(exc.cause, LeaseConflict) or time.monotonic() > deadline:
                     raise self.upstream_error(exc) from None
             await asyncio.sleep(0.2)
         state.lease = lease
         state.keeper = asyncio.get_running_loop().create_task(self._keep(state, lease))
         return lease
+
+    async def _reload(self, state: SessionState) -> None:
+        """Create the session again upstream, where its durable memory is restored, and adopt it; what this
+        proxy knew of its memory stays when the version is the one it knew."""
+        version, committed, known, pending = state.version, state.committed, state.history_known, state.pending
+        state.exists = False
+        await self.ensure(state)
+        if state.version == version and not state.history_known:
+            state.committed, state.history_known, state.pending = committed, known, pending
+        log.info("%s was no longer held upstream: restored at version %d", state.native, state.version)
+
+    async def unload(self, state: SessionState) -> bool:
+        """Hand the session off: the upstream frees it and gives up its ownership, keeping its memory in the
+        snapshot store, so that the server a router sends it to next takes it over (``POST /admin/drain``).
+        False (and only the lease released) where the upstream cannot: no snapshot store, or not this server."""
+        lease = state.lease or await self.acquire(state)
+        state.drop_lease()
+        try:
+            await self.client.control("unload", state.native, lease=lease)
+        except MemTClientError as exc:
+            log.info("%s not unloaded (%s); its lease is released", state.native, exc.message)
+            await self.release(state, lease)
+            return False
+        state.exists = False  # a later request here restores it (``_reload`` through ``ensure``)
+        return True
 
     async def _keep(self, state: SessionState, lease: str) -> None:
         """Renew the lease every third of its lifetime while the session is in use or was used within

@@ -165,6 +165,11 @@ class MemoryStore:
         if self.owned is not None:
             self.owned.release(e.session)
 
+    def _UnloadSession(self, e: fx.UnloadSession) -> None:
+        self.sessions.pop(e.session, None)  # the durable store keeps its versions: another server restores them
+        if self.owned is not None:
+            self.owned.release(e.session)
+
     def _DropRetainedKV(self, e: fx.DropRetainedKV) -> None:
         self.get(e.session).retained = None
 

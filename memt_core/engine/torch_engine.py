@@ -69,7 +69,7 @@ class _Commit:
 
 
 #: effects that read or write the durable snapshot store when there is one
-DURABLE_EFFECTS = (fx.NewMemory, fx.CopyMemory, fx.PublishCandidate, fx.ClearMemory, fx.DropSession)
+DURABLE_EFFECTS = (fx.NewMemory, fx.CopyMemory, fx.PublishCandidate, fx.ClearMemory, fx.DropSession, fx.UnloadSession)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
 
 

@@ -76,6 +76,11 @@ class DropSession(Effect):
 
 
 @dataclass(frozen=True)
+class UnloadSession(Effect):
+    """Free the session's memory here and give up its ownership; its durable versions stay in the store."""
+
+
+@dataclass(frozen=True)
 class DropRetainedKV(Effect):
     """Forget the session's retained native KV context."""
 

@@ -166,6 +166,12 @@ class Close(Action):
     pass
 
 
+@dataclass(frozen=True)
+class Unload(Action):
+    """This server's extension: free the session here and give up its ownership, keeping its durable memory
+    (a server with a snapshot store), so that another server can take it over."""
+
+
 class _Fields:
     """Reads typed fields of one request body, naming the field in every refusal."""
 
@@ -246,6 +252,7 @@ CONTROL_ACTIONS: dict[str, tuple[type[Action], bool, Callable[[_Fields], dict]]]
     "kv_reset": (KvReset, True, lambda f: {}),
     "reset": (Reset, True, lambda f: {}),
     "close": (Close, True, lambda f: {}),
+    "unload": (Unload, True, lambda f: {}),
 }
 
 

@@ -59,6 +59,7 @@ from memt_core.protocol.events import (
     Renew,
     Reset,
     Status,
+    Unload,
     action_name,
     check_snapshot_name,
 )
@@ -82,6 +83,8 @@ class Limits:
     receipts_kept: int = 32  # finished transactions remembered per session for status/recover
     reads_kept: int = 16  # finished queries remembered per session (its read history)
     read_histories: int = 1024  # sessions whose read history is kept, least recently read dropped first
+    durable: bool = False  # published memory is kept in a snapshot store (unload is possible)
+    unload_idle: float | None = None  # seconds without a lease after which a session is unloaded (durable only)
 
 
 @dataclass
@@ -129,6 +132,7 @@ class Session:
     reserved: str | None = None  # control action being carried out
     uncertain: bool = False
     published_version: int = 0
+    free_since: float | None = None  # when it was last seen without a valid lease (idle unloading)
 
 
 @dataclass
@@ -176,7 +180,7 @@ class MemTProtocol:
             Begin: self._begin, Abort: self._abort, Publish: self._publish, MemoryRead: self._memory_read,
             Export: self._export, Import: self._import, Inspect: self._inspect, Status: self._status,
             Recover: self._recover, Cancel: self._cancel, KvReset: self._kv_reset, Reset: self._reset,
-            Close: self._close,
+            Close: self._close, Unload: self._unload,
         }
 
     # ------------------------------------------------------------------ control actions
@@ -555,6 +559,24 @@ class MemTProtocol:
 
         return self._plan(a, session.id, (fx.DropSession(session.id),), apply)
 
+    def _unload(self, a: Unload, now: float) -> Plan:
+        session = self._leased(a, now)
+        self._idle(session, "unload")
+        self._certain(session)
+        if not self.limits.durable:
+            raise InvalidRequest("unload needs a snapshot store (--snapshot-store): without one it would lose the session's memory")
+        if session.transaction is not None:
+            raise TransactionConflict(f"session {session.id!r} has open transaction {session.transaction.name!r}; publish or abort it first")
+        return self._unload_plan(a, session)
+
+    def _unload_plan(self, action: Action, session: Session) -> Plan:
+        def apply(results, now):
+            del self.sessions[session.id]
+            self.reads.pop(session.id, None)
+            return {"session": session.id, "unloaded": True, "published_version": session.published_version}
+
+        return self._plan(action, session.id, (fx.UnloadSession(session.id),), apply)
+
     # ------------------------------------------------------------------ generation requests
 
     def _admit(self, session_name: str, lease: str, epoch: str | None, nonce: str, now: float) -> Session:
@@ -634,6 +656,27 @@ class MemTProtocol:
                 session.lease = None
                 freed.append(fx.DropCandidate(session.id, transaction=txn.name))
         return freed
+
+    def idle_unloads(self, now: float) -> list[Plan]:
+        """Plans that unload the sessions left without a valid lease for ``limits.unload_idle`` seconds (with a
+        snapshot store only): their memory stays durable and their ownership goes, so the server a router now
+        sends them to can take them over. Run them like control plans (``complete``, or ``abandon`` on failure)."""
+        if not self.limits.durable or self.limits.unload_idle is None:
+            return []
+        plans = []
+        for session in list(self.sessions.values()):
+            free = (session.lease is None or not session.lease.valid(now)) and not session.in_flight
+            free = free and session.transaction is None and session.reserved is None and not session.uncertain
+            if not free:
+                session.free_since = None
+                continue
+            if session.free_since is None:
+                session.free_since = now
+            elif now - session.free_since >= self.limits.unload_idle:
+                plan = self._unload_plan(Unload(session=session.id, lease=None, epoch=self.epoch), session)
+                session.reserved = "unload"
+                plans.append(plan)
+        return plans
 
     def counts(self, now: float) -> dict[str, int]:
         """Gauges for metrics."""

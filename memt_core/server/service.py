@@ -102,9 +102,19 @@ class MemTService:
         return response
 
     async def reap(self) -> None:
-        """Free candidates of transactions whose lease expired (run periodically)."""
+        """Free candidates of transactions whose lease expired, and unload sessions idle past ``--unload-idle``
+        (run periodically)."""
         for effect in self.protocol.reap(self.clock()):
             await self.engine.apply(effect)
+        for plan in self.protocol.idle_unloads(self.clock()):
+            try:
+                results = [await self.engine.apply(effect) for effect in plan.effects]
+            except Exception:
+                self.protocol.abandon(plan)
+                log.exception("unloading idle session %r failed; it stays here", plan.session)
+                continue
+            self.protocol.complete(plan, results, self.clock())
+            log.info("unloaded idle session %r (its memory stays in the snapshot store)", plan.session)
 
     # ------------------------------------------------------------------ generation
 

@@ -8,6 +8,8 @@ commit the whole transcript, so memory would hold it twice).
 
 from __future__ import annotations
 
+import time
+
 import openai
 
 from e2e.proxies import STOPS, ProxyServer, expected_prompt, unique
@@ -44,5 +46,40 @@ def test_a_crashed_durable_core_comes_back_with_the_session_trimmed(nano_checkpo
             assert prompt_tokens == len(expected_prompt(proxy_chat_format, sent, len(sent) - 1)), "the transcript was not trimmed"
             seen = proxy.inspect(session)
             assert seen["native"]["published_version"] == 3 and seen["history_known"] and seen["committed_messages"] == 6, seen
+    finally:
+        core.close()
+
+
+def test_a_session_its_core_unloaded_while_idle_continues_trimmed(nano_checkpoint, proxy_chat_format, tmp_path):
+    """A core with a snapshot store unloads sessions idle without a lease (``--unload-idle``); the proxy's next
+    request finds the session gone (a 409 on acquire), creates it again (restored from the store) and goes on
+    with what it knew: the same version, the transcript still trimmed. A drain hands sessions off the same way."""
+    core = MemTServer(nano_checkpoint, args=["--snapshot-store", str(tmp_path / "store"), "--unload-idle", "1"]).start()
+    try:
+        with ProxyServer(core.url, nano_checkpoint, args=["--lease-idle", "0"]) as proxy:
+            client = proxy.openai(timeout=120)
+            session, messages = unique("idle"), []
+
+            def turn(text: str):
+                sent = [*messages, {"role": "user", "content": text}]
+                completion = client.chat.completions.create(
+                    model=MODEL, messages=sent, max_tokens=24, stop=STOPS, seed=len(messages), extra_headers={"X-MemT-Session": session},
+                )
+                assert completion.choices[0].finish_reason == "stop"
+                messages[:] = [*sent, {"role": "assistant", "content": completion.choices[0].message.content}]
+                return sent, completion.usage.prompt_tokens
+
+            turn("My name is Ann.")
+            native = proxy.inspect(session)["native"]["session"]
+            with core.client() as http:
+                epoch = http.get("/memt/capabilities").json()["epoch"]
+                deadline = time.monotonic() + 60
+                while http.post("/memt/control", json={"action": "inspect", "session": native, "epoch": epoch}).status_code == 200:
+                    assert time.monotonic() < deadline, "the core never unloaded the idle session"
+                    time.sleep(0.05)  # the core unloads it a second after the proxy released its lease
+            sent, prompt_tokens = turn("Where do I live?")
+            assert prompt_tokens == len(expected_prompt(proxy_chat_format, sent, len(sent) - 1)), "the transcript was not trimmed"
+            seen = proxy.inspect(session)
+            assert seen["native"]["published_version"] == 2 and seen["history_known"] and seen["committed_messages"] == 4, seen
     finally:
         core.close()

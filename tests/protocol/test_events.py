@@ -44,6 +44,7 @@ from memt_core.protocol.events import (
     Renew,
     Reset,
     Status,
+    Unload,
 )
 
 VOCAB, MAX_PREFILL = 1000, 16
@@ -214,6 +215,7 @@ CONTROL_CASES = {
     "kv_reset": (LEASED, KvReset(session="s1", lease="L")),
     "reset": (LEASED, Reset(session="s1", lease="L")),
     "close": (LEASED, Close(session="s1", lease="L")),
+    "unload": (LEASED, Unload(session="s1", lease="L")),
 }
 
 

@@ -870,3 +870,52 @@ def test_any_string_reaches_a_typed_answer(action, values, in_flight):
         assert error.status in (400, 409, 429)
     else:
         d.run(plan)
+
+
+# --------------------------------------------------------------------------- unload (hand-off between servers)
+
+
+def test_unload_frees_the_session_and_keeps_nothing_here():
+    d = Driver(max_sessions=2, durable=True)
+    lease = d.session("s1")
+    assert d.do("unload", session="s1", lease=lease) == {"session": "s1", "unloaded": True, "published_version": 0}
+    assert d.effects[-1] == fx.UnloadSession("s1")  # the engine keeps its durable memory, gives up ownership
+    d.refuse_control(UnknownSession, 409, "inspect", session="s1")
+    d.do("create", session="s1")  # the name is free again (a server with the store restores it)
+
+
+def test_unload_is_refused_when_it_would_lose_memory_or_work():
+    plain = Driver(max_sessions=2)
+    lease = plain.session("s1")
+    plain.refuse_control(InvalidRequest, 400, "unload", session="s1", lease=lease, match="snapshot store")
+    d = Driver(max_sessions=2, durable=True)
+    lease = d.txn("s1")
+    d.refuse_control(TransactionConflict, 409, "unload", session="s1", lease=lease, match="publish or abort")
+    d.refuse_control(LeaseConflict, 409, "unload", session="s1", lease="wrong")
+    d.do("abort", session="s1", lease=lease, transaction="t1")
+    d.query("s1", lease, "n1")
+    d.refuse_control(SessionBusy, 409, "unload", session="s1", lease=lease)
+
+
+def test_sessions_without_a_lease_are_unloaded_after_the_idle_time():
+    d = Driver(max_sessions=4, durable=True, unload_idle=10.0)
+    held = d.session("held")
+    d.session("free")
+    d.do("release", session="free", lease=d.proto.sessions["free"].lease.token)
+    assert d.proto.idle_unloads(d.now) == []  # first seen free now
+    d.advance(9)
+    assert d.proto.idle_unloads(d.now) == []
+    d.do("renew", session="held", lease=held, ttl=3600)
+    d.advance(2)
+    plans = d.proto.idle_unloads(d.now)
+    assert [p.session for p in plans] == ["free"]  # "held" keeps its lease
+    assert d.inspect("free")["busy"] == "unload"  # reserved until it completes
+    d.run(plans[0])
+    assert set(d.proto.sessions) == {"held"}
+    # no store, or no idle time: nothing is ever unloaded
+    for limits in ({"durable": False, "unload_idle": 1.0}, {"durable": True}):
+        other = Driver(max_sessions=2, **limits)
+        other.do("create", session="a")
+        other.proto.idle_unloads(other.now)
+        other.advance(1000)
+        assert other.proto.idle_unloads(other.now) == []
