@@ -18,21 +18,29 @@ from e2e.servers import MemTServer
 MODEL = "tiny-random-nano"
 
 
+class Conversation:
+    """An app resending its whole history each turn on one session (completed turns only)."""
+
+    def __init__(self, proxy):
+        self.client, self.session, self.messages = proxy.openai(timeout=120), unique("durable"), []
+
+    def turn(self, text: str) -> tuple[list[dict], int]:
+        """One turn; returns the messages sent and the prompt's token count."""
+        sent = [*self.messages, {"role": "user", "content": text}]
+        completion = self.client.chat.completions.create(
+            model=MODEL, messages=sent, max_tokens=24, stop=STOPS, seed=len(self.messages), extra_headers={"X-MemT-Session": self.session},
+        )
+        assert completion.choices[0].finish_reason == "stop"
+        self.messages = [*sent, {"role": "assistant", "content": completion.choices[0].message.content}]
+        return sent, completion.usage.prompt_tokens
+
+
 def test_a_crashed_durable_core_comes_back_with_the_session_trimmed(nano_checkpoint, proxy_chat_format, tmp_path):
     core = MemTServer(nano_checkpoint, args=["--snapshot-store", str(tmp_path / "store")]).start()
     try:
         with ProxyServer(core.url, nano_checkpoint, args=["--state-directory", str(tmp_path / "proxy")]) as proxy:
-            client = proxy.openai(timeout=120)
-            session, messages = unique("durable"), []
-
-            def turn(text: str):
-                sent = [*messages, {"role": "user", "content": text}]
-                completion = client.chat.completions.create(
-                    model=MODEL, messages=sent, max_tokens=24, stop=STOPS, seed=len(messages), extra_headers={"X-MemT-Session": session},
-                )
-                assert completion.choices[0].finish_reason == "stop"
-                messages[:] = [*sent, {"role": "assistant", "content": completion.choices[0].message.content}]
-                return sent, completion.usage.prompt_tokens
+            app = Conversation(proxy)
+            turn, session = app.turn, app.session
 
             turn("My name is Ann.")
             turn("I live in Oslo.")
@@ -57,17 +65,8 @@ def test_a_session_its_core_unloaded_while_idle_continues_trimmed(nano_checkpoin
     core = MemTServer(nano_checkpoint, args=["--snapshot-store", str(tmp_path / "store"), "--unload-idle", "1"]).start()
     try:
         with ProxyServer(core.url, nano_checkpoint, args=["--lease-idle", "0"]) as proxy:
-            client = proxy.openai(timeout=120)
-            session, messages = unique("idle"), []
-
-            def turn(text: str):
-                sent = [*messages, {"role": "user", "content": text}]
-                completion = client.chat.completions.create(
-                    model=MODEL, messages=sent, max_tokens=24, stop=STOPS, seed=len(messages), extra_headers={"X-MemT-Session": session},
-                )
-                assert completion.choices[0].finish_reason == "stop"
-                messages[:] = [*sent, {"role": "assistant", "content": completion.choices[0].message.content}]
-                return sent, completion.usage.prompt_tokens
+            app = Conversation(proxy)
+            turn, session = app.turn, app.session
 
             turn("My name is Ann.")
             native = proxy.inspect(session)["native"]["session"]
