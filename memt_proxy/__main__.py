@@ -123,9 +123,6 @@ def build_app(args: argparse.Namespace):
         client = InProcessNativeClient(core, api_key=plan.api_key, timeout=args.timeout)
     else:
         client = AsyncNativeClient(args.upstream, api_key=args.upstream_api_key, timeout=args.timeout)
-    from memt_proxy.cluster import RestoredAdopted
-
-    client = RestoredAdopted(client)  # a session a durable core restored (--snapshot-store) is adopted at its version
     sessions = Sessions(
         client, identity=chat_format.identity, served=chat_format.served, records=SessionRecordStore(args.state_directory, args.records_directory), max_sessions=args.max_sessions,
         lease_wait=args.lease_wait, lease_ttl=args.lease_ttl, lease_idle=args.lease_idle, native_encoding=chat_format.native_encoding,

@@ -1,7 +1,6 @@
 """The proxy as one node of a cluster behind a router (SMG), on cores that share a snapshot store.
 
-Three pieces: the first and third are switched on by ``--cluster`` (``install``); the second wraps every
-proxy's native client (a single core with ``--snapshot-store`` restores sessions after a crash too):
+Two pieces, switched on by ``--cluster`` (``install``):
 
 * **The session from the routing key.** SMG (the Shepherd Model Gateway) routes with consistent hashing
   on a routing-key header and forwards only a short list of headers to its workers — ``Authorization``,
@@ -9,16 +8,15 @@ proxy's native client (a single core with ``--snapshot-store`` restores sessions
   proxy. Behind SMG a client sends its session as ``X-SMG-Routing-Key`` (SMG hashes it and passes it
   on); ``RoutingKeySession`` gives the request that session. A request carrying both headers with
   different values is refused (400): it would be routed by one name and served under another.
-* **Sessions restored from the store are adopted.** A core with ``--snapshot-store`` answers ``create`` of
-  a session it does not hold, but the store does, by restoring its latest published version
-  (``restored_version``). For the proxy that session exists already, made elsewhere: ``RestoredAdopted``
-  reports it as ``SessionExists``, so the proxy adopts it at its published version and finds its record
-  (``--records-directory`` on the shared filesystem), and trimming continues on the new node.
 * **Planned drain.** ``POST /admin/drain`` refuses new requests (503 ``draining``, with ``Retry-After``),
   makes ``/health/ready`` fail (the router's health check then stops sending here), waits for the
-  requests and commits under way, and releases every native lease the proxy keeps. Every published
-  version is already in the snapshot store; the sessions continue on the node the router picks next,
-  once this node's core has stopped and its ownership leases lapse (``--ownership-ttl``).
+  requests and commits under way, then hands every session off (``Sessions.unload``: its core frees it
+  and gives up its ownership; its memory is in the snapshot store), so the node the router picks next
+  takes it over at once.
+
+A session a core restores from the store (``restored_version`` on create) is adopted at its version by
+every proxy (``Sessions.ensure``), and its record in ``--records-directory`` (a shared filesystem) lets
+trimming continue on the new node.
 """
 
 from __future__ import annotations
@@ -28,8 +26,6 @@ import json
 import logging
 import time
 
-from memt_core.client.errors import MemTClientError
-from memt_core.errors import SessionExists
 
 log = logging.getLogger("memt.proxy")
 
@@ -38,24 +34,6 @@ SESSION_HEADER = b"x-memt-session"
 DRAIN_PATH = "/admin/drain"
 READY_PATH = "/health/ready"
 DRAIN_WAIT = 120.0  # seconds a drain waits for the requests and commits under way
-
-
-class RestoredAdopted:
-    """A native client whose ``create`` of a session restored from the snapshot store raises ``SessionExists``
-    (everything else is the wrapped client's)."""
-
-    def __init__(self, client):
-        self._client = client
-
-    def __getattr__(self, name):
-        return getattr(self._client, name)
-
-    async def control(self, action: str, session: str | None = None, **fields) -> dict:
-        body = await self._client.control(action, session, **fields)
-        if action == "create" and body.get("restored_version"):
-            cause = SessionExists(f"session {session!r} was restored from the snapshot store at version {body['restored_version']}")
-            raise MemTClientError(cause.message, stage="create", cause=cause)
-        return body
 
 
 class Node:

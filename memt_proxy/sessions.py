@@ -411,12 +411,14 @@ class Sessions:
         state.exists, state.version, state.committed, state.history_known = True, 0, [], True
 
     async def _create(self, state: SessionState) -> bool:
-        """Create the native session (True), or find it exists (False); when the upstream is full, offload
+        """Create the native session (True), or find it exists (False: made earlier, or restored from the
+        upstream's snapshot store, so adopted at its version); when the upstream is full, offload
         idle sessions to make room (up to ``OFFLOAD_TRIES``) before passing its 429 on."""
         for attempt in range(OFFLOAD_TRIES + 1):
             try:
-                await self.client.control("create", state.native, memory_read=True)
-                return True
+                created = await self.client.control("create", state.native, memory_read=True)
+                # a core with a snapshot store restored it (after a crash, or from another node): it is not new
+                return not created.get("restored_version")
             except MemTClientError as exc:
                 # errors rebuilt from the wire carry the generic class of their status (Conflict), not SessionExists
                 if isinstance(exc.cause, SessionExists):
