@@ -9,8 +9,9 @@
 # with --cluster and take it as the session). Environment:
 #   MEMT_PYTHON          the project's .venv/bin/python, else python3
 #   MEMT_CLUSTER_DIR     ./memt-cluster: snapshot store, proxy records, per-node state, logs
-#   MEMT_CLUSTER_PORT    8000: SMG's port (the OpenAI API is at http://127.0.0.1:$MEMT_CLUSTER_PORT/v1)
-#   MEMT_CORE_PORT       30000: core i listens on MEMT_CORE_PORT+i, proxy i on MEMT_PROXY_PORT+i
+#   MEMT_CLUSTER_PORT    8800: SMG's port (the OpenAI API is at http://127.0.0.1:$MEMT_CLUSTER_PORT/v1);
+#                        its Prometheus metrics on the next port
+#   MEMT_CORE_PORT       31000: core i listens on MEMT_CORE_PORT+i, proxy i on MEMT_PROXY_PORT+i
 #   MEMT_PROXY_PORT      8100
 #   MEMT_REDIS_PORT      6390
 #   MEMT_OWNERSHIP_TTL   10: seconds a dead node's sessions stay owned before another node takes them
@@ -28,8 +29,8 @@ if [ -z "$SMG" ]; then echo "smg is not installed: pip install 'memt-serve[clust
 if ! command -v redis-server >/dev/null; then echo "redis-server is not installed: apt-get install redis-server (scripts/setup.sh)" >&2; exit 2; fi
 
 DIR=${MEMT_CLUSTER_DIR:-./memt-cluster}
-PORT=${MEMT_CLUSTER_PORT:-8000}
-CORE_PORT=${MEMT_CORE_PORT:-30000}
+PORT=${MEMT_CLUSTER_PORT:-8800}
+CORE_PORT=${MEMT_CORE_PORT:-31000}
 PROXY_PORT=${MEMT_PROXY_PORT:-8100}
 REDIS_PORT=${MEMT_REDIS_PORT:-6390}
 TTL=${MEMT_OWNERSHIP_TTL:-10}

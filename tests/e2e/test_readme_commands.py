@@ -7,14 +7,17 @@ so a README edit is tested as soon as it is made. A block that cannot run here i
 with the reason; an unlisted block that fails, a block without a language tag, or a stale exemption,
 fails the test. What the test changes, and only that (``Substitutions``):
 
-* the ports: every ``30000`` and ``8000`` (the core's and the proxy's) becomes a free port of this
-  document, so parallel runs never collide; a server command run in the foreground (as a user would,
+* the ports: every ``30000``, ``8000`` and ``8800`` (the core's, the proxy's and the cluster router's)
+  becomes a free port of this document, so parallel runs never collide; a server command run in the foreground (as a user would,
   stopping it with Ctrl-C) listens on a fresh port of its own (``--port`` replaced, or added);
 * ``./memt-state`` and ``./memt-proxy-state`` become directories under pytest's tmp path, so nothing is
   written into the clone;
 * ``/models/MemT-1.0-Nano`` (a real checkpoint) becomes the bundled demo model, of the same family;
 * a command ending in ``&`` starts a server kept for the rest of the document (``/health`` is polled
-  before the next command); the interactive ``python -m memt_core.client`` reads a short script on stdin.
+  before the next command); the interactive ``python -m memt_core.client`` reads a short script on stdin;
+* ``bash scripts/start_cluster.sh`` (which runs until Ctrl-C) is kept running for the rest of the
+  document, on free ports and a directory under the tmp path (its environment variables), once its
+  router lists the model.
 
 Meaningful output is checked where the bundled model answers deterministically (``EXPECTED``: greedy
 answers it was trained to give).
@@ -121,7 +124,7 @@ class Substitutions:
     """The changes the module docstring lists, for one document."""
 
     tmp: Path
-    ports: dict[str, int] = field(default_factory=lambda: {"30000": free_port(), "8000": free_port()})
+    ports: dict[str, int] = field(default_factory=lambda: {"30000": free_port(), "8000": free_port(), "8800": free_port()})
 
     def __call__(self, text: str) -> str:
         for port, ours in self.ports.items():
@@ -225,6 +228,25 @@ class Reader:
             except subprocess.TimeoutExpired:
                 self.fail(block, what, "did not stop on Ctrl-C (SIGINT) within 60 s")
 
+    def start_cluster(self, block: Block, what: str, words: list[str]) -> None:
+        """The cluster script, kept up: its router on this document's 8800, the rest on free ports."""
+        self.ran.append(what)
+        port = self.sub.ports["8800"]
+        env = {**self.env, "MEMT_CLUSTER_PORT": str(port), "MEMT_CORE_PORT": str(free_port()), "MEMT_PROXY_PORT": str(free_port()),
+               "MEMT_REDIS_PORT": str(free_port()), "MEMT_CLUSTER_DIR": str(self.tmp / "cluster")}
+        log = self.tmp / "cluster.log"
+        process = subprocess.Popen(words, cwd=REPO_ROOT, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+        self.servers.append((process, log))
+        deadline = time.monotonic() + 420
+        while time.monotonic() < deadline and process.poll() is None:
+            try:
+                if '"id"' in httpx.get(f"http://{HOST}:{port}/v1/models", timeout=2).text:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        self.fail(block, what, f"the cluster's router never listed the model:\n{log.read_text()[-3000:]}")
+
     @staticmethod
     def wait_healthy(process: subprocess.Popen, url: str) -> bool:
         """Poll /health until it answers 200; False when the process exits or 300 s pass."""
@@ -269,6 +291,8 @@ class Reader:
                 self.start_server(block, key, words, kind, foreground=not background)
             elif background:
                 self.fail(block, key, "a background command that is not a server: the test does not know what to wait for")
+            elif words[:2] == ["bash", "scripts/start_cluster.sh"]:
+                self.start_cluster(block, key, words)
             elif words[:3] == ["python", "-m", "memt_core.client"]:
                 self.run(block, key, words, stdin=CLIENT_SCRIPT)
             else:
