@@ -547,8 +547,16 @@ class Sessions:
         """Hand the session off: the upstream frees it and gives up its ownership, keeping its memory in the
         snapshot store, so that the server a router sends it to next takes it over (``POST /admin/drain``).
         False (and only the lease released) where the upstream cannot: no snapshot store, or not this server."""
-        lease = state.lease or await self.acquire(state)
-        state.drop_lease()
+        lease = state.drop_lease()
+        if lease is None:
+            try:
+                lease = (await self.client.control("acquire", state.native, ttl=self.lease_ttl))["lease"]
+            except MemTClientError as exc:
+                if isinstance(exc.cause, UnknownSession):
+                    state.exists = False  # its upstream let it go already (idle): nothing left to hand off
+                    return True
+                log.info("%s not unloaded (%s)", state.native, exc.message)
+                return False
         try:
             await self.client.control("unload", state.native, lease=lease)
         except MemTClientError as exc:
