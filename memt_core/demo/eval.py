@@ -308,10 +308,15 @@ class Evaluator:
     # -- running ---------------------------------------------------------------------------------
 
     def run(self, cases: dict[str, int]) -> dict:
+        from tqdm.auto import tqdm
+
         started = time.time()
-        for case, count in cases.items():
-            for _ in range(count):
-                getattr(self, case)()
+        # a progress bar on a terminal only, once the evaluation takes a while
+        with tqdm(total=sum(cases.values()), desc="evaluating", unit="episode", disable=None, delay=2, leave=False) as bar:
+            for case, count in cases.items():
+                for _ in range(count):
+                    getattr(self, case)()
+                    bar.update(1)
         figures = {name: round(t.rate, 4) for name, t in sorted(self.tallies.items())}
         counts = {name: t.total for name, t in sorted(self.tallies.items())}
         return {"figures": figures, "counts": counts, "examples": self.examples, "seconds": round(time.time() - started, 1)}

@@ -349,7 +349,12 @@ def train(
             fraction = max(fraction, (time.time() - loop_start) / budget)
         return min(1.0, fraction)
 
+    from tqdm.auto import tqdm
+
+    # a progress bar on a terminal only (the log lines stay the record); shown once training takes a while
+    bar = tqdm(total=config.steps, desc="training", unit="step", disable=None, delay=2, leave=False)
     for step in range(config.steps):
+        bar.update(1)
         progress = progress_at(step)
         mix = mix_for(progress)
         batch = [fmt.episode(sampler.sample(mix), chunk, reply_weight=config.reply_weight) for _ in range(config.batch_size)]
@@ -382,6 +387,7 @@ def train(
         if time_limit_s is not None and time.time() - started > time_limit_s:
             log(f"time limit reached at step {step + 1}" + (" (schedule by time: curriculum and decay completed)" if schedule_by_time else ""))
             break
+    bar.close()
     model.eval()
     save_weights(model, directory)
     return model

@@ -161,7 +161,10 @@ def load_snapshot(
             names = list(handle.keys())
             _check_header(path.name, metadata, names, identity, layers)
             state = MemoryState()
-            for name in names:
+            from tqdm.auto import tqdm
+
+            # a large model's snapshot: a progress bar on a terminal, once reading takes a while
+            for name in tqdm(names, desc=f"loading {path.name}", unit="layer", disable=None, delay=2, leave=False):
                 tensor = handle.get_tensor(name)
                 _check_tensor(path.name, name, tensor, shape)
                 state.set(int(name.split(".")[1]), tensor)
