@@ -56,6 +56,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --time-limit-min: the curriculum and the learning-rate decay follow the larger of the "
                              "step and the time fraction, so a slow (shared) machine still completes them in time; "
                              "the log records the steps reached")
+    parser.add_argument("--init-from", type=Path, default=None,
+                        help="continue training this checkpoint (its tokenizer, config and weights) instead of a new "
+                             "model; the shape options are then ignored")
     parser.add_argument("--warm-up", type=float, default=0.2, help="fraction of training on single facts (curriculum)")
     parser.add_argument("--full-mix", type=float, default=0.5, help="fraction of training where the full mix is reached")
     shape = defaults.shape
@@ -70,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.eval_only:
         record = json.loads((args.out / "training.json").read_text())
         config = config_from_dict(record["config"])
-        write_evaluation(args.out, args.eval_episodes, args.eval_seed, record["minutes"], config, threads=args.threads)
+        write_evaluation(args.out, args.eval_episodes, args.eval_seed, record.get("minutes_total", record["minutes"]), config,
+                         threads=args.threads)
         return 0
 
     from memt_core.demo.train import train
@@ -94,16 +98,24 @@ def main(argv: list[str] | None = None) -> int:
     def mix_for(progress: float) -> Mix:
         return Mix.curriculum(progress, warm=args.warm_up, full=args.full_mix)
 
+    if args.init_from is not None:
+        shape = config_from_dict(json.loads((args.init_from / "training.json").read_text())["config"]).shape
+        config = replace(config, shape=shape)
     train(config, args.out, log=log, mix_for=mix_for, time_limit_s=args.time_limit_min * 60 if args.time_limit_min else None,
-          schedule_by_time=args.schedule_by_time)
+          schedule_by_time=args.schedule_by_time, init_from=args.init_from)
     minutes = (time.time() - started) / 60
     size = sum(p.stat().st_size for p in args.out.iterdir() if p.is_file())
     print(f"trained in {minutes:.1f} min; checkpoint {args.out} ({size / 1e6:.1f} MB)", flush=True)
-    record = {"command": "python scripts/train_tiny.py " + " ".join(sys.argv[1:] if argv is None else argv),
+    record = {"command": "python scripts/train_tiny.py " + " ".join(map(str, sys.argv[1:] if argv is None else argv)),
               "minutes": round(minutes, 1), "config": asdict(config), "learning_curve": curve}
+    if args.init_from is not None:  # the run it continues: its command first, so the chain can be replayed
+        before = json.loads((args.init_from / "training.json").read_text())
+        record["continues"] = before.get("continues", []) + [{k: before[k] for k in ("command", "minutes", "config")}]
+        record["minutes_total"] = round(minutes + sum(run["minutes"] for run in record["continues"]), 1)
     (args.out / "training.json").write_text(json.dumps(record, indent=2) + "\n")
     if args.eval_episodes:
-        write_evaluation(args.out, args.eval_episodes, args.eval_seed, minutes, config, threads=args.threads)
+        write_evaluation(args.out, args.eval_episodes, args.eval_seed, record.get("minutes_total", minutes), config,
+                         threads=args.threads)
     return 0
 
 

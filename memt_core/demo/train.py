@@ -177,6 +177,24 @@ def init_model(directory: str | Path, config: TrainConfig) -> MemTForCausalLM:
     return model
 
 
+SKELETON_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+
+
+def continue_model(source: str | Path, directory: str | Path) -> MemTForCausalLM:
+    """The checkpoint in ``source`` (FP32, CPU), its tokenizer and config copied into ``directory`` to train on."""
+    import shutil
+
+    from memt_core.models.weights import load_model
+
+    source, directory = Path(source), Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    if source.resolve() != directory.resolve():
+        for name in SKELETON_FILES:
+            if (source / name).exists():
+                shutil.copyfile(source / name, directory / name)
+    return load_model(source, dtype=torch.float32)
+
+
 # ------------------------------------------------------------------------------------------------
 # One training step
 
@@ -305,6 +323,7 @@ def train(
     mix_for: Callable[[float], Mix] = Mix.curriculum,
     time_limit_s: float | None = None,
     schedule_by_time: bool = False,
+    init_from: str | Path | None = None,
 ) -> MemTForCausalLM:
     """Train a demo model into ``directory`` (tokenizer + config.json + BF16 weights); returns it (FP32).
 
@@ -315,6 +334,8 @@ def train(
     the step fraction and the time fraction, so a machine slower than expected still completes the
     curriculum and the decay before the time limit (on a fast machine the steps bind and the run is
     reproducible step for step; on a slow one it depends on its speed: the log records the steps reached).
+    ``init_from`` continues training a checkpoint (its tokenizer, config and weights) instead of starting
+    from a fresh tokenizer and random weights; ``config.shape`` is then ignored.
     """
     from transformers import PreTrainedTokenizerFast
 
@@ -323,9 +344,12 @@ def train(
     torch.set_num_threads(config.threads)
     directory = Path(directory)
     started = time.time()
-    write_skeleton(directory, config)
+    if init_from is None:
+        write_skeleton(directory, config)
+        model = init_model(directory, config)
+    else:
+        model = continue_model(init_from, directory)
     tokenizer = PreTrainedTokenizerFast.from_pretrained(str(directory))
-    model = init_model(directory, config)
     model.train()
     params = sum(p.numel() for p in model.parameters())
     log(f"model: {params / 1e6:.2f}M parameters, vocabulary {len(tokenizer)}, memory layers {list(model.memory_layers)}")

@@ -140,3 +140,27 @@ def test_learning_rate_decays_by_step_or_by_the_given_progress():
     # after 100 of 1000 steps, a time-scheduled run that has used its whole budget is fully decayed
     assert lr_at(100, config, 1.0) == pytest.approx(config.lr * config.min_lr_ratio)
     assert lr_at(100, config, 0.5) == config.lr and lr_at(100, config, 0.75) < config.lr
+
+
+def test_training_continues_a_checkpoint_and_records_the_chain(tmp_path):
+    """``--init-from`` keeps the tokenizer and starts from the weights; training.json lists the earlier run first."""
+    import importlib.util
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    spec = importlib.util.spec_from_file_location("train_tiny", Path(__file__).parents[2] / "scripts" / "train_tiny.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    first, second = tmp_path / "first", tmp_path / "second"
+    common = ["--steps", "1", "--batch-size", "2", "--threads", "1", "--eval-episodes", "0", "--log-every", "1"]
+    assert script.main(["--out", str(first), *common]) == 0
+    assert script.main(["--out", str(second), "--init-from", str(first), "--lr", "1e-2", *common]) == 0
+    assert (second / "tokenizer.json").read_bytes() == (first / "tokenizer.json").read_bytes()
+    record = json.loads((second / "training.json").read_text())
+    assert "--init-from" in record["command"] and record["continues"][0]["command"].startswith(
+        f"python scripts/train_tiny.py --out {first}")
+    assert record["minutes_total"] >= record["continues"][0]["minutes"]
+    before, after = load_file(first / "model.safetensors"), load_file(second / "model.safetensors")
+    assert before.keys() == after.keys() and any(not torch.equal(before[k], after[k]) for k in before)
+    load_model(second)
