@@ -58,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--thinking", choices=["on", "off"], default="off", help="thinking mode when a request sets neither reasoning_effort nor chat_template_kwargs.enable_thinking")
     parser.add_argument("--on-divergence", choices=["reject", "reset"], default="reject", help="when a transcript's earlier messages differ from what the session committed: reject with 409, or reset the session's memory and start over")
     parser.add_argument("--state-directory", default=None, help="keep each session's record of what its memory holds here, so that a restarted proxy still trims transcripts and continues turns waiting for tool results (default: in memory only; after a restart, resent histories count as edited). Sessions offloaded to make room upstream (their memory exported to a snapshot in the upstream's state directory, restored on their next request) are recorded here too; without it those records live in memory, so after a proxy restart an offloaded session starts with empty memory and its resent transcript is committed again: what memory held beyond the transcript (e.g. a restored snapshot) is lost")
-    parser.add_argument("--records-directory", default=None, help="keep the per-session records (see --state-directory) here instead: a directory on a filesystem all proxies of a cluster share, so trimming continues on whichever node a session moves to (default: --state-directory)")
+    parser.add_argument("--records-directory", default=None, help="keep the per-session records (see --state-directory) here instead: a directory on a filesystem all proxies of a cluster share, so trimming continues on whichever node a session moves to; the Responses API's stored responses and conversations are kept there too, so a chain or conversation continues on any node (default: --state-directory)")
     parser.add_argument("--cluster", action="store_true", help="run as one node behind a router (SMG) over cores sharing a --snapshot-store: the session may come as X-SMG-Routing-Key, sessions restored from the store are adopted, POST /admin/drain hands this node's sessions off (see memt_proxy.cluster)")
     parser.add_argument("--max-sessions", type=positive, default=MAX_SESSIONS, help="session states kept in memory; beyond it the least recently used idle one is dropped (its native session and memory stay upstream; its next request re-reads its record from --state-directory, or without one counts its history as unknown); when all are busy a new session gets 429")
     parser.add_argument("--response-snapshots", type=positive, default=SNAPSHOTS_PER_CHAIN, help="Responses API: memory snapshots kept per previous_response_id chain, so that continuing one of its last N responses (not the latest) branches from the right memory; an older one is refused with 409")
@@ -131,7 +131,8 @@ def build_app(args: argparse.Namespace):
         sessions, chat_format, parser, model_names=names, default_memory=args.default_memory,
         default_thinking=args.thinking == "on", on_divergence=args.on_divergence,
     )
-    records = ResponseRecords(Path(args.state_directory) / "responses" if args.state_directory else None)
+    kept = args.records_directory or args.state_directory  # with --records-directory, every node reads and writes them
+    records = ResponseRecords(Path(kept) / "responses" if kept else None, shared=args.records_directory is not None)
     responses = ResponsesService(
         sessions, chat_format, parser, records, model_names=names, default_thinking=args.thinking == "on", snapshots_per_chain=args.response_snapshots,
     )

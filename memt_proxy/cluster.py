@@ -16,7 +16,8 @@ Two pieces, switched on by ``--cluster`` (``install``):
 
 A session a core restores from the store (``restored_version`` on create) is adopted at its version by
 every proxy (``Sessions.ensure``), and its record in ``--records-directory`` (a shared filesystem) lets
-trimming continue on the new node.
+trimming continue on the new node; the Responses API's stored responses and conversations are kept there
+too (``ResponseRecords(shared=True)``), so chains and conversations continue on any node.
 """
 
 from __future__ import annotations

@@ -95,6 +95,15 @@ class Thread:
         return self.snapshots.get(response_id) if response_id is not None else None
 
 
+def _stamp(path: Path) -> tuple[int, int, int] | None:
+    """What changes whenever a record's file is rewritten (each write is a new file renamed over it)."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return st.st_ino, st.st_mtime_ns, st.st_size
+
+
 def session_name(thread_id: str) -> str:
     """The session of a thread: a name a chat client cannot send (``X-MemT-Session`` has no ':')."""
     return "responses:" + thread_id
@@ -107,12 +116,16 @@ def valid_id(value: str) -> bool:
 class ResponseRecords:
     """Responses and threads per tenant, in memory (bounded) and, with ``directory``, on disk."""
 
-    def __init__(self, directory: str | Path | None, *, in_memory: int = IN_MEMORY):
+    def __init__(self, directory: str | Path | None, *, in_memory: int = IN_MEMORY, shared: bool = False):
         self.directory = Path(directory) if directory is not None else None
         if self.directory is not None:
             self.directory.mkdir(parents=True, exist_ok=True)
         self.in_memory = in_memory
+        # shared: other proxies (the nodes of a cluster) write the same directory, so a cached record is
+        # checked against its file on every read and refreshed in place when another node rewrote it
+        self.shared = shared and self.directory is not None
         self._cache: OrderedDict[tuple[str, str, str], ResponseRecord | Thread] = OrderedDict()
+        self._stamps: dict[tuple[str, str, str], tuple[int, int, int]] = {}
 
     def response(self, tenant: str, response_id: str) -> ResponseRecord | None:
         return self._get(ResponseRecord, tenant, response_id)
@@ -125,13 +138,16 @@ class ResponseRecords:
         self._cache[key] = record
         self._cache.move_to_end(key)
         while len(self._cache) > self.in_memory:
-            self._cache.popitem(last=False)
+            self._stamps.pop(self._cache.popitem(last=False)[0], None)
         if self.directory is not None:
-            self._write(self._path(*key), asdict(record))
+            path = self._path(*key)
+            self._write(path, asdict(record))
+            self._stamps[key] = _stamp(path)
 
     def delete(self, record: ResponseRecord | Thread) -> None:
         key = (type(record).__name__, record.tenant, record.id)
         self._cache.pop(key, None)
+        self._stamps.pop(key, None)
         if self.directory is not None:
             self._path(*key).unlink(missing_ok=True)
 
@@ -140,12 +156,22 @@ class ResponseRecords:
             return None
         key = (kind.__name__, tenant, record_id)
         record = self._cache.get(key)
-        if record is None and self.directory is not None:
-            record = self._read(kind, self._path(*key))
-            if record is not None and (record.tenant, record.id) == (tenant, record_id):
-                self._cache[key] = record
-            else:
-                record = None
+        if self.directory is not None and (record is None or self.shared):
+            path = self._path(*key)
+            stamp = _stamp(path)
+            if stamp is None:  # never stored, or deleted (by another node, when shared)
+                self._cache.pop(key, None)
+                self._stamps.pop(key, None)
+                return None
+            if record is None or stamp != self._stamps.get(key):
+                fresh = self._read(kind, path)
+                if fresh is None or (fresh.tenant, fresh.id) != (tenant, record_id):
+                    return None
+                if record is None:
+                    record = self._cache[key] = fresh
+                else:  # in place: requests already holding this record see the other node's changes
+                    vars(record).update(vars(fresh))
+                self._stamps[key] = stamp
         if record is not None:
             self._cache.move_to_end(key)
         return record

@@ -4,7 +4,8 @@ Clients talk to SMG with the OpenAI SDK, naming the session in ``X-SMG-Routing-K
 and forwards). The tests check what the router cannot know: every turn of a session lands on one node;
 a node killed with SIGKILL loses no published version (its sessions continue elsewhere, trimmed from the
 shared records, once its ownership leases lapse); a node added back takes back exactly the sessions
-consistent hashing maps to it; a planned drain hands a node's sessions off. The CI size is 12 sessions ×
+consistent hashing maps to it; a planned drain hands a node's sessions off; Responses chains and
+conversations continue on another node from the shared records. The CI size is 12 sessions ×
 3 turns; ``MEMT_CLUSTER_FULL=1`` runs the issue's 60 × 10. Skipped, saying why, without ``smg`` or
 ``redis-server``.
 """
@@ -341,3 +342,49 @@ def test_the_routing_key_is_the_session_and_may_not_contradict_it(cluster):
     stream = httpx.post(router.url + "/v1/chat/completions", json={**body, "stream": True}, headers={"X-SMG-Routing-Key": name}, timeout=60)
     assert stream.status_code == 200 and stream.headers[ROUTED] == node.url
     assert stream.text.rstrip().endswith("data: [DONE]")
+
+
+@pytest.fixture
+def pair(redis_url, tmp_path):  # noqa: F811  (redis_url is the fixture)
+    """Two nodes of the demo model on one store, one Redis and one records directory (no router)."""
+    from e2e.proxies import DEMO_PATH
+
+    nodes = [Node(f"node{i}", DEMO_PATH, tmp_path / "store", tmp_path / "records", redis_url) for i in range(2)]
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            list(pool.map(Node.start, nodes))
+        yield nodes
+    finally:
+        for node in nodes:
+            node.stop()
+
+
+def test_responses_chains_and_conversations_continue_on_another_node(pair):
+    """Stored responses and conversations live in the shared records directory: after a drain of the node that
+    served them, another node reads them, continues the chain and the conversation from their memory (the
+    prompt holds only the new input), and lists the conversation's items."""
+    from openai import OpenAI
+
+    from e2e.proxies import DEMO_MODEL
+
+    first, second = (OpenAI(base_url=node.url + "/v1", api_key="none", max_retries=0, timeout=120) for node in pair)
+
+    def create(client, **kwargs):
+        return client.responses.create(model=DEMO_MODEL, max_output_tokens=32, **kwargs)
+
+    told = create(first, input="My name is Ann.")
+    chained = create(first, input="I live in Oslo.", previous_response_id=told.id)
+    conversation = first.conversations.create()
+    create(first, input="My name is Bo.", conversation=conversation.id)
+    drained = httpx.post(pair[0].url + "/admin/drain", timeout=150)
+    assert drained.status_code == 200 and drained.json()["handed_off"] == 2, drained.text
+
+    question = "Where do I live?"
+    alone = create(second, input=question, store=False)  # the tokens of the question alone
+    assert second.responses.retrieve(chained.id).output_text == chained.output_text
+    continued = create(second, input=question, previous_response_id=chained.id)
+    assert continued.usage.input_tokens == alone.usage.input_tokens  # the chain's turns came from memory
+    again = create(second, input=question, conversation=conversation.id)
+    assert again.usage.input_tokens == alone.usage.input_tokens
+    items = [item.content[0].text for item in second.conversations.items.list(conversation.id) if item.type == "message"]
+    assert items[0] == "My name is Bo." and items[-2] == question and len(items) == 4, items

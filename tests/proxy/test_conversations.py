@@ -59,3 +59,24 @@ def test_a_thread_session_is_never_a_chat_session_name():
     from memt_core.names import NAME
 
     assert not NAME.fullmatch(session_name("conv_1"))  # X-MemT-Session cannot name it
+
+
+def test_shared_records_see_what_another_node_wrote_and_deleted(tmp_path):
+    """Two proxies on one --records-directory: a record read (and cached) by one is refreshed in place when the
+    other rewrites it, and gone when the other deletes it; an unshared store keeps trusting its cache."""
+    here, there = ResponseRecords(tmp_path, shared=True), ResponseRecords(tmp_path, shared=True)
+    thread = Thread(id="chain_1", tenant="alpha", session=session_name("chain_1"), version=1, head="resp_1")
+    here.save(thread)
+    held = here.thread("alpha", "chain_1")
+    moved = there.thread("alpha", "chain_1")
+    assert moved == held and moved is not held
+    moved.version, moved.head = 2, "resp_2"
+    there.save(moved)
+    assert here.thread("alpha", "chain_1") is held and (held.version, held.head) == (2, "resp_2")
+    unshared = ResponseRecords(tmp_path)
+    stale = unshared.thread("alpha", "chain_1")
+    moved.version = 3
+    there.save(moved)
+    assert unshared.thread("alpha", "chain_1").version == 2 and stale.version == 2
+    there.delete(moved)
+    assert here.thread("alpha", "chain_1") is None
