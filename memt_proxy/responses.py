@@ -37,6 +37,7 @@ from memt_core.client.chat_format import ChatFormat
 from memt_core.client.parsers import OutputParser
 from memt_proxy.conversations import SNAPSHOTS_PER_CHAIN, ResponseRecord, ResponseRecords, Thread, session_name
 from memt_proxy.errors import ProxyError
+from memt_proxy.protocol import logprobs_content
 from memt_proxy.responses_protocol import (
     ConversationRequest, Events, InputItems, ResponseRequest, conversation_object, function_call_item, item_list,
     item_messages, message_item, new_id, reasoning_item, response_object, usage,
@@ -237,6 +238,8 @@ class ResponsesService:
                 plan.sampling[name] = getattr(request, name)
         if grammar is not None:
             plan.sampling[grammar.field] = grammar.source
+        if request.logprobs:
+            plan.sampling.update(return_logprob=True, top_logprobs_num=request.top_logprobs or 0, return_text_in_logprobs=True)
         return plan
 
     def _thinking(self, request: ResponseRequest) -> bool:
@@ -251,15 +254,16 @@ class ResponsesService:
     async def _run(self, plan: Plan, held: HeldSession | None) -> dict:
         body = await (held.query(plan.prompt, plan.sampling) if held is not None else self.sessions.generate(plan.prompt, plan.sampling))
         output_ids = body["output_ids"]
+        logprobs = logprobs_content(body["meta_info"]) if plan.request.logprobs else None
         if plan.raw:
-            return await self._settle(plan, held, new_id("resp"), int(time.time()), [message_item(self.chat_format.decode(output_ids))], output_ids, _finish(body))
+            return await self._settle(plan, held, new_id("resp"), int(time.time()), [message_item(self.chat_format.decode(output_ids), logprobs=logprobs)], output_ids, _finish(body))
         parsed = self.parser.parse(plan.prefix + self.chat_format.decode(output_ids), thinking=plan.thinking)
         output = []
         if parsed.reasoning:
             output.append(reasoning_item(parsed.reasoning))
         calls = [call.to_openai() for call in parsed.tool_calls]
         if parsed.content or not calls:
-            output.append(message_item(parsed.content))
+            output.append(message_item(parsed.content, logprobs=logprobs))
         output += [function_call_item(call) for call in calls[: None if plan.request.parallel_tool_calls is not False else 1]]
         return await self._settle(plan, held, new_id("resp"), int(time.time()), output, output_ids, _finish(body))
 
@@ -273,18 +277,20 @@ class ResponsesService:
             opening = response_object(plan.request, response_id=response_id, created_at=created, status="in_progress", output=[], usage=None)
             yield events.event("response.created", response=opening)
             yield events.event("response.in_progress", response=opening)
-            items = StreamedItems(events, one_call=plan.request.parallel_tool_calls is False)
+            items = StreamedItems(events, one_call=plan.request.parallel_tool_calls is False, logprobs=plan.request.logprobs)
             stream, decoder = RawStream() if plan.raw else self.parser.stream(thinking=plan.thinking), self.chat_format.output_decoder()
             upstream = held.query_stream(plan.prompt, plan.sampling) if held is not None else self.sessions.generate_stream(plan.prompt, plan.sampling)
             body: dict = {"output_ids": [], "meta_info": {}}
             try:
                 async for body in upstream:
+                    items.tokens(body["meta_info"])
                     for event in items.feed(stream.feed(plan.prefix + decoder.update(body["output_ids"]))):
                         yield event
                     if (body["meta_info"].get("finish_reason") or {}).get("type") is not None:
                         break
             finally:
                 await upstream.aclose()
+            items.tokens(body["meta_info"])
             for event in items.feed(stream.finish(plan.prefix + decoder.update(body["output_ids"], final=True))) + items.close():
                 yield event
             response = await self._settle(plan, held, response_id, created, items.output, body["output_ids"], _finish(body))
@@ -442,14 +448,21 @@ class StreamedItems:
     response with neither text nor calls still gets an (empty) message item.
     """
 
-    def __init__(self, events: Events, *, one_call: bool):
+    def __init__(self, events: Events, *, one_call: bool, logprobs: bool = False):
         self.events = events
         self.one_call = one_call
+        self.logprobs: list[dict] | None = [] if logprobs else None  # every generated token's, when asked for
+        self.given = 0  # how many of them text deltas carried
         self.output: list[dict] = []
         self.reasoning: list[str] = []
         self.text: dict | None = None  # the message item being streamed
         self.texts: list[str] = []
         self.calls = 0
+
+    def tokens(self, meta: dict) -> None:
+        """Take the log-probabilities of the tokens generated since the last call (when asked for)."""
+        if self.logprobs is not None:
+            self.logprobs += logprobs_content(meta, len(self.logprobs))
 
     def feed(self, deltas) -> list[dict]:
         out: list[dict] = []
@@ -464,7 +477,10 @@ class StreamedItems:
                     self.output.append(self.text)
                     out += self.events.text_opened(len(self.output) - 1, self.text)
                 self.texts.append(delta.text)
-                out.append(self.events.text_delta(self.output.index(self.text), self.text["id"], delta.text))
+                fresh = None
+                if self.logprobs is not None:  # a delta carries the tokens generated since the previous one
+                    fresh, self.given = self.logprobs[self.given:], len(self.logprobs)
+                out.append(self.events.text_delta(self.output.index(self.text), self.text["id"], delta.text, fresh))
             elif not (self.one_call and self.calls):
                 out += self._text_done()
                 self.calls += 1
@@ -493,6 +509,7 @@ class StreamedItems:
         if self.text is None or self.text["status"] != "in_progress":
             return []
         index = self.output.index(self.text)
-        done = message_item("".join(self.texts), item_id=self.text["id"])
+        # the list itself: tokens generated after the text (a call) still join it, as in a non-streamed response
+        done = message_item("".join(self.texts), item_id=self.text["id"], logprobs=self.logprobs)
         self.output[index] = self.text = done
         return self.events.text_closed(index, done)

@@ -21,7 +21,9 @@ from memt_proxy.protocol import output_schema
 ITEM_TYPES = ("message", "function_call", "function_call_output", "reasoning")
 TEXT_PARTS = ("input_text", "output_text", "text", "summary_text", "reasoning_text")
 #: Accepted request fields that change nothing here (logged when present).
-IGNORED = ("include", "truncation", "user", "safety_identifier", "prompt_cache_key", "service_tier", "top_logprobs", "stream_options", "max_tool_calls")
+IGNORED = ("include", "truncation", "user", "safety_identifier", "prompt_cache_key", "service_tier", "stream_options", "max_tool_calls")
+#: The ``include`` value that asks for the answer's log-probabilities (the others are accepted and change nothing).
+LOGPROBS = "message.output_text.logprobs"
 
 
 def new_id(prefix: str) -> str:
@@ -70,6 +72,13 @@ class ResponseRequest(BaseModel):
     reasoning: dict[str, Any] | None = None
     background: bool | None = None
     text: dict[str, Any] | None = None
+    include: list[str] | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+
+    @property
+    def logprobs(self) -> bool:
+        """Whether the answer's tokens come with their log-probabilities (``include``)."""
+        return LOGPROBS in (self.include or [])
 
     @property
     def conversation_id(self) -> str | None:
@@ -94,6 +103,8 @@ class ResponseRequest(BaseModel):
         self._check_tool_choice()
         InputItems.of(self.input)  # raises on unknown item types or bad content
         extra = set(self.model_extra or {})
+        if set(self.include or []) - {LOGPROBS}:  # e.g. reasoning.encrypted_content: nothing to add here
+            extra.add("include")
         unknown = sorted(extra - set(IGNORED))
         return sorted(extra & set(IGNORED)) + unknown
 
@@ -213,8 +224,8 @@ def item_messages(items: list[dict]) -> list[dict]:
 # ---------------------------------------------------------------------- output
 
 
-def message_item(text: str, *, status: str = "completed", item_id: str | None = None) -> dict:
-    content = [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}] if status != "in_progress" else []
+def message_item(text: str, *, status: str = "completed", item_id: str | None = None, logprobs: list[dict] | None = None) -> dict:
+    content = [{"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs if logprobs is not None else []}] if status != "in_progress" else []
     return {"id": item_id or new_id("msg"), "type": "message", "role": "assistant", "status": status, "content": content}
 
 
@@ -249,7 +260,7 @@ def response_object(request: ResponseRequest, *, response_id: str, created_at: i
         "previous_response_id": request.previous_response_id, "conversation": {"id": conversation} if conversation else None,
         "reasoning": {"effort": None, "summary": None}, "store": request.stored,
         "temperature": request.temperature if request.temperature is not None else 1.0,
-        "top_p": request.top_p if request.top_p is not None else 1.0,
+        "top_p": request.top_p if request.top_p is not None else 1.0, "top_logprobs": request.top_logprobs or 0,
         "text": {"format": request.text_format}, "tool_choice": request.tool_choice or "auto",
         "tools": [tool.model_dump(exclude_none=True) for tool in request.tools or []],
         "truncation": "disabled", "usage": usage, "metadata": request.metadata or {}, "user": None,
@@ -315,13 +326,13 @@ class Events:
             self.event("response.content_part.added", item_id=item["id"], output_index=index, content_index=0, part=part),
         ]
 
-    def text_delta(self, index: int, item_id: str, delta: str) -> dict:
-        return self.event("response.output_text.delta", item_id=item_id, output_index=index, content_index=0, delta=delta, logprobs=[])
+    def text_delta(self, index: int, item_id: str, delta: str, logprobs: list[dict] | None = None) -> dict:
+        return self.event("response.output_text.delta", item_id=item_id, output_index=index, content_index=0, delta=delta, logprobs=logprobs or [])
 
     def text_closed(self, index: int, item: dict) -> list[dict]:
         part = item["content"][0]
         return [
-            self.event("response.output_text.done", item_id=item["id"], output_index=index, content_index=0, text=part["text"], logprobs=[]),
+            self.event("response.output_text.done", item_id=item["id"], output_index=index, content_index=0, text=part["text"], logprobs=part["logprobs"]),
             self.event("response.content_part.done", item_id=item["id"], output_index=index, content_index=0, part=part),
             self.event("response.output_item.done", output_index=index, item=item),
         ]

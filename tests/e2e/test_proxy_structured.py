@@ -241,6 +241,27 @@ def test_streamed_logprobs_cover_every_token(http):
     assert all(entry["top_logprobs"] == [] for entry in entries)
 
 
+def test_responses_logprobs_streamed_and_not(client):
+    """Responses API: ``include`` message.output_text.logprobs gives every generated token's log-probability
+    (with ``top_logprobs`` alternatives) on the output text; streamed, the text deltas carry them all, and
+    the completed response equals the non-streamed one; without ``include`` there are none."""
+    ask = {"model": DEMO_MODEL, "input": "Hello!", "max_output_tokens": 16, "temperature": 0}
+    plain = client.responses.create(**ask, include=["message.output_text.logprobs"], top_logprobs=2)
+    part = plain.output[0].content[0]
+    assert len(part.logprobs) == plain.usage.output_tokens > 0 and plain.top_logprobs == 2
+    for entry in part.logprobs:
+        assert entry.logprob <= 0 and len(entry.top_logprobs) == 2
+        assert entry.top_logprobs[0].logprob >= entry.logprob - 1e-6  # greedy: the chosen token is the most likely
+    with client.responses.stream(**ask, include=["message.output_text.logprobs"], top_logprobs=2) as stream:
+        deltas = [e for e in stream if e.type == "response.output_text.delta"]
+        final = stream.get_final_response()
+    carried = [entry.token for delta in deltas for entry in delta.logprobs]
+    assert "".join(d.delta for d in deltas) == final.output_text == plain.output_text
+    assert carried == [entry.token for entry in final.output[0].content[0].logprobs][: len(carried)] and carried
+    assert final.output[0].content[0].logprobs == part.logprobs
+    assert client.responses.create(**ask).output[0].content[0].logprobs == []
+
+
 def test_same_seed_same_output(http):
     def sample(seed: int) -> str:
         return chat(http, temperature=1.0, seed=seed, max_tokens=16)["choices"][0]["message"]["content"]

@@ -47,6 +47,7 @@ def test_what_cannot_be_honoured_is_refused_naming_the_field():
 
 def test_harmless_unknown_fields_are_reported_not_refused():
     assert request(include=["x"], truncation="auto", something=1, text={"format": {"type": "text"}, "verbosity": "low"}).checked() == ["include", "truncation", "something"]
+    assert request(include=["message.output_text.logprobs"]).checked() == [] and request(include=["message.output_text.logprobs"]).logprobs
     assert request(conversation={"id": "conv_a"}).conversation_id == "conv_a"
     assert request(tools=[TOOL], tool_choice="none").chat_tools() is None
     assert request(tools=[TOOL]).chat_tools() == [{"type": "function", "function": {"name": "get_weather", "parameters": TOOL["parameters"]}}]
