@@ -851,20 +851,24 @@ class HeldSession:
         self.later = (([context_ids] if context_ids else []) + self.sessions.pieces(turn_ids), committed)
 
     async def find(self, session: str) -> None:
-        """Adopt the session if it exists upstream, restore it if it was offloaded; 404 if neither (nothing is created)."""
+        """Adopt the session if it exists upstream; bring it back if its memory is kept elsewhere — offloaded by
+        this proxy, unloaded by an upstream with a snapshot store (idle, or a drained node's), or served by
+        another node of a cluster (shared records); 404 if none of these (nothing is created)."""
         sessions, state = self.sessions, self.state
-        if state.exists:
-            return
         try:
             native = await sessions.client.control("inspect", state.native)
         except MemTClientError as exc:
             if not isinstance(exc.cause, UnknownSession):
                 raise sessions.upstream_error(exc) from None  # e.g. the upstream is unreachable: not a 404
-            if sessions.records.load_offload(state.native) is None:
+            if state.exists:
+                await sessions._reload(state)  # let go upstream (its memory is in the store): bring it back
+            elif sessions.records.load_offload(state.native) is not None or sessions.records.recorded_elsewhere(state.native):
+                await sessions.ensure(state)
+            else:
                 raise ProxyError(404, f"session {session!r} does not exist", code="session_not_found") from None
-            await sessions.ensure(state)  # offloaded: bring it back
             return
-        sessions.adopt(state, native)
+        if not state.exists:
+            sessions.adopt(state, native)
 
     async def inspect(self, session: str) -> dict:
         """The session as the proxy and the upstream see it (``find`` first)."""

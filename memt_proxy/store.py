@@ -48,6 +48,11 @@ class SessionRecordStore:
             if place is not None:
                 place.mkdir(parents=True, exist_ok=True)
         self._offloads: OrderedDict[str, dict] = OrderedDict()  # without a directory
+        self.shared = records_directory is not None  # --records-directory: other proxies write these records too
+
+    def recorded_elsewhere(self, native: str) -> bool:
+        """Whether the shared records hold this session: another node served it (its memory is in the store)."""
+        return self.shared and self._read(native) is not None
 
     def _path(self, native: str, suffix: str = ".json") -> Path:
         # native ids are [A-Za-z0-9_.-]: safe file names
