@@ -282,13 +282,17 @@ def test_penalties_and_sglang_extras_reach_the_sampler(http):
     body = chat(http, presence_penalty=1.5, frequency_penalty=-0.5, repetition_penalty=1.2, min_p=0.05, top_k=20, temperature=0.8, seed=1, max_tokens=8)
     assert body["choices"][0]["finish_reason"] in ("stop", "length")
     story = [{"role": "user", "content": "Tell me a long story about the weather."}]
+    sunny = demo_chat_format().tokenizer.encode(" sunny", add_special_tokens=False)[0]
 
     def greedy(**fields) -> str:
-        return chat(http, messages=story, temperature=0, max_tokens=32, **fields)["choices"][0]["message"]["content"]
+        # a bias of 20 makes greedy decoding repeat one word whatever the checkpoint: a penalty that grows
+        # with the repetitions must then change the answer (a presence penalty of 2 never outweighs the
+        # bias, and shares the frequency penalty's path in the sampler)
+        body = chat(http, messages=story, temperature=0, max_tokens=32, logit_bias={str(sunny): 20}, **fields)
+        return body["choices"][0]["message"]["content"]
 
     plain = greedy()
-    # greedy decoding changes only if the penalty is applied (the tiny model repeats itself; a presence
-    # penalty of 2 is below its margins here, and shares the frequency penalty's path in the sampler)
+    assert plain.split().count("sunny") >= 8, plain
     assert greedy(frequency_penalty=2) != plain
     assert greedy(repetition_penalty=2) != plain
 
