@@ -853,14 +853,14 @@ def _group_commits(rng: random.Random, turns: list, merge: float) -> list[Commit
 class Mix:
     """What an :class:`EpisodeSampler` draws: kind weights and the difficulty of fact episodes."""
 
-    facts: float = 0.50
+    facts: float = 0.48
     unknown: float = 0.05
     document: float = 0.10
     tool_call: float = 0.08
     tool_answer: float = 0.08
     repeat: float = 0.10
     statement: float = 0.04
-    context: float = 0.03
+    context: float = 0.05
     small_talk: float = 0.02
     max_facts: int = 5  # facts told in one episode
     max_turns: int = 3  # turns they are spread over
@@ -870,6 +870,7 @@ class Mix:
     system: float = 0.25
     thinking: float = 0.05
     extra_tools: float = 0.1  # tools offered in a prompt that needs none
+    replayed: float = 0.5  # in-context episodes whose earlier turns are replayed as committed (see ``context``)
 
     @classmethod
     def warm_up(cls) -> "Mix":
@@ -1050,8 +1051,12 @@ class EpisodeSampler:
         for turn in turns + ([small_talk_turn(rng)] if rng.random() < 0.5 else []):
             history += [_user(turn.user), {"role": "assistant", "content": turn.reply}]
         asked = rng.choice(facts)
-        query = EpisodeQuestion(_system(rng, mix.system) + history + [_user(question_message(rng, [asked]))],
-                      fact_answer([asked]), values=(asked.value,), meta={"asked": [asked]})
+        system = _system(rng, mix.system)
+        # half of them as a client with memory off sends them (MemTSession): the earlier turns replayed as
+        # committed, generation prompt (empty reasoning block) included, rather than re-rendered by the template
+        replayed = not system and rng.random() < mix.replayed
+        query = EpisodeQuestion(system + history + [_user(question_message(rng, [asked]))],
+                      fact_answer([asked]), values=(asked.value,), meta={"asked": [asked], "replayed": replayed})
         return self._finish("context", [], query, mix)
 
     def small_talk(self, mix: Mix) -> Episode:

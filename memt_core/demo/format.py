@@ -121,7 +121,12 @@ class DemoChatFormat:
         return segment + self.weighted(turn.reply, turn.values, weight=reply_weight)
 
     def query(self, query: EpisodeQuestion) -> Segment:
-        prompt = self.prompt(query.messages, tools=query.tools, thinking=query.thinking)
+        if query.meta.get("replayed") and not query.thinking:  # user/assistant pairs, then the question: each pair as a committed turn
+            *history, question = query.messages
+            prompt = [i for user, reply in zip(history[::2], history[1::2]) for i in self.turn(EpisodeTurn(user["content"], reply["content"])).ids]
+            prompt += self.turn_prompt(question["content"])
+        else:
+            prompt = self.prompt(query.messages, tools=query.tools, thinking=query.thinking)
         answer = self.weighted(query.answer, query.values)
         if query.thinking:
             think = self.text(THINK_EMPTY)

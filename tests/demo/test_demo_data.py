@@ -177,3 +177,26 @@ def test_repeat_requests_include_typing_exactly():
     requests = {ep.repeat_turn(rng, "hello world").user for _ in range(300)}
     assert "Type 'hello world' exactly." in requests
     assert all("hello world" in r for r in requests)
+
+
+def test_replayed_context_is_what_a_client_with_memory_off_sends():
+    """In-context episodes marked ``replayed`` put the earlier turns in the prompt as committed turns, exactly
+    as MemTSession replays them with memory off (the chat format's open turn + the reply + end of turn)."""
+    from memt_core.client.chat_format import load_chat_format, load_tokenizer
+    from memt_core.demo import BUNDLED_MODEL
+
+    tokenizer = load_tokenizer(BUNDLED_MODEL)
+    fmt = DemoChatFormat(tokenizer)
+    client_format, _ = load_chat_format(BUNDLED_MODEL, tokenizer=tokenizer, chat_template_kwargs={"enable_thinking": False})
+    sampler = ep.EpisodeSampler(3)
+    mix = ep.Mix(**{**{k: 0.0 for k in ep.EpisodeSampler.KINDS}, "context": 1.0})
+    episodes = [sampler.sample(mix) for _ in range(40)]
+    replayed = [e for e in episodes if e.query.meta["replayed"]]
+    assert 0 < len(replayed) < len(episodes)
+    for episode in replayed[:5]:
+        *history, question = episode.query.messages
+        turns = [client_format.open_turn_ids([user]) + fmt.reply(reply["content"]) for user, reply in zip(history[::2], history[1::2])]
+        expected = client_format.prompt_ids(system_prompt=None, tools=None, turns=turns, tail=client_format.open_turn_ids([question]))
+        query = fmt.query(episode.query)
+        assert query.ids[: len(expected)] == expected
+        assert tokenizer.decode(query.ids[len(expected):]).startswith(episode.query.answer)
