@@ -200,6 +200,11 @@ def output_schema(format: Any, param: str, *, flat: bool = False) -> dict | None
     return schema or {"type": "object"}
 
 
+def logprobs_sampling(top_logprobs: int | None) -> dict:
+    """The native sampling fields that return each output token's log-probability (and ``top_logprobs`` alternatives)."""
+    return {"return_logprob": True, "top_logprobs_num": top_logprobs or 0, "return_text_in_logprobs": True}
+
+
 def logprobs_content(meta: dict, start: int = 0) -> list[dict]:
     """OpenAI ``logprobs.content`` entries for the native ``output_token_logprobs`` /
     ``output_top_logprobs`` (``[logprob, token id, text]`` each) from output token ``start`` on."""

@@ -37,7 +37,7 @@ from memt_core.client.chat_format import ChatFormat
 from memt_core.client.parsers import OutputParser
 from memt_proxy.conversations import SNAPSHOTS_PER_CHAIN, ResponseRecord, ResponseRecords, Thread, session_name
 from memt_proxy.errors import ProxyError
-from memt_proxy.protocol import logprobs_content
+from memt_proxy.protocol import logprobs_content, logprobs_sampling
 from memt_proxy.responses_protocol import (
     ConversationRequest, Events, InputItems, ResponseRequest, conversation_object, function_call_item, item_list,
     item_messages, message_item, new_id, reasoning_item, response_object, usage,
@@ -239,7 +239,7 @@ class ResponsesService:
         if grammar is not None:
             plan.sampling[grammar.field] = grammar.source
         if request.logprobs:
-            plan.sampling.update(return_logprob=True, top_logprobs_num=request.top_logprobs or 0, return_text_in_logprobs=True)
+            plan.sampling.update(logprobs_sampling(request.top_logprobs))
         return plan
 
     def _thinking(self, request: ResponseRequest) -> bool:

@@ -29,7 +29,7 @@ from typing import Any, AsyncIterator
 from memt_core.client.chat_format import ChatFormat
 from memt_core.client.parsers import Delta, OutputParser, hold_partial
 from memt_proxy.errors import ProxyError
-from memt_proxy.protocol import ChatCompletionRequest, NamedToolChoice, Usage, choice, chunk_body, completion_id, logprobs_content, response_body
+from memt_proxy.protocol import ChatCompletionRequest, NamedToolChoice, Usage, choice, chunk_body, completion_id, logprobs_content, logprobs_sampling, response_body
 from memt_proxy.sessions import HeldSession, PendingTurn, Sessions, SessionState
 from memt_proxy.structured import structure
 from memt_proxy.transcript import Split, as_dict, check_tool_rounds, message_hash, split_transcript
@@ -241,7 +241,7 @@ class ChatService:
                     raise ProxyError(400, f"logit_bias key {key[:40]!r} is not a token id of this model (its vocabulary has {vocab})", param="logit_bias")
             sampling["logit_bias"] = {str(int(key)): float(value) for key, value in request.logit_bias.items()}
         if request.logprobs:
-            sampling.update(return_logprob=True, top_logprobs_num=request.top_logprobs or 0, return_text_in_logprobs=True)
+            sampling.update(logprobs_sampling(request.top_logprobs))
         stops = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
         if stops:
             sampling["stop"] = stops

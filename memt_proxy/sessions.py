@@ -746,9 +746,9 @@ class Sessions:
         file = snapshot_file(tenant, name) if name is not None else None
         await self.check_upstream()
         async with self.turn(tenant, session) as held:
-            await held.find(session)
+            native = await held.find(session)
             if action == "inspect":
-                return await held.inspect(session)
+                return await held.inspect(session, native)
             await held.start()
             if action == "save":
                 await held.save(file, overwrite=fields.get("overwrite", False), name=name)
@@ -850,10 +850,11 @@ class HeldSession:
         next request waits for it. If it fails, memory stays as it was (see the module docstring)."""
         self.later = (([context_ids] if context_ids else []) + self.sessions.pieces(turn_ids), committed)
 
-    async def find(self, session: str) -> None:
+    async def find(self, session: str) -> dict | None:
         """Adopt the session if it exists upstream; bring it back if its memory is kept elsewhere — offloaded by
         this proxy, unloaded by an upstream with a snapshot store (idle, or a drained node's), or served by
-        another node of a cluster (shared records); 404 if none of these (nothing is created)."""
+        another node of a cluster (shared records); 404 if none of these (nothing is created). Returns the
+        upstream's inspect of a session it held, None for one brought back."""
         sessions, state = self.sessions, self.state
         try:
             native = await sessions.client.control("inspect", state.native)
@@ -866,14 +867,17 @@ class HeldSession:
                 await sessions.ensure(state)
             else:
                 raise ProxyError(404, f"session {session!r} does not exist", code="session_not_found") from None
-            return
+            return None
         if not state.exists:
             sessions.adopt(state, native)
+        return native
 
-    async def inspect(self, session: str) -> dict:
-        """The session as the proxy and the upstream see it (``find`` first)."""
+    async def inspect(self, session: str, native: dict | None = None) -> dict:
+        """The session as the proxy and the upstream see it (``find`` first; ``native``: the upstream's inspect
+        ``find`` returned, so it is not asked twice)."""
         sessions, state = self.sessions, self.state
-        native = await sessions.call(sessions.client.control, "inspect", state.native)
+        if native is None:
+            native = await sessions.call(sessions.client.control, "inspect", state.native)
         return {"session": session, "native": native, "committed_messages": len(state.committed), "history_known": state.history_known, "pending_tool_calls": state.pending is not None}
 
     async def save(self, file: str, *, overwrite: bool = False, name: str) -> None:

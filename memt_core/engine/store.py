@@ -161,14 +161,16 @@ class MemoryStore:
     def _DropSession(self, e: fx.DropSession) -> None:
         if self.durable is not None:
             self.durable.forget(e.session, fence=self._fence(e.session))
-        self.sessions.pop(e.session, None)
-        if self.owned is not None:
-            self.owned.release(e.session)
+        self._let_go(e.session)
 
     def _UnloadSession(self, e: fx.UnloadSession) -> None:
-        self.sessions.pop(e.session, None)  # the durable store keeps its versions: another server restores them
+        self._let_go(e.session)  # the durable store keeps its versions: another server restores them
+
+    def _let_go(self, session: str) -> None:
+        """Free the session here and give up its ownership."""
+        self.sessions.pop(session, None)
         if self.owned is not None:
-            self.owned.release(e.session)
+            self.owned.release(session)
 
     def _DropRetainedKV(self, e: fx.DropRetainedKV) -> None:
         self.get(e.session).retained = None

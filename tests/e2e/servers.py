@@ -132,6 +132,16 @@ class MemTServer:
         """The epoch of the running server process (new at every start)."""
         return self.capabilities()["epoch"]
 
+    def wait_unloaded(self, native: str, timeout: float = 120.0) -> None:
+        """Return once this server no longer holds the native session (``--unload-idle`` let it go after its
+        lease was released): state, not a sleep."""
+        deadline = time.monotonic() + timeout
+        with self.client() as http:
+            epoch = http.get("/memt/capabilities").json()["epoch"]
+            while http.post("/memt/control", json={"action": "inspect", "session": native, "epoch": epoch}).status_code == 200:
+                assert time.monotonic() < deadline, f"the server never unloaded the idle session {native}"
+                time.sleep(0.05)
+
     # ------------------------------------------------------------------ process lifecycle
 
     def command(self) -> list[str]:

@@ -390,19 +390,6 @@ def test_responses_chains_and_conversations_continue_on_another_node(pair):
     assert items[0] == "My name is Bo." and items[-2] == question and len(items) == 4, items
 
 
-def let_go(node: Node, native: str) -> None:
-    """Return once the node's core no longer holds the session (lease released after --lease-idle, then
-    unloaded after --unload-idle): state, not a sleep."""
-    deadline = time.monotonic() + WAIT
-    while True:
-        with node.core.client() as http:
-            held = http.post("/memt/control", json={"action": "inspect", "session": native, "epoch": node.core.epoch()})
-        if held.status_code != 200:
-            return
-        assert time.monotonic() < deadline, "the idle session was never unloaded"
-        time.sleep(0.1)
-
-
 def test_admin_routes_find_a_session_its_core_let_go_or_another_node_served(pair):
     """A session the core unloaded for idleness (its memory in the store) is still inspected on its node, and
     on a node that never served it (shared records): both bring it back from the store at its version."""
@@ -417,10 +404,10 @@ def test_admin_routes_find_a_session_its_core_let_go_or_another_node_served(pair
     assert reply.choices[0].finish_reason == "stop"
     assert served.inspect(session)["native"]["published_version"] == 1  # waits for the commit behind the answer
     native = native_session_id("default", session)
-    let_go(served, native)
+    served.core.wait_unloaded(native, timeout=WAIT)  # lease released after --lease-idle, unloaded after --unload-idle
     seen = served.inspect(session)
     assert seen["native"]["published_version"] == 1 and seen["history_known"] and seen["committed_messages"] == 2, seen
     assert httpx.delete(f"{other.url}/v1/memt/sessions/{unique('never')}", timeout=60).status_code == 404
-    let_go(served, native)  # again (the inspect brought it back), then looked up on the other node
+    served.core.wait_unloaded(native, timeout=WAIT)  # again (the inspect brought it back), then looked up on the other node
     seen = other.inspect(session)
     assert seen["native"]["published_version"] == 1 and seen["history_known"] and seen["committed_messages"] == 2, seen

@@ -8,7 +8,6 @@ commit the whole transcript, so memory would hold it twice).
 
 from __future__ import annotations
 
-import time
 
 import openai
 
@@ -69,13 +68,7 @@ def test_a_session_its_core_unloaded_while_idle_continues_trimmed(nano_checkpoin
             turn, session = app.turn, app.session
 
             turn("My name is Ann.")
-            native = proxy.inspect(session)["native"]["session"]
-            with core.client() as http:
-                epoch = http.get("/memt/capabilities").json()["epoch"]
-                deadline = time.monotonic() + 60
-                while http.post("/memt/control", json={"action": "inspect", "session": native, "epoch": epoch}).status_code == 200:
-                    assert time.monotonic() < deadline, "the core never unloaded the idle session"
-                    time.sleep(0.05)  # the core unloads it a second after the proxy released its lease
+            core.wait_unloaded(proxy.inspect(session)["native"]["session"], timeout=60)  # a second after the lease went
             sent, prompt_tokens = turn("Where do I live?")
             assert prompt_tokens == len(expected_prompt(proxy_chat_format, sent, len(sent) - 1)), "the transcript was not trimmed"
             seen = proxy.inspect(session)
