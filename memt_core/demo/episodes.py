@@ -871,6 +871,7 @@ class Mix:
     thinking: float = 0.05
     extra_tools: float = 0.1  # tools offered in a prompt that needs none
     replayed: float = 0.5  # in-context episodes whose earlier turns are replayed as committed (see ``context``)
+    variation: float = 0.3  # training phrasings perturbed by ``values.vary`` (fillers, dropped words, typos)
 
     @classmethod
     def warm_up(cls) -> "Mix":
@@ -1068,6 +1069,8 @@ class EpisodeSampler:
     KINDS = ("facts", "unknown", "document", "tool_call", "tool_answer", "repeat", "statement", "context", "small_talk")
 
     def sample(self, mix: Mix) -> Episode:
+        if not self.rng.heldout_templates:
+            self.rng.variation = mix.variation
         weights = [getattr(mix, kind) for kind in self.KINDS]
         kind = self.rng.choices(self.KINDS, weights)[0]
         return getattr(self, kind)(mix)

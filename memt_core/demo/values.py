@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+import re
 from functools import lru_cache
 
 from memt_core.demo import pools
@@ -28,6 +29,7 @@ class DemoRandom(random.Random):
         super().__init__(seed)
         self.heldout_values = heldout_values
         self.heldout_templates = heldout_templates
+        self.variation = 0.0  # share of training phrasings perturbed by :func:`vary` (set per episode by the sampler)
 
 
 def _values_heldout(rng: random.Random) -> bool:
@@ -53,9 +55,86 @@ def template_split(templates: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[s
 
 
 def phrasing(rng: random.Random, templates: tuple[str, ...]) -> str:
-    """One template from the split ``rng`` draws from (a tuple of < 3 templates is shared by both)."""
+    """One template from the split ``rng`` draws from (a tuple of < 3 templates is shared by both).
+
+    A training draw is perturbed by :func:`vary` with probability ``rng.variation`` (0 unless set).
+    """
     train, held = template_split(templates)
-    return rng.choice(held if getattr(rng, "heldout_templates", False) and held else train)
+    if getattr(rng, "heldout_templates", False) and held:
+        return rng.choice(held)
+    template = rng.choice(train)
+    variation = getattr(rng, "variation", 0.0)
+    if variation and rng.random() < variation:
+        return vary(rng, template, held)
+    return template
+
+
+#: Words inserted by :func:`vary`: fillers that change the surface of a sentence, not its meaning.
+FILLERS = ("really", "actually", "just", "also", "now", "still", "honestly", "basically", "kind of",
+           "you know", "so", "well", "like", "again", "anyway", "by the way", "ok", "um")
+
+
+def _normal(text: str) -> str:
+    return " ".join(re.sub(r"[^a-z0-9{} ]", "", text.lower()).split())
+
+
+@lru_cache(maxsize=None)
+def _template_pattern(template: str) -> re.Pattern:
+    """A held-out template, without case and punctuation, found anywhere in a text; a placeholder matches any words."""
+    return re.compile(".{1,60}?".join(re.escape(p) for p in re.split(r"\{\w+\}", _normal(template))))
+
+
+def vary(rng: random.Random, template: str, held: tuple[str, ...] = ()) -> str:
+    """``template`` with one or two random edits of its words: a filler inserted between two words, a
+    word dropped, two neighbours swapped, or a typo (a letter dropped, doubled or swapped). Placeholders
+    (``{v}``) are never edited. Training on such noise teaches the model to find the fact in a sentence rather than
+    to match whole templates. A result that is a held-out template (``held``, compared without case and
+    punctuation), or contains one ``template`` did not, is never returned: held-out phrasings stay unseen.
+    """
+    core = template.strip(" ")
+    if not core:
+        return template
+    lead, trail = template[: len(template) - len(template.lstrip(" "))], template[len(template.rstrip(" ")):]
+    exact = {_normal(h) for h in held}
+    inside = [p for p in map(_template_pattern, held) if not p.search(_normal(core))]
+    for _ in range(4):
+        words = core.split(" ")
+        for _ in range(rng.choice((1, 1, 2))):
+            words = _edit(rng, words)
+        result = lead + " ".join(w for w in words if w) + trail
+        if _normal(result) not in exact and not any(p.search(_normal(result)) for p in inside):
+            return result
+    return template
+
+
+def _edit(rng: random.Random, words: list[str]) -> list[str]:
+    """One random edit of a template's words (see :func:`vary`); placeholder words stay as they are."""
+    free = [i for i, w in enumerate(words) if w and "{" not in w and "\n" not in w]
+    op = rng.choice(("filler", "filler", "drop", "swap", "typo"))
+    words = list(words)
+    if op == "filler" or not free:
+        if len(words) > 1:  # between two words: never first (capitalised) nor after a trailing value
+            words.insert(rng.randint(1, len(words) - 1), rng.choice(FILLERS))
+    elif op == "drop" and len(free) >= 3 and free[:-1]:
+        del words[rng.choice(free[:-1])]  # never the last word, which ends the sentence
+    elif op == "swap":
+        pairs = [i for i in free[:-1] if i + 1 in free[:-1] and i > 0]
+        if pairs:
+            i = rng.choice(pairs)
+            words[i], words[i + 1] = words[i + 1], words[i]
+    else:
+        longer = [i for i in free if len(words[i]) >= 4 and words[i].isalpha()]
+        if longer:
+            i = rng.choice(longer)
+            word, at = words[i], rng.randrange(1, len(words[i]) - 1)
+            kind = rng.choice(("drop", "double", "swap"))
+            if kind == "drop":
+                words[i] = word[:at] + word[at + 1:]
+            elif kind == "double":
+                words[i] = word[:at] + word[at] + word[at:]
+            else:
+                words[i] = word[:at] + word[at + 1] + word[at] + word[at + 2:]
+    return words
 
 
 # --------------------------------------------------------------------------------------------------

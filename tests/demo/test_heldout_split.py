@@ -155,3 +155,34 @@ def test_values_split_into_known_pieces():
         ids = tokenizer.encode(" " + value, add_special_tokens=False)
         assert tokenizer.decode(ids) == " " + value
     assert len(tokenizer.encode(" Belkavo", add_special_tokens=False)) > 1
+
+
+def test_varied_training_phrasings_keep_placeholders_and_never_become_held_out():
+    """``values.vary`` perturbs training phrasings; its output keeps every placeholder and is never a held-out one."""
+    rng = values.DemoRandom(7)
+    normal = lambda text: " ".join(re.sub(r"[^a-z0-9{} ]", "", text.lower()).split())  # noqa: E731
+    split_words = lambda text: [w for w in re.split(r"\W+", normal(text)) if w]  # noqa: E731
+    changed = 0
+    for templates in _fixed_templates() + _fillers():
+        train, held = values.template_split(templates)
+        forbidden = {normal(h) for h in held}
+        for template in train:
+            for _ in range(30):
+                varied = values.vary(rng, template, held)
+                assert re.findall(r"\{\w+\}", varied) == re.findall(r"\{\w+\}", template), (template, varied)
+                assert varied == template or normal(varied) not in forbidden, (template, varied)
+                assert abs(len(split_words(varied)) - len(split_words(template))) <= 6, (template, varied)
+                changed += varied != template
+    assert changed > 1000
+
+
+def test_only_training_draws_are_varied():
+    held_sampler, train_sampler = ep.EpisodeSampler(3, heldout=True), ep.EpisodeSampler(3)
+    mix = ep.Mix(variation=1.0)
+    held_questions = {q for a in ep.ATTRIBUTES.values() for q in values.template_split(a.questions)[1]}
+    for _ in range(50):
+        held_sampler.sample(mix)
+        assert held_sampler.rng.variation == 0.0
+        train_sampler.sample(mix)
+    assert train_sampler.rng.variation == 1.0
+    assert values.phrasing(held_sampler.rng, ep.ATTRIBUTES["name"].questions) in held_questions
