@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from json.encoder import encode_basestring as _string  # a JSON string literal, as json.dumps(ensure_ascii=False) writes it
 from dataclasses import dataclass
 
 from memt_proxy.errors import ProxyError
@@ -49,13 +50,25 @@ def _arguments(text: str) -> object:
 def message_hash(message: Message | dict) -> str:
     """SHA-256 of a message's meaning: role, text, tool calls (name + parsed arguments), tool_call_id."""
     data = as_dict(message) if isinstance(message, Message) else message
+    return hashlib.sha256(_canonical(data).encode()).hexdigest()
+
+
+def _canonical(data: dict) -> str:
+    """The canonical JSON that ``message_hash`` hashes; a message without tool calls is written directly, the
+    same text ``json.dumps(sort_keys=True, ensure_ascii=False)`` writes, at a third of its cost (every
+    resent message is hashed each turn)."""
+    role, content = data["role"], data.get("content") or ""
+    call_id = data.get("tool_call_id") if role == "tool" else None
+    if not data.get("tool_calls") and isinstance(role, str) and isinstance(content, str) and isinstance(call_id, (str, type(None))):
+        call = "null" if call_id is None else _string(call_id)
+        return f'{{"content": {_string(content.strip())}, "role": {_string(role)}, "tool_call_id": {call}, "tool_calls": []}}'
     canonical = {
-        "role": data["role"],
-        "content": (data.get("content") or "").strip(),
+        "role": role,
+        "content": content.strip(),
         "tool_calls": [[c["function"]["name"], _arguments(c["function"]["arguments"])] for c in data.get("tool_calls") or []],
-        "tool_call_id": data.get("tool_call_id") if data["role"] == "tool" else None,
+        "tool_call_id": call_id,
     }
-    return hashlib.sha256(json.dumps(canonical, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+    return json.dumps(canonical, sort_keys=True, ensure_ascii=False)
 
 
 @dataclass
@@ -94,10 +107,19 @@ def split_transcript(messages: list[Message], committed: list[str], *, history_k
 
 
 def _overlap(hashes: list[str], committed: list[str]) -> int:
-    """Largest j such that the first j incoming messages equal the last j committed ones."""
-    for j in range(min(len(hashes), len(committed)), 0, -1):
-        if hashes[:j] == committed[len(committed) - j:]:
-            return j
+    """Largest j such that the first j incoming messages equal the last j committed ones. Only the places
+    where the first incoming message was committed can start a match, so a resent transcript costs one
+    comparison per such place (usually one), not one per possible length."""
+    total = len(committed)
+    place = max(0, total - len(hashes))  # j is at most len(hashes); the earliest place gives the largest j
+    while hashes and place < total:
+        try:
+            place = committed.index(hashes[0], place)
+        except ValueError:
+            return 0
+        if hashes[: total - place] == committed[place:]:
+            return total - place
+        place += 1
     return 0
 
 

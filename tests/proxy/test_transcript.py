@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from memt_proxy.errors import ProxyError
 from memt_proxy.protocol import Message
-from memt_proxy.transcript import as_dict, message_hash, split_transcript
+from memt_proxy.transcript import _canonical, _overlap, as_dict, message_hash, split_transcript
 
 
 def msgs(*pairs) -> list[Message]:
@@ -62,6 +64,23 @@ def test_hash_of_tool_calls():
     assert message_hash(tool_result("call_1", "a")) != message_hash(tool_result("call_1", "b"))
 
 
+def test_hash_is_stable_across_versions():
+    """Session records on disk hold these hashes: the canonical form must never change (pinned values)."""
+    assert message_hash(Message(role="user", content="Hello there")) == "f85bb73b8185adc28015decfe67d84309704b28ba1dde991dd6bd956d0b39f07"
+    tool = {"role": "tool", "tool_call_id": "call_1", "content": ' 20 °C, "sunny"\\n\u2028 ☀ \U0001F600'}
+    assert message_hash(tool) == "54a077fd0ffe4d9ad09cafa05b54ed74ab5b32fa33d4808bad716b459d8f2eec"
+
+
+@pytest.mark.parametrize("content", ["plain", ' quotes " and \\ backslash ', "tab\tnew\nline\x00\x7f", "é ☀ \U0001F600 \u2028\u00a0", "", None])
+@pytest.mark.parametrize("role", ["user", "assistant", "tool", "system"])
+def test_direct_canonical_text_is_json_dumps(role, content):
+    """The canonical text written directly (messages without tool calls) is exactly what json.dumps writes."""
+    for call_id in (None, "call_1", 'odd "id"'):
+        data = {"role": role, "content": content, "tool_call_id": call_id}
+        canonical = {"role": role, "content": (content or "").strip(), "tool_calls": [], "tool_call_id": call_id if role == "tool" else None}
+        assert _canonical(data) == json.dumps(canonical, sort_keys=True, ensure_ascii=False)
+
+
 def test_as_dict_shapes():
     assert as_dict(call_message()) == {
         "role": "assistant", "content": "",
@@ -100,6 +119,17 @@ def test_app_that_dropped_old_messages_still_matches():
     # a sliding window that kept only the last exchange
     split = split_transcript(CONVERSATION[2:], committed)
     assert split.committed == 2 and split.context == []
+
+
+def test_overlap_is_the_longest_match():
+    """The longest run of incoming messages that ends what was committed, also among repeated messages."""
+    assert _overlap(list("abab" "c"), list("abab")) == 4
+    assert _overlap(list("ab"), list("abab")) == 2  # a window of the last exchange
+    assert _overlap(list("abx"), list("abab")) == 2
+    assert _overlap(list("aaab"), list("aaa")) == 3
+    assert _overlap(list("aab"), list("aaa")) == 2
+    assert _overlap(list("ba"), list("abab")) == 1 and _overlap(list("ca"), list("abab")) == 0
+    assert _overlap([], list("ab")) == 0 and _overlap(list("ab"), []) == 0
 
 
 def test_instructions_are_separated_and_never_matched():
