@@ -8,9 +8,12 @@ only the end-of-sequence token is. A grammar that does not compile is an ``Inval
 why, raised before the request is admitted.
 
 An answer cut by ``max_new_tokens`` would not parse, so a grammar also watches its budget: when the
-tokens left barely suffice to finish (estimated by finishing a copy of the grammar greedily), it
-allows only tokens that close what is open (quotes, brackets, separators) or end the output, as long
-as the grammar permits any; otherwise the usual mask applies.
+tokens left barely suffice to finish (estimated at the first token, and again as the budget shrinks,
+by finishing a copy of the grammar greedily; in closing, forced text takes its canonical tokens), it
+allows only tokens that close what is open (quotes, brackets, separators, a tag's ``<``) or end the
+output, as long as the grammar permits any; otherwise the usual mask applies. A closer that is only
+more text where it stands (a quote in raw text ended by a tag, as in DSML's ``string="true"``
+parameters; a ``<`` inside a JSON string) is passed over: it leaves the grammar's state as it was.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ KINDS = ("json_schema", "regex", "ebnf")
 #: compiled as it is (vLLM's convention); the proxy composes tool-call grammars that way.
 LARK_MARKER = "%llguidance"
 CLOSING_CHARS = frozenset('"}],')
-CLOSING_WINDOW = 96  # budgets above this many tokens never need closing yet
+ESTIMATE_LIMIT = 1024  # an estimate of the closing cost simulates this many tokens at most
 
 
 class Grammar:
@@ -39,25 +42,33 @@ class Grammar:
         self.vocab_size = vocab_size  # the tokenizer's; model logits may have more rows
         self.closers = closers  # [vocab_size] bool masks of closing tokens, the ones that finish soonest first
         self.eos = eos
-        self._check_below = CLOSING_WINDOW  # re-estimate the closing cost once this few tokens are left
+        self._check_below: int | None = None  # re-estimate the closing cost once this few tokens are left (None: now)
         self._closing_now = False  # once the budget is tight it stays tight
 
     def _mask(self, matcher) -> torch.Tensor:
         bits = np.unpackbits(np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8), bitorder="little")
         return torch.from_numpy(bits[: self.vocab_size].astype(bool))
 
-    def _closing(self, mask: torch.Tensor) -> torch.Tensor:
-        """Of the allowed tokens, those that finish soonest: the end, else the first tier of closers
-        the grammar allows (a quote ends an open string; inside one, brackets are only text), else all."""
+    def _closing(self, matcher, mask: torch.Tensor) -> torch.Tensor:
+        """Of the allowed tokens, those that finish soonest: the end, else the first tier of closers the
+        grammar allows whose first token changes its state (a quote ends an open string; inside one,
+        brackets are only text), else the first tier allowed, else all."""
         if self.eos is not None and self.eos < self.vocab_size and mask[self.eos]:
             only = torch.zeros_like(mask)
             only[self.eos] = True
             return only
-        for tier in self.closers:
-            closing = mask & tier
-            if closing.any():
+        allowed = [closing for closing in (mask & tier for tier in self.closers) if closing.any()]
+        for closing in allowed:
+            if self._moves(matcher, int(closing.nonzero()[0])):
                 return closing
-        return mask
+        return allowed[0] if allowed else mask
+
+    @staticmethod
+    def _moves(matcher, token: int) -> bool:
+        """Whether ``token`` changes what the grammar allows next (otherwise it is only more of the same text)."""
+        after = matcher.deep_copy()
+        after.consume_token(token)
+        return after.is_accepting() or after.compute_bitmask() != matcher.compute_bitmask()
 
     def _steps_to_finish(self, limit: int) -> int:
         """Tokens a copy of the grammar needs to be complete when it always takes the first closing token."""
@@ -68,21 +79,26 @@ class Grammar:
                 matcher.consume_tokens(forced)
                 steps += len(forced)
                 continue
-            allowed = self._closing(self._mask(matcher))
+            allowed = self._closing(matcher, self._mask(matcher))
             matcher.consume_token(int(allowed.nonzero()[0]))
             steps += 1
         return steps
 
     def allowed(self, vocab_size: int, remaining: int | None = None) -> torch.Tensor:
         mask = self._mask(self.matcher)
-        if remaining is not None and not self._closing_now and remaining <= self._check_below:
-            need = self._steps_to_finish(remaining)
+        if remaining is not None and not self._closing_now and (self._check_below is None or remaining <= self._check_below):
+            need = self._steps_to_finish(min(remaining, ESTIMATE_LIMIT))
             if need >= remaining - 1:
                 self._closing_now = True
             else:  # the cost of finishing grows slowly: look again when half the slack is spent
                 self._check_below = need + (remaining - need) // 2
         if self._closing_now:
-            mask = self._closing(mask)
+            forced = self.matcher.compute_ff_tokens()  # the estimate took these: other spellings could be longer
+            if forced:
+                mask = torch.zeros_like(mask)
+                mask[forced[0]] = True
+            else:
+                mask = self._closing(self.matcher, mask)
         full = torch.zeros(vocab_size, dtype=torch.bool)
         size = min(vocab_size, self.vocab_size)
         full[:size] = mask[:size]
@@ -113,12 +129,15 @@ class GrammarCompiler:
             return self._llg_tokenizer
 
     def _closing_tokens(self, size: int) -> list[torch.Tensor]:
-        """Tiers of closing tokens: those that start with a quote, then brackets only, then any with a separator."""
+        """Tiers of closing tokens: those that start with a quote, brackets only, any with a separator, and
+        those that open a tag (text starting with ``<``; a special token too, as a tag may be one)."""
         special = set(self.tokenizer.all_special_ids)
-        tiers = [torch.zeros(size, dtype=torch.bool) for _ in range(3)]
+        tiers = [torch.zeros(size, dtype=torch.bool) for _ in range(4)]
         for token in range(min(size, len(self.tokenizer))):
-            text = "" if token in special else self.tokenizer.decode([token])
-            if text and set(text) <= CLOSING_CHARS:
+            text = self.tokenizer.decode([token])
+            if text.startswith("<") and token != self.tokenizer.eos_token_id:
+                tiers[3][token] = True
+            elif token not in special and text and set(text) <= CLOSING_CHARS:
                 tier = 2 if "," in text else (0 if text.startswith('"') else 1)  # a comma opens another item: last
                 tiers[tier][token] = True
         return tiers

@@ -68,6 +68,26 @@ def test_tight_budgets_still_close_the_output(demo):
         jsonschema.validate(json.loads(text), schema)
 
 
+#: DSML-like markup: raw text ended by a tag (a quote is only more text there), then a JSON value, then a tag.
+JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}  # as templates render JSON
+TAGGED_JSON = {"type": "object", "properties": {"s": {"type": "string"}}, "required": ["s"], "x-guidance": JSON_STYLE}
+TAGGED = f"""%llguidance {{}}
+start: "<p>" RAW "</p>\\n<q>" %json {json.dumps(TAGGED_JSON)} "</q>"
+RAW: /[^<]+/
+"""
+TAGGED_TEXT = re.compile(r"<p>([^<]+)</p>\n<q>(.*)</q>", re.S)
+
+
+@pytest.mark.parametrize("budget", [22, 28, 40])  # the shortest output is 18 tokens
+def test_tight_budgets_close_raw_text_with_its_tag(demo, budget):
+    """Under a tight budget, raw text is ended by its closing tag, not by JSON's closers (more text there)."""
+    for seed in range(4):
+        text, _ = decode(demo, "ebnf", TAGGED, max_new_tokens=budget, temperature=1.0, seed=seed)
+        match = TAGGED_TEXT.fullmatch(text)
+        assert match, (budget, seed, text)
+        assert isinstance(json.loads(match.group(2))["s"], str)
+
+
 def test_regular_expressions_and_ebnf(demo):
     text, _ = decode(demo, "regex", r"(Mon|Tue|Wed)day, [0-9]{2}:[0-9]{2}", max_new_tokens=16, temperature=0)
     assert re.fullmatch(r"(Mon|Tue|Wed)day, [0-9]{2}:[0-9]{2}", text), text

@@ -3,9 +3,8 @@
 Sampled at temperature 1.0 with many seeds, the model explores freely, so every well-formed call here is
 the grammar's doing (``memt_proxy.structured``): each returned call names an offered tool (the one named,
 for a named ``tool_choice``) and its arguments validate against that tool's schema, streamed or not, on
-Chat Completions and the Responses API. String parameters carry a ``maxLength``: the core's early closing
-(when ``max_tokens`` runs low) knows JSON's closers, not the end of DSML's raw text, so an unbounded string
-from a random model would mostly be cut by ``max_tokens`` instead.
+Chat Completions and the Responses API. Most string parameters carry a ``maxLength`` to keep calls short;
+an unbounded one is closed by the core when ``max_tokens`` runs low (its raw text ended by its tag).
 """
 
 from __future__ import annotations
@@ -142,3 +141,19 @@ def test_response_format_with_tools_gives_the_answer_or_a_valid_call(client, mod
             jsonschema.validate(json.loads(message.content), schema)
             kinds.add("answer")
     assert kinds == {"answer", "call"}  # both ways out of the grammar are taken (the seeds are fixed)
+
+
+def test_an_unbounded_string_is_closed_within_max_tokens(client, model):
+    """A random model never ends a raw string by itself; the core closes it, and the call, within the budget."""
+    note = tool("note", {"type": "object", "properties": {"text": {"type": "string"}, "n": {"type": "integer"}},
+                         "required": ["text", "n"]})
+    for seed in range(4):
+        choice = client.chat.completions.create(
+            model=model, messages=QUESTION, tools=[note], tool_choice={"type": "function", "function": {"name": "note"}},
+            temperature=1.0, seed=400 + seed, max_tokens=160,
+        ).choices[0]
+        assert choice.finish_reason == "tool_calls", (seed, choice.message.content)
+        [call] = choice.message.tool_calls
+        arguments = json.loads(call.function.arguments)
+        jsonschema.validate(arguments, note["function"]["parameters"])
+        assert arguments["text"]
