@@ -25,8 +25,8 @@ is JSON with ``string="false"``, constrained by its own sub-schema (the root's `
 A schema without ``properties`` (a map of ``additionalProperties``, ``anyOf`` at the top) gets
 free-form parameters: any number of identifier-named ones, valued by ``additionalProperties`` when it
 is a schema, else raw text or any JSON. Top-level keywords besides those are not enforced.
-The core's early closing when ``max_tokens`` runs low knows JSON's closers only, not raw text's ``<``:
-a raw string argument that runs long can still be cut, so give such calls room (or a ``maxLength``).
+When ``max_tokens`` runs low, the core's early closing ends a raw string with its tag (``memt_core.grammar``),
+as long as the budget leaves room for the call's markup.
 """
 
 from __future__ import annotations
