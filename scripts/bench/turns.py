@@ -12,12 +12,18 @@ transcript every turn). The four conversations advance turn by turn, interleaved
 the same machine load; the app waits ``--pause`` seconds after each answer (a user reading it; the
 turn's commit runs meanwhile; ``--pause 0`` makes each memory turn wait for the previous commit).
 Latency is request to complete response, measured by the client (the openai SDK, or with
-``--raw-http`` plain httpx, which leaves out the SDK's own request building).
+``--raw-http`` plain httpx, which leaves out the SDK's own request building). Each request's *client
+building* time is measured too: from the call to the moment its HTTP request leaves the client (the
+SDK transforms and encodes all the messages it is given; httpx only encodes them), so the ratios can
+be read with and without the client's own share.
 
 Turn 1 is also measured on ``--first-turns`` fresh sessions per deployment (median), since a single
 first turn is one noisy sample. Printed: per turn, prompt tokens and latencies of both modes and their
-ratio, for both deployments, and one-process / two-process; then the upstream requests a memory turn
-makes (from the two-process core's /metrics), and the issue's targets, met or not.
+ratio, for both deployments, one-process / two-process, and the memory conversations' client building;
+then the upstream requests a memory turn makes (from the two-process core's /metrics), the issue's
+targets, met or not, and the memory turn N / turn 2 ratios without the client building, and between
+turns shaped like turn 2 (prompt and answer of about its length: the demo model's answers that run
+into ``--max-tokens`` are not committed, so they come back as context and the next prompts grow).
 """
 
 from __future__ import annotations
@@ -47,28 +53,32 @@ class Conversation:
     """One app conversation through one proxy: with memory (a session) or replaying its history."""
 
     def __init__(self, base_url: str, model: str, *, memory: bool, max_tokens: int, raw: bool = False):
-        from openai import OpenAI
+        from openai import DefaultHttpxClient, OpenAI
 
-        self.client = OpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0, timeout=300)
-        self.raw = httpx.Client(base_url=base_url, timeout=300) if raw else None  # plain HTTP instead of the SDK
+        hooks = {"request": [self._sending]}  # called as the built request leaves the client
+        self.client = OpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0, timeout=300, http_client=DefaultHttpxClient(event_hooks=hooks))
+        self.raw = httpx.Client(base_url=base_url, timeout=300, event_hooks=hooks) if raw else None  # plain HTTP instead of the SDK
         self.model, self.max_tokens = model, max_tokens
         self.headers = {"X-MemT-Session": f"bench-{uuid.uuid4().hex[:12]}"} if memory else {}
         self.history: list[dict] = []
         self.latency: list[float | None] = []
         self.prompt: list[int | None] = []
         self.answer: list[int | None] = []  # completion tokens
+        self.building: list[float | None] = []  # client building: seconds from the call to the request leaving the client
         self.ended = False  # refused (e.g. past the context limit): no further turns
+        self._sent: float | None = None
+
+    def _sending(self, request: httpx.Request) -> None:
+        self._sent = time.perf_counter()
 
     def turn(self, text: str) -> None:
         import openai
 
         if self.ended:
-            self.latency.append(None)
-            self.prompt.append(None)
-            self.answer.append(None)
+            self._missing()
             return
         self.history.append({"role": "user", "content": text})
-        started = time.perf_counter()
+        started = self._sent = time.perf_counter()
         try:
             if self.raw is not None:
                 response = self.raw.post("/v1/chat/completions", headers=self.headers, json={
@@ -82,15 +92,23 @@ class Conversation:
                 )
         except openai.BadRequestError as exc:
             self.ended = True
-            self.latency.append(None)
-            self.prompt.append(None)
-            self.answer.append(None)
+            self._missing()
             print(f"   ({'memory' if self.headers else 'replay'} refused at turn {len(self.latency)}: {exc.message[:90]})", flush=True)
             return
         self.latency.append(time.perf_counter() - started)
+        self.building.append(self._sent - started)
         self.prompt.append(reply.usage.prompt_tokens)
         self.answer.append(reply.usage.completion_tokens)
         self.history.append({"role": "assistant", "content": reply.choices[0].message.content or ""})
+
+    def _missing(self) -> None:
+        """No measurement this turn (refused, or ended earlier)."""
+        for values in (self.latency, self.prompt, self.answer, self.building):
+            values.append(None)
+
+    def served(self) -> list[float | None]:
+        """Latency without the client building: what the proxy, the core and the connection take."""
+        return [None if lat is None else lat - build for lat, build in zip(self.latency, self.building)]
 
 
 def first_turns(base_url: str, model: str, count: int, max_tokens: int, pause: float, raw: bool = False) -> tuple[float, float]:
@@ -120,8 +138,8 @@ def ratio(a: float | None, b: float | None) -> str:
     return f"{a / b:5.2f}" if a is not None and b else "    —"
 
 
-def ms(value: float | None) -> str:
-    return f"{value * 1000:6.0f}" if value is not None else "     —"
+def ms(value: float | None, width: int = 6, digits: int = 0) -> str:
+    return f"{value * 1000:{width}.{digits}f}" if value is not None else " " * (width - 1) + "—"
 
 
 def tokens(value: int | None) -> str:
@@ -179,12 +197,13 @@ def main(argv: list[str] | None = None) -> int:
 
     two_mem, two_rep, one_mem, one_rep = (talks[key] for key in (("two-process", "memory"), ("two-process", "replay"), ("one-process", "memory"), ("one-process", "replay")))
     print()
-    print("prompt / answer: tokens; ms: request to complete response, as the app sees it")
-    print("       |           two-process: memory vs replay             |           one-process: memory vs replay             | 1p/2p")
-    print(" turn  | prompt mem  rep | answer mem rep |  ms mem    rep | mem/rep | prompt mem  rep | answer mem rep |  ms mem    rep | mem/rep | memory")
+    client = "plain httpx" if args.raw_http else "the openai SDK"
+    print(f"prompt / answer: tokens; ms: request to complete response, as the app sees it; build: the memory conversation's client building (ms, {client})")
+    print("       |               two-process: memory vs replay                 |               one-process: memory vs replay                 | 1p/2p")
+    print(" turn  | prompt mem  rep | answer mem rep |  ms mem    rep | mem/rep | build | prompt mem  rep | answer mem rep |  ms mem    rep | mem/rep | build | memory")
     for i in range(args.turns):
-        print(f" {i + 1:4d}  |      {tokens(two_mem.prompt[i])} {tokens(two_rep.prompt[i])} |    {tokens(two_mem.answer[i])}{tokens(two_rep.answer[i])} | {ms(two_mem.latency[i])} {ms(two_rep.latency[i])} |   {ratio(two_mem.latency[i], two_rep.latency[i])} |"
-              f"      {tokens(one_mem.prompt[i])} {tokens(one_rep.prompt[i])} |    {tokens(one_mem.answer[i])}{tokens(one_rep.answer[i])} | {ms(one_mem.latency[i])} {ms(one_rep.latency[i])} |   {ratio(one_mem.latency[i], one_rep.latency[i])} | {ratio(one_mem.latency[i], two_mem.latency[i])}")
+        print(f" {i + 1:4d}  |      {tokens(two_mem.prompt[i])} {tokens(two_rep.prompt[i])} |    {tokens(two_mem.answer[i])}{tokens(two_rep.answer[i])} | {ms(two_mem.latency[i])} {ms(two_rep.latency[i])} |   {ratio(two_mem.latency[i], two_rep.latency[i])} | {ms(two_mem.building[i], 5, 1)} |"
+              f"      {tokens(one_mem.prompt[i])} {tokens(one_rep.prompt[i])} |    {tokens(one_mem.answer[i])}{tokens(one_rep.answer[i])} | {ms(one_mem.latency[i])} {ms(one_rep.latency[i])} |   {ratio(one_mem.latency[i], one_rep.latency[i])} | {ms(one_mem.building[i], 5, 1)} | {ratio(one_mem.latency[i], two_mem.latency[i])}")
 
     print()
     print(f"upstream requests of the two-process memory conversation, per turn ({args.turns} turns; replay turns are plain generations):")
@@ -218,7 +237,52 @@ def main(argv: list[str] | None = None) -> int:
     check("one-process / two-process memory latency at turn 1 (medians of fresh sessions)", first["one-process"][0] / first["two-process"][0], 0.9)
     check("one-process / two-process memory latency at turn 1 (this conversation)", _div(one_mem.latency[0], two_mem.latency[0]), 0.9)
     print(f"\n{sum(checks)} of {len(checks)} met; logs in {work}")
+    if args.turns >= 6:
+        print()
+        print(f"what the memory turn {args.turns} / turn 2 ratios are made of (client building: {client}, from the call to the request leaving the client):")
+        for label in deployments:
+            building(label, talks[(label, "memory")], args.turns)
     return 0
+
+
+def building(label: str, mem: Conversation, turns: int) -> None:
+    """The memory conversation's client building at turn 2 and turn ``turns`` (single turns and medians of five)
+    and its latency ratios without it."""
+    early, late = mem.building[1:6], mem.building[-5:]
+    print(f"   {label}: client building turn 2 {ms(mem.building[1], 1, 1)} ms, turn {turns} {ms(mem.building[-1], 1, 1)} ms "
+          f"(medians of turns 2-6 {ms(median(early), 1, 1)} ms, last 5 {ms(median(late), 1, 1)} ms)")
+    served = mem.served()
+    print(f"   {label}: without it, memory latency turn {turns} / turn 2 {_shown(_div(served[-1], served[1]))}, "
+          f"median of the last 5 turns / of turns 2-6 {_shown(_div(median(served[-5:]), median(served[1:6])))} "
+          f"(with it: {_shown(_div(mem.latency[-1], mem.latency[1]))}, {_shown(_div(median(mem.latency[-5:]), median(mem.latency[1:6])))})")
+    early, late = comparable(mem, range(1, 11)), comparable(mem, range(max(11, turns - 10), turns))
+    if early and late:
+        print(f"   {label}: turns shaped like turn 2 (turns {_listed(early)} and {_listed(late)}): median latency late / early "
+              f"{_shown(_div(_median_at(mem.latency, late), _median_at(mem.latency, early)))}, "
+              f"without the client building {_shown(_div(_median_at(served, late), _median_at(served, early)))}")
+
+
+def comparable(mem: Conversation, turns: range) -> list[int]:
+    """Indices of the ``turns`` shaped like turn 2: its prompt within 5 tokens and its answer within 2, so that
+    neither a longer answer nor uncommitted earlier turns resent as context (an answer cut at ``--max-tokens``
+    is not committed) make the turn slower."""
+    if len(mem.prompt) < 2 or mem.prompt[1] is None:
+        return []
+    prompt, answer = mem.prompt[1], mem.answer[1]
+    return [i for i in turns if i < len(mem.prompt) and mem.prompt[i] is not None and mem.latency[i] is not None
+            and abs(mem.prompt[i] - prompt) <= 5 and abs(mem.answer[i] - answer) <= 2]
+
+
+def _median_at(values: list, indices: list[int]) -> float | None:
+    return median([values[i] for i in indices])
+
+
+def _listed(indices: list[int]) -> str:
+    return ",".join(str(i + 1) for i in indices)
+
+
+def _shown(value: float | None) -> str:
+    return f"{value:.2f}" if value is not None else "—"
 
 
 def median(values: list) -> float | None:
