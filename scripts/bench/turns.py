@@ -255,7 +255,7 @@ def building(label: str, mem: Conversation, turns: int) -> None:
     print(f"   {label}: without it, memory latency turn {turns} / turn 2 {_shown(_div(served[-1], served[1]))}, "
           f"median of the last 5 turns / of turns 2-6 {_shown(_div(median(served[-5:]), median(served[1:6])))} "
           f"(with it: {_shown(_div(mem.latency[-1], mem.latency[1]))}, {_shown(_div(median(mem.latency[-5:]), median(mem.latency[1:6])))})")
-    early, late = comparable(mem, range(1, 11)), comparable(mem, range(max(11, turns - 10), turns))
+    early, late = comparable(mem, range(1, 21)), comparable(mem, range(max(21, turns - 20), turns))  # turns 2-21, the last 20
     if early and late:
         print(f"   {label}: turns shaped like turn 2 (turns {_listed(early)} and {_listed(late)}): median latency late / early "
               f"{_shown(_div(_median_at(mem.latency, late), _median_at(mem.latency, early)))}, "
@@ -278,7 +278,14 @@ def _median_at(values: list, indices: list[int]) -> float | None:
 
 
 def _listed(indices: list[int]) -> str:
-    return ",".join(str(i + 1) for i in indices)
+    """Turn numbers of 0-based ``indices``, runs shortened: ``2-6,11``."""
+    runs: list[list[int]] = []
+    for i in indices:
+        if runs and i == runs[-1][-1] + 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return ",".join(f"{r[0] + 1}-{r[-1] + 1}" if len(r) > 1 else f"{r[0] + 1}" for r in runs)
 
 
 def _shown(value: float | None) -> str:
