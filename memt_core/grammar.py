@@ -52,23 +52,24 @@ class Grammar:
     def _closing(self, matcher, mask: torch.Tensor) -> torch.Tensor:
         """Of the allowed tokens, those that finish soonest: the end, else the first tier of closers the
         grammar allows whose first token changes its state (a quote ends an open string; inside one,
-        brackets are only text), else the first tier allowed, else all."""
+        brackets are only text), else the last tier allowed, else all."""
         if self.eos is not None and self.eos < self.vocab_size and mask[self.eos]:
             only = torch.zeros_like(mask)
             only[self.eos] = True
             return only
         allowed = [closing for closing in (mask & tier for tier in self.closers) if closing.any()]
-        for closing in allowed:
-            if self._moves(matcher, int(closing.nonzero()[0])):
+        now = matcher.compute_bitmask() if len(allowed) > 1 else None
+        for closing in allowed[:-1]:
+            if self._moves(matcher, now, int(closing.nonzero()[0])):
                 return closing
-        return allowed[0] if allowed else mask
+        return allowed[-1] if allowed else mask
 
     @staticmethod
-    def _moves(matcher, token: int) -> bool:
-        """Whether ``token`` changes what the grammar allows next (otherwise it is only more of the same text)."""
+    def _moves(matcher, now: bytes, token: int) -> bool:
+        """Whether ``token`` changes what the grammar allows next (``now``), or is only more of the same text."""
         after = matcher.deep_copy()
         after.consume_token(token)
-        return after.is_accepting() or after.compute_bitmask() != matcher.compute_bitmask()
+        return after.is_accepting() or after.compute_bitmask() != now
 
     def _steps_to_finish(self, limit: int) -> int:
         """Tokens a copy of the grammar needs to be complete when it always takes the first closing token."""
