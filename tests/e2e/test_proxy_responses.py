@@ -22,7 +22,7 @@ pytestmark = pytest.mark.timeout(600)
 
 WEATHER = [{"type": "function", **TOOLS["get_weather"]["function"]}, {"type": "function", **TOOLS["add"]["function"]}]
 RESULT = json.dumps({"city": "Paris", "temperature": 21, "condition": "sunny"})
-FILLER = ["What is 2 plus 3?", "Tell me something nice.", "What is the weather like today?", "Please repeat: blue sky.", "Thanks!"]
+FILLER = ["What is 2 plus 3?", "Tell me something nice.", "What is the weather like today?", "Repeat after me: blue sky.", "Thanks!"]  # answered within the cap
 
 
 @pytest.fixture(scope="module")
