@@ -40,7 +40,7 @@ class Grammar:
     def __init__(self, matcher, vocab_size: int, closers: list[torch.Tensor], eos: int | None):
         self.matcher = matcher
         self.vocab_size = vocab_size  # the tokenizer's; model logits may have more rows
-        self.closers = closers  # [vocab_size] bool masks of closing tokens, the ones that finish soonest first
+        self.closers = closers  # [vocab_size] bool masks of closing tokens, one per tier, tried in order
         self.eos = eos
         self._check_below: int | None = None  # re-estimate the closing cost once this few tokens are left (None: now)
         self._closing_now = False  # once the budget is tight it stays tight
@@ -58,18 +58,16 @@ class Grammar:
             only[self.eos] = True
             return only
         allowed = [closing for closing in (mask & tier for tier in self.closers) if closing.any()]
-        now = matcher.compute_bitmask() if len(allowed) > 1 else None
         for closing in allowed[:-1]:
-            if self._moves(matcher, now, int(closing.nonzero()[0])):
+            if self._moves(matcher, mask, int(closing.nonzero()[0])):
                 return closing
         return allowed[-1] if allowed else mask
 
-    @staticmethod
-    def _moves(matcher, now: bytes, token: int) -> bool:
-        """Whether ``token`` changes what the grammar allows next (``now``), or is only more of the same text."""
+    def _moves(self, matcher, mask: torch.Tensor, token: int) -> bool:
+        """Whether ``token`` changes what the grammar allows next (``mask`` now), or is only more of the same text."""
         after = matcher.deep_copy()
         after.consume_token(token)
-        return after.is_accepting() or after.compute_bitmask() != now
+        return after.is_accepting() or not torch.equal(self._mask(after), mask)
 
     def _steps_to_finish(self, limit: int) -> int:
         """Tokens a copy of the grammar needs to be complete when it always takes the first closing token."""

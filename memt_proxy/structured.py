@@ -67,19 +67,23 @@ def _schema_error(schema) -> str:
     """Why llguidance cannot compile ``schema`` ("" when it can)."""
     import llguidance
 
-    try:
-        return llguidance.LLMatcher.validate_grammar(llguidance.LLMatcher.grammar_from_json_schema(schema, defaults={"whitespace_flexible": False}))
-    except Exception as exc:  # llguidance reports unusable schemas as plain exceptions
-        return str(exc) or type(exc).__name__
+    return _grammar_error(lambda: llguidance.LLMatcher.grammar_from_json_schema(schema, defaults={"whitespace_flexible": False}))
 
 
 def _lark_error(source: str) -> str:
     """Why llguidance cannot compile the Lark grammar ``source`` ("" when it can)."""
     import llguidance
 
+    return _grammar_error(lambda: llguidance.LLMatcher.grammar_from_lark(source))
+
+
+def _grammar_error(build) -> str:
+    """Why the grammar ``build()`` makes does not validate ("" when it does)."""
+    import llguidance
+
     try:
-        return llguidance.LLMatcher.validate_grammar(llguidance.LLMatcher.grammar_from_lark(source))
-    except Exception as exc:
+        return llguidance.LLMatcher.validate_grammar(build())
+    except Exception as exc:  # llguidance reports unusable grammars as plain exceptions
         return str(exc) or type(exc).__name__
 
 
@@ -183,7 +187,7 @@ def _dsml_parameters(tokenizer, schema: dict, rule: str, param: str) -> tuple[st
     required = schema.get("required")
     required = list(dict.fromkeys(key for key in required if isinstance(key, str))) if isinstance(required, list) else []
     names = list(properties) + [key for key in required if key not in properties]
-    defs = {key: schema[key] for key in ("$defs", "definitions") if key in schema}
+    defs = _definitions(schema)
     parts, rules = [], []
     for number, key in enumerate(names):
         _check_dsml_name(key, f"{param}.properties")
@@ -209,7 +213,7 @@ def _dsml_free(tokenizer, schema: dict, rule: str) -> tuple[str, list[str]]:
     extra = schema.get("additionalProperties", True)
     if extra is False:
         return "", []
-    defs = {key: schema[key] for key in ("$defs", "definitions") if key in schema}
+    defs = _definitions(schema)
     values = extra if isinstance(extra, dict) else {}
     text = f"{rule.upper()}_TEXT"
     raw = _raw_text(values, text) if values else (text, [f"{text}: /[^<]*/"])
@@ -223,6 +227,11 @@ def _dsml_free(tokenizer, schema: dict, rule: str) -> tuple[str, list[str]]:
     name_open, name_close = _markup(tokenizer, f'<{DSML}parameter name="'), _markup(tokenizer, '" string="')
     rules.append(f"{rule}_free: {name_open} {FREE_NAME} {name_close} ({' | '.join(choices)}) {_dsml_close(tokenizer)}")
     return f"{rule}_free*", rules
+
+
+def _definitions(schema: dict) -> dict:
+    """The schema's ``$defs`` / ``definitions``, carried into each value's sub-schema so its ``$ref``s resolve."""
+    return {key: schema[key] for key in ("$defs", "definitions") if key in schema}
 
 
 def _dsml_open(tokenizer, key: str, string: bool) -> str:

@@ -87,24 +87,33 @@ def _template_pattern(template: str) -> re.Pattern:
 def vary(rng: random.Random, template: str, held: tuple[str, ...] = ()) -> str:
     """``template`` with one or two random edits of its words: a filler inserted between two words, a
     word dropped, two neighbours swapped, or a typo (a letter dropped, doubled or swapped). Placeholders
-    (``{v}``) are never edited. Training on such noise teaches the model to find the fact in a sentence rather than
-    to match whole templates. A result that is a held-out template (``held``, compared without case and
-    punctuation), or contains one ``template`` did not, is never returned: held-out phrasings stay unseen.
+    (``{v}``) are never edited. Training on such noise teaches the model to find the fact in a sentence
+    rather than to match whole templates. A result that is a held-out template (``held``, compared without
+    case and punctuation), or contains one ``template`` did not, is never returned: held-out phrasings
+    stay unseen.
     """
     core = template.strip(" ")
     if not core:
         return template
     lead, trail = template[: len(template) - len(template.lstrip(" "))], template[len(template.rstrip(" ")):]
-    exact = {_normal(h) for h in held}
-    inside = [p for p in map(_template_pattern, held) if not p.search(_normal(core))]
+    exact, inside = _forbidden(core, held)
     for _ in range(4):
         words = core.split(" ")
         for _ in range(rng.choice((1, 1, 2))):
             words = _edit(rng, words)
         result = lead + " ".join(w for w in words if w) + trail
-        if _normal(result) not in exact and not any(p.search(_normal(result)) for p in inside):
+        normal = _normal(result)
+        if normal not in exact and not any(p.search(normal) for p in inside):
             return result
     return template
+
+
+@lru_cache(maxsize=None)
+def _forbidden(core: str, held: tuple[str, ...]) -> tuple[frozenset[str], tuple[re.Pattern, ...]]:
+    """What :func:`vary` must not produce from ``core``: the held-out templates themselves, and the patterns
+    of those ``core`` does not already contain."""
+    inside = tuple(p for p in map(_template_pattern, held) if not p.search(_normal(core)))
+    return frozenset(_normal(h) for h in held), inside
 
 
 def _edit(rng: random.Random, words: list[str]) -> list[str]:
@@ -115,7 +124,7 @@ def _edit(rng: random.Random, words: list[str]) -> list[str]:
     if op == "filler" or not free:
         if len(words) > 1:  # between two words: never first (capitalised) nor after a trailing value
             words.insert(rng.randint(1, len(words) - 1), rng.choice(FILLERS))
-    elif op == "drop" and len(free) >= 3 and free[:-1]:
+    elif op == "drop" and len(free) >= 3:
         del words[rng.choice(free[:-1])]  # never the last word, which ends the sentence
     elif op == "swap":
         pairs = [i for i in free[:-1] if i + 1 in free[:-1] and i > 0]
