@@ -23,6 +23,7 @@ import json
 import random
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Callable, Union
 
 from memt_core.demo import pools, values
@@ -108,6 +109,7 @@ class Attribute:
     questions: tuple[str, ...]
     clause: str  # second person, e.g. "you live in {v}": used in replies and answers
     unknown: str  # "I don't know ...": e.g. "where you live"
+    keys: tuple[str, ...] = ()  # what the user calls it after "my" ("employer"): composed phrasings, see :func:`composed`
 
 
 def _from(pool: tuple[str, ...]) -> Callable[[random.Random], str]:
@@ -131,6 +133,7 @@ ATTRIBUTES: dict[str, Attribute] = {
              "Do you still know who I am?", "How am I called?", "What was my name again?",
              "Can you remember what I'm called?", "Who did I say I was?", "Which name do I use?"),
             "your name is {v}", "your name",
+            ("name", "first name", "given name", "full name"),
         ),
         Attribute(
             "age", lambda rng: str(rng.randint(16, 90)),
@@ -143,6 +146,7 @@ ATTRIBUTES: dict[str, Attribute] = {
              "Remind me how old I am.", "Do you remember my age?", "What is my current age?",
              "Can you tell me how old I am?", "What age did I tell you?"),
             "you are {v} years old", "how old you are",
+            ("age", "current age"),
         ),
         Attribute(
             "city", values.city,
@@ -159,6 +163,7 @@ ATTRIBUTES: dict[str, Attribute] = {
              "What's my city?", "Do you know which city I'm in?", "Where do I come from?", "What's my home town?",
              "In what city do I reside?"),
             "you live in {v}", "where you live",
+            ("city", "home city", "home town", "town", "city of residence"),
         ),
         Attribute(
             "food", values.food,
@@ -175,6 +180,7 @@ ATTRIBUTES: dict[str, Attribute] = {
              "What should you cook for me?", "Tell me my favourite food.", "Which food did I say I love?",
              "What would I eat every day?"),
             "your favourite food is {v}", "your favourite food",
+            ("favourite food", "favorite food", "favourite dish", "favourite meal", "best-loved food"),
         ),
         Attribute(
             "pet", _from(pools.ANIMALS),
@@ -208,6 +214,7 @@ ATTRIBUTES: dict[str, Attribute] = {
              "Do you remember my {animal}'s name?", "What's the name of my pet?", "Remind me what I called my {animal}.",
              "What do I call my {animal}?", "Which name did I give my {animal}?"),
             "your {animal} is called {v}", "your pet's name",
+            ("{animal}'s name", "pet's name", "{animal}'s name", "little {animal}'s name"),
         ),
         Attribute(
             "job", _from(pools.JOBS),
@@ -220,6 +227,7 @@ ATTRIBUTES: dict[str, Attribute] = {
              "What is my line of work?", "Do you remember my job?", "what do i do for work",
              "Which job do I have?", "What do I do at work?", "What's my job title?"),
             "you work as {a} {v}", "your job",
+            ("job", "profession", "occupation", "line of work"),
         ),
         Attribute(
             "company", values.company,
@@ -234,6 +242,7 @@ ATTRIBUTES: dict[str, Attribute] = {
              "Do you remember where I work?", "What is my workplace?",
              "Which company did I join?", "Tell me where I work."),
             "you work for {v}", "where you work",
+            ("employer", "company", "workplace", "firm", "current employer"),
         ),
         Attribute(
             "trait", _from(pools.TRAITS),
@@ -261,6 +270,7 @@ ATTRIBUTES: dict[str, Attribute] = {
              "whats my favorite color", "What colour should my present be?", "Which colour did I say I love?",
              "What is my favorite colour?"),
             "your favourite colour is {v}", "your favourite colour",
+            ("favourite colour", "favorite color", "favourite color", "colour"),
         ),
         Attribute(
             "hobby", _from(pools.HOBBIES),
@@ -273,6 +283,7 @@ ATTRIBUTES: dict[str, Attribute] = {
              "How do I spend my free time?", "What do I do for fun?", "What am I into?", "What's my favorite hobby?",
              "How do I spend my weekends?", "Do you remember my hobby?",              "What do I like doing?", "Which hobby did I mention?", "How do I relax?"),
             "your hobby is {v}", "your hobby",
+            ("hobby", "favourite hobby", "pastime", "favourite pastime"),
         ),
         Attribute(
             "friend", values.person_name,
@@ -288,6 +299,7 @@ ATTRIBUTES: dict[str, Attribute] = {
              "whos my best friend", "Which friend is closest to me?", "Who did I say my best friend was?",
              "What is my closest friend called?", "Who's my oldest friend?"),
             "your best friend is {v}", "who your best friend is",
+            ("best friend", "closest friend", "best mate", "oldest friend", "dearest friend"),
         ),
         Attribute(
             "birthday", values.date,
@@ -300,6 +312,7 @@ ATTRIBUTES: dict[str, Attribute] = {
              "What is my birth date?", "Do you remember my birthday?", "when is my bday",
              "Which day was I born?", "Tell me my date of birth.", "What date is my birthday?"),
             "your birthday is on {v}", "when your birthday is",
+            ("birthday", "date of birth", "birth date", "bday"),
         ),
         Attribute(
             "address", values.address,
@@ -313,6 +326,7 @@ ATTRIBUTES: dict[str, Attribute] = {
              "Tell me my home address.", "Which street do I live on?", "What is my postal address?",
              "Where can I be found?"),
             "your address is {v}", "your address",
+            ("address", "home address", "postal address", "street address", "mailing address"),
         ),
         Attribute(
             "code", values.code,
@@ -326,9 +340,32 @@ ATTRIBUTES: dict[str, Attribute] = {
              "Which code is mine?", "Tell me the code I gave you.", "What code did I tell you?",
              "What was the code again?", "Read me my code.", "Could you repeat my code?"),
             "your code is {v}", "your code",
+            ("code", "door code", "locker code", "PIN", "access code", "booking code", "secret code"),
         ),
     )
 }
+
+#: Frames that compose training phrasings from an attribute's ``keys`` ("my {k} is {v}" → "my employer is
+#: {v}"): many more sentence shapes than the hand-written templates, so the model learns to find "my <key>"
+#: and its value in a sentence it has not seen. Held-out phrasings are never composed (``values.allowed_extras``).
+STATEMENT_FRAMES = ("my {k} is {v}", "{v} is my {k}", "my {k}: {v}", "as for my {k}, it is {v}",
+                    "for the record, my {k} is {v}", "remember that my {k} is {v}", "my {k} happens to be {v}",
+                    "I want you to know that my {k} is {v}", "note that my {k} is {v}",
+                    "in case you need it, my {k} is {v}", "I can tell you my {k}: it is {v}",
+                    "you should know my {k} is {v}", "about my {k}: it's {v}")
+QUESTION_FRAMES = ("What is my {k}?", "What's my {k}?", "Do you know my {k}?", "Can you recall my {k}?",
+                   "Tell me my {k}.", "Remind me of my {k}.", "What did I tell you my {k} was?",
+                   "Do you still remember my {k}?", "I need my {k}. What is it?", "What was my {k} again?",
+                   "Could you tell me my {k}?", "Which {k} did I give you?", "Say my {k}, please.")
+
+
+@lru_cache(maxsize=None)
+def composed(key: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``(statements, questions)`` composed from the frames and the attribute's keys (training only)."""
+    keys = ATTRIBUTES[key].keys
+    return (tuple(f.replace("{k}", k) for f in STATEMENT_FRAMES for k in keys),
+            tuple(f.replace("{k}", k) for f in QUESTION_FRAMES for k in keys))
+
 
 #: Attributes that are never told together (both would be about "my pet").
 EXCLUSIVE = {"pet": "pet_name", "pet_name": "pet"}
@@ -435,7 +472,8 @@ def statement_message(rng: random.Random, facts: list[Fact]) -> str:
     written exactly as given (a value may start a fragment: "{v} is my name").
     """
     low = casual(rng)
-    templates = [_casual_text(phrasing(rng, ATTRIBUTES[f.attribute].statements), low) for f in facts]
+    templates = [_casual_text(phrasing(rng, ATTRIBUTES[f.attribute].statements, composed(f.attribute)[0]), low)
+                 for f in facts]
     sentences, i = [], 0
     while i < len(templates):
         if i + 1 < len(templates) and rng.random() < 0.4:
@@ -469,7 +507,8 @@ QUESTION_ENDINGS = ("", "", "", "", "", "", "", " Thanks!", " Thank you.", " Ple
 def question_message(rng: random.Random, asked: list[Fact]) -> str:
     """A question about the facts ``asked`` (a ``Fact`` with an empty value asks about an untold one)."""
     low = casual(rng)
-    templates = [_casual_text(phrasing(rng, ATTRIBUTES[f.attribute].questions), low) for f in asked]
+    templates = [_casual_text(phrasing(rng, ATTRIBUTES[f.attribute].questions, composed(f.attribute)[1]), low)
+                 for f in asked]
     questions = [_fill_fact(t, f) for t, f in zip(templates, asked)]
     text = questions[0]
     if len(questions) > 1:
@@ -872,6 +911,7 @@ class Mix:
     extra_tools: float = 0.1  # tools offered in a prompt that needs none
     replayed: float = 0.5  # in-context episodes whose earlier turns are replayed as committed (see ``context``)
     variation: float = 0.3  # training phrasings perturbed by ``values.vary`` (fillers, dropped words, typos)
+    composition: float = 0.3  # training statements / questions composed from frames and keys (``composed``)
 
     @classmethod
     def warm_up(cls) -> "Mix":
@@ -1071,6 +1111,7 @@ class EpisodeSampler:
     def sample(self, mix: Mix) -> Episode:
         if not self.rng.heldout_templates:
             self.rng.variation = mix.variation
+            self.rng.composition = mix.composition
         weights = [getattr(mix, kind) for kind in self.KINDS]
         kind = self.rng.choices(self.KINDS, weights)[0]
         return getattr(self, kind)(mix)

@@ -30,6 +30,7 @@ class DemoRandom(random.Random):
         self.heldout_values = heldout_values
         self.heldout_templates = heldout_templates
         self.variation = 0.0  # share of training phrasings perturbed by :func:`vary` (set per episode by the sampler)
+        self.composition = 0.0  # share of training phrasings drawn from composed extras (see :func:`phrasing`)
 
 
 def _values_heldout(rng: random.Random) -> bool:
@@ -54,19 +55,34 @@ def template_split(templates: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[s
     return tuple(t for t in templates if t not in held), tuple(t for t in templates if t in held)
 
 
-def phrasing(rng: random.Random, templates: tuple[str, ...]) -> str:
+def phrasing(rng: random.Random, templates: tuple[str, ...], extra: tuple[str, ...] = ()) -> str:
     """One template from the split ``rng`` draws from (a tuple of < 3 templates is shared by both).
 
-    A training draw is perturbed by :func:`vary` with probability ``rng.variation`` (0 unless set).
+    A training draw comes from ``extra`` (composed phrasings, training only) with probability
+    ``rng.composition``, leaving out any that is, or contains, one of ``templates``' held-out phrasings;
+    it is then perturbed by :func:`vary` with probability ``rng.variation`` (both 0 unless set).
     """
     train, held = template_split(templates)
     if getattr(rng, "heldout_templates", False) and held:
         return rng.choice(held)
-    template = rng.choice(train)
+    template = None
+    composition = getattr(rng, "composition", 0.0)
+    if extra and composition and rng.random() < composition:
+        allowed = allowed_extras(extra, held)
+        template = rng.choice(allowed) if allowed else None
+    template = template or rng.choice(train)
     variation = getattr(rng, "variation", 0.0)
     if variation and rng.random() < variation:
         return vary(rng, template, held)
     return template
+
+
+@lru_cache(maxsize=None)
+def allowed_extras(extra: tuple[str, ...], held: tuple[str, ...]) -> tuple[str, ...]:
+    """The composed phrasings of ``extra`` training may use: none is, or contains, a held-out phrasing."""
+    exact = frozenset(_normal(h) for h in held)
+    patterns = tuple(map(_template_pattern, held))
+    return tuple(t for t in extra if _normal(t) not in exact and not any(p.search(_normal(t)) for p in patterns))
 
 
 #: Words inserted by :func:`vary`: fillers that change the surface of a sentence, not its meaning.

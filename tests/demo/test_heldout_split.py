@@ -95,6 +95,49 @@ def _rendered_training_templates() -> list[str]:
 
 def test_training_never_shows_held_out_phrasings(training_text):
     """Held-out templates never occur in training text (those that a training template also matches excepted)."""
+    _assert_no_held_out_phrasings(training_text)
+
+
+def test_composed_training_phrasings_never_show_held_out_ones():
+    """Every statement and question composed from frames and keys, drawn always, still avoids held-out phrasings."""
+    sampler = ep.EpisodeSampler(12)
+    mix = ep.Mix(composition=1.0, variation=0.0)
+    _assert_no_held_out_phrasings("\n".join(_episode_text(sampler.sample(mix)) for _ in range(1500)))
+
+
+def test_composed_phrasings_are_many_and_exclude_held_out_ones():
+    keyed = [key for key, a in ep.ATTRIBUTES.items() if a.keys]
+    assert len(keyed) >= 12
+    for key in keyed:
+        attribute = ep.ATTRIBUTES[key]
+        for extra, templates in zip(ep.composed(key), (attribute.statements, attribute.questions)):
+            held = values.template_split(templates)[1]
+            allowed = values.allowed_extras(extra, held)
+            assert len(allowed) >= 20, key
+            normal_held = {values._normal(h) for h in held}
+            for template in allowed:
+                assert values._normal(template) not in normal_held
+                assert not any(_pattern(h).search(template.lower()) for h in held if len(h) >= 10), (key, template)
+    # a composed phrasing equal to a held-out one is left out: "my city is {v}" is held out for "city"
+    city_held = values.template_split(ep.ATTRIBUTES["city"].statements)[1]
+    assert "my city is {v}" in city_held and "my city is {v}" in ep.composed("city")[0]
+    assert "my city is {v}" not in values.allowed_extras(ep.composed("city")[0], city_held)
+
+
+def test_only_training_draws_are_composed():
+    attribute = ep.ATTRIBUTES["company"]
+    extra = ep.composed("company")[0]
+    train, held = values.template_split(attribute.statements)
+    held_rng, train_rng = values.DemoRandom(4, heldout_templates=True), values.DemoRandom(4)
+    held_rng.composition = train_rng.composition = 1.0
+    assert {values.phrasing(held_rng, attribute.statements, extra) for _ in range(200)} <= set(held)
+    drawn = {values.phrasing(train_rng, attribute.statements, extra) for _ in range(400)}
+    assert drawn <= set(values.allowed_extras(extra, held)) and len(drawn) > 40
+    train_rng.composition = 0.0
+    assert {values.phrasing(train_rng, attribute.statements, extra) for _ in range(200)} <= set(train)
+
+
+def _assert_no_held_out_phrasings(training_text: str) -> None:
     rendered = _rendered_training_templates()
     checked = skipped = 0
     for templates in _fixed_templates():
