@@ -658,6 +658,33 @@ def _org_facts(rng: random.Random) -> list[DocumentFact]:
     ]
 
 
+#: What a document fact is called ("the {k} of {org}"): document sentences and questions composed from these
+#: and the frames below, for training only (see :data:`STATEMENT_FRAMES`).
+DOCUMENT_KEYS = {
+    "city": ("home city", "base city", "city", "location", "head office city"),
+    "founder": ("founder", "creator", "first owner", "founding person"),
+    "year": ("founding year", "year of founding", "start year", "first year"),
+    "product": ("main product", "best-known product", "product", "core product"),
+    "employees": ("number of employees", "headcount", "staff size", "employee count"),
+    "colour": ("logo colour", "logo color", "brand colour", "logo's colour"),
+    "code": ("stock code", "ticker", "trading code", "listing code", "share code", "exchange code"),
+}
+DOCUMENT_SENTENCE_FRAMES = ("The {k} of {org} is {v}.", "{org}'s {k} is {v}.", "As for {org}, its {k} is {v}.",
+                            "For {org}, the {k} is {v}.", "{org} gives its {k} as {v}.",
+                            "Records show that the {k} of {org} is {v}.", "{v} is the {k} of {org}.")
+DOCUMENT_QUESTION_FRAMES = ("What is the {k} of {org}?", "What's {org}'s {k}?", "Tell me the {k} of {org}.",
+                            "Do you know the {k} of {org}?", "What does the text give as the {k} of {org}?",
+                            "Name the {k} of {org}.", "Which {k} does {org} have?", "And the {k} of {org}?")
+
+
+@lru_cache(maxsize=None)
+def composed_document(key: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``(sentences, questions)`` of a document fact composed from the frames and :data:`DOCUMENT_KEYS`."""
+    keys = DOCUMENT_KEYS[key]
+    return (tuple(f.replace("{k}", k) for f in DOCUMENT_SENTENCE_FRAMES for k in keys),
+            tuple(f.replace("{k}", k) for f in DOCUMENT_QUESTION_FRAMES for k in keys))
+
+
 def document(rng: random.Random, *, fillers: int | None = None) -> tuple[str, str, list[DocumentFact]]:
     """A company profile: ``(org, text, facts)``; the first sentence names the company and its city."""
     org = values.company(rng)
@@ -665,11 +692,11 @@ def document(rng: random.Random, *, fillers: int | None = None) -> tuple[str, st
     intro, others = facts[0], facts[1:]
     rng.shuffle(others)
     keep = others[: rng.randint(2, 5)]
-    sentences = [phrasing(rng, f.sentences).replace("{v}", f.value) for f in keep]
+    sentences = [phrasing(rng, f.sentences, composed_document(f.key)[0]).replace("{v}", f.value) for f in keep]
     count = rng.choice((0, 0, 1, 2, 3, 6)) if fillers is None else fillers
     for filler in rng.sample(pools.FILLER_SENTENCES, count):
         sentences.insert(rng.randint(0, len(sentences)), filler)
-    text = " ".join([phrasing(rng, intro.sentences).replace("{v}", intro.value)] + sentences).replace("{org}", org)
+    text = " ".join([phrasing(rng, intro.sentences, composed_document(intro.key)[0]).replace("{v}", intro.value)] + sentences).replace("{org}", org)
     if rng.random() < 0.3:
         text = f"About {org}\n" + text
     return org, text, [intro] + keep
@@ -683,7 +710,7 @@ DOCUMENT_PREFIXES = ("", "", "", "", "", "", "According to the document, ", "Fro
 
 
 def document_question(rng: random.Random, org: str, fact: DocumentFact) -> tuple[str, str]:
-    question = phrasing(rng, fact.questions).replace("{org}", org)
+    question = phrasing(rng, fact.questions, composed_document(fact.key)[1]).replace("{org}", org)
     prefix = phrasing(rng, DOCUMENT_PREFIXES)
     if prefix:
         question = prefix + (question if prefix.endswith(": ") else lower_first(question))

@@ -105,6 +105,14 @@ def test_composed_training_phrasings_never_show_held_out_ones():
     _assert_no_held_out_phrasings("\n".join(_episode_text(sampler.sample(mix)) for _ in range(1500)))
 
 
+def test_composed_document_phrasings_never_show_held_out_ones():
+    sampler = ep.EpisodeSampler(13)
+    mix = ep.Mix(**{**{k: 0.0 for k in ep.EpisodeSampler.KINDS}, "document": 1.0}, composition=1.0, variation=0.0)
+    text = "\n".join(_episode_text(sampler.sample(mix)) for _ in range(800))
+    _assert_no_held_out_phrasings(text)
+    assert "the headcount of" in text.lower() or "'s headcount" in text.lower()  # composition did take place
+
+
 def test_composed_phrasings_are_many_and_exclude_held_out_ones():
     keyed = [key for key, a in ep.ATTRIBUTES.items() if a.keys]
     assert len(keyed) >= 12
@@ -118,6 +126,9 @@ def test_composed_phrasings_are_many_and_exclude_held_out_ones():
             for template in allowed:
                 assert values._normal(template) not in normal_held
                 assert not any(_pattern(h).search(template.lower()) for h in held if len(h) >= 10), (key, template)
+    for fact in ep._org_facts(values.DemoRandom(0)):
+        for extra, templates in zip(ep.composed_document(fact.key), (fact.sentences, fact.questions)):
+            assert len(values.allowed_extras(extra, values.template_split(templates)[1])) >= 20, fact.key
     # a composed phrasing equal to a held-out one is left out: "my city is {v}" is held out for "city"
     city_held = values.template_split(ep.ATTRIBUTES["city"].statements)[1]
     assert "my city is {v}" in city_held and "my city is {v}" in ep.composed("city")[0]
