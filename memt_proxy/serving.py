@@ -105,9 +105,9 @@ class AnsweredTurn:
     usage: Usage
 
 
-def request_digest(request: ChatCompletionRequest) -> str:
-    """SHA-256 of the whole request as received: a client's retry of the same request has the same digest."""
-    return hashlib.sha256(request.model_dump_json().encode()).hexdigest()
+def request_digest(dumped: str) -> str:
+    """SHA-256 of the whole request as received (its JSON dump): a client's retry of the same request has the same digest."""
+    return hashlib.sha256(dumped.encode()).hexdigest()
 
 
 class ChatService:
@@ -142,9 +142,8 @@ class ChatService:
         self.on_usage = no_usage
         self.memory_tokens = MemoryTokens()
 
-    async def _off_loop(self, request: ChatCompletionRequest, work, *args):
-        """``work(*args)`` — in the worker thread when ``request`` is large, so it slows only itself."""
-        size = sum(len(m.model_dump_json()) for m in request.messages) if len(request.messages) < 10_000 else OFF_LOOP_CHARS + 1
+    async def _off_loop(self, size: int, work, *args):
+        """``work(*args)`` — in the worker thread when the request (``size`` characters of JSON) is large, so it slows only itself."""
         if size <= OFF_LOOP_CHARS:
             return work(*args)
         return await asyncio.get_running_loop().run_in_executor(self._worker, work, *args)
@@ -165,8 +164,9 @@ class ChatService:
                 "leave out X-MemT-Session or send X-MemT-Memory: off", param="n", code="unsupported_parameter",
             )
         await self.sessions.check_upstream()
+        dumped = request.model_dump_json()  # once: the size that decides where preparing runs, and the retry digest
         if session is None or policy == "off":
-            prepared = await self._off_loop(request, self._prepare_stateless, request)
+            prepared = await self._off_loop(len(dumped), self._prepare_stateless, request)
             if request.stream:
                 return self._stream(request, prepared, None, None)
             return await self._run(request, prepared, None)
@@ -176,17 +176,18 @@ class ChatService:
         try:
             state = held.state
             divergence = on_divergence or self.on_divergence
-            replayed = self._replay(request, state)
+            digest = request_digest(dumped)
+            replayed = self._replay(request, state, digest)
             if replayed is not None:
                 return replayed
             # prepared before the native session exists, so a refused request never creates one
-            prepared = await self._prepare_session(request, state, policy, divergence)
+            prepared = await self._prepare_session(request, state, policy, divergence, len(dumped))
             if not state.exists:
                 await held.ensure()
                 if state.committed or not state.history_known or state.pending:
                     # adopted: the native session already held memory (its record says what, or nobody knows)
-                    prepared = await self._prepare_session(request, state, policy, divergence)
-            prepared.digest = request_digest(request)
+                    prepared = await self._prepare_session(request, state, policy, divergence, len(dumped))
+            prepared.digest = digest
             await held.start()
             if request.stream:
                 handed_off = True  # the stream lets the session go when it ends
@@ -259,14 +260,14 @@ class ChatService:
         sampling = self._sampling(request, tools)
         return Prepared(None, "off", prompt, [], [], None, thinking, sampling, prefix, sampling.get("stop", []), parallel, raw="json_schema" in sampling)
 
-    async def _prepare_session(self, request: ChatCompletionRequest, state: SessionState, policy: str, on_divergence: str) -> Prepared:
+    async def _prepare_session(self, request: ChatCompletionRequest, state: SessionState, policy: str, on_divergence: str, size: int = 0) -> Prepared:
         try:
-            return await self._off_loop(request, self._prepare_split, request, state, policy)
+            return await self._off_loop(size, self._prepare_split, request, state, policy)
         except ProxyError as exc:
             if exc.code != "transcript_diverged" or on_divergence != "reset":
                 raise
         await self.sessions.reset(state)
-        return await self._off_loop(request, self._prepare_split, request, state, policy)
+        return await self._off_loop(size, self._prepare_split, request, state, policy)
 
     def _prepare_split(self, request: ChatCompletionRequest, state: SessionState, policy: str) -> Prepared:
         thinking, tools, prefix, parallel = self._options(request)
@@ -403,11 +404,11 @@ class ChatService:
         # the version the session has once that commit is published (a failed one leaves nothing to replay)
         state.last_turn = AnsweredTurn(prepared.digest, state.version + 1, message, finish, usage)
 
-    def _replay(self, request: ChatCompletionRequest, state: SessionState) -> dict | AsyncIterator[dict] | None:
+    def _replay(self, request: ChatCompletionRequest, state: SessionState, digest: str) -> dict | AsyncIterator[dict] | None:
         """The kept answer when ``request`` repeats the session's last committed turn exactly (e.g. the
         openai SDK retrying after the answer was lost): nothing is generated or committed again."""
         last = state.last_turn
-        if not isinstance(last, AnsweredTurn) or last.version != state.version or last.digest != request_digest(request):
+        if not isinstance(last, AnsweredTurn) or last.version != state.version or last.digest != digest:
             return None
         log.info("an identical retry of the last committed turn of %s: answered again, not committed twice", state.native)
         if request.stream:
