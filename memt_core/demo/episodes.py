@@ -759,6 +759,20 @@ WEATHER_AT_HOME = ("What is the weather where I live?", "How is the weather in m
                    "Is it sunny in my city today?", "How warm is it where I live?", "Tell me the weather in my home town.",
                    "Can you look up the weather where I'm based?", "What's it like outside in my city?",
                    "What is the weather at my place today?", "Get me the weather for where I live, please.")
+#: Weather requests composed from frames and places (training only, held-out ones left out; see
+#: :data:`STATEMENT_FRAMES`): "weather where I live" must be understood however it is asked.
+WEATHER_FRAMES = ("What's the weather {p}?", "How is the weather {p} right now?", "Is it cold {p}?",
+                  "Is it raining {p} today?", "Tell me the weather {p}.", "Weather {p}, please.",
+                  "What's the temperature {p}?", "Do I need a jacket {p}?", "Any sun {p} today?",
+                  "Look up the weather {p}.", "How warm is it {p} today?", "Is it windy {p}?",
+                  "What are the conditions {p}?", "Could you check the weather {p}?")
+HOME_PLACES = ("where I live", "in my city", "at home", "in my home town", "where I'm based", "in the city I live in",
+               "at my place", "in my town", "where my home is")
+CITY_PLACES = ("in {c}", "over in {c}", "for {c}", "in the city of {c}")
+# each also kept clear of the other's held-out phrasings ("Weather in {c}, please." reads "Weather in my town, please.")
+_WEATHER_HELD = values.template_split(WEATHER_REQUESTS)[1] + values.template_split(WEATHER_AT_HOME)[1]
+WEATHER_AT_HOME_COMPOSED = values.allowed_extras(tuple(f.replace("{p}", p) for f in WEATHER_FRAMES for p in HOME_PLACES), _WEATHER_HELD)
+WEATHER_COMPOSED = values.allowed_extras(tuple(f.replace("{p}", p) for f in WEATHER_FRAMES for p in CITY_PLACES), _WEATHER_HELD)
 ADD_REQUESTS = ("What is {a} plus {b}?", "Add {a} and {b}.", "What is {a} + {b}?", "Can you add {a} and {b}?",
                 "How much is {a} plus {b}?", "What do {a} and {b} add up to?", "Sum {a} and {b}, please.",
                 "what's {a}+{b}", "Please add {a} to {b}.", "What's the sum of {a} and {b}?", "{a} + {b} = ?",
@@ -817,10 +831,10 @@ def tool_turn(rng: random.Random, *, tool: str | None = None, home_city: str | N
     offered = tools if tools is not None else _offered_tools(rng, tool)
     if tool == "get_weather":
         if home_city is not None and rng.random() < home_p:
-            city, user = home_city, phrasing(rng, WEATHER_AT_HOME)
+            city, user = home_city, phrasing(rng, WEATHER_AT_HOME, WEATHER_AT_HOME_COMPOSED)
         else:
             city = values.city(rng)
-            user = phrasing(rng, WEATHER_REQUESTS).replace("{c}", city)
+            user = phrasing(rng, WEATHER_REQUESTS, WEATHER_COMPOSED).replace("{c}", city)
         temperature, condition = rng.randint(-10, 40), rng.choice(pools.CONDITIONS)
         call = EpisodeToolCall("get_weather", {"city": city})
         result = weather_result(rng, city, temperature, condition, text=text)
@@ -849,6 +863,12 @@ def _offered_tools(rng: random.Random, needed: str | None) -> list[str]:
 # --------------------------------------------------------------------------------------------------
 # Repetition
 
+#: Repetition requests composed from verbs and frames (training only, held-out ones left out).
+REPEAT_VERBS = ("repeat", "type", "write", "copy", "say", "echo", "print", "output", "reproduce", "send back")
+REPEAT_FRAMES = ("{V} this exactly: {t}", "{V} the following: {t}", "Kindly {v} this: {t}", "{V} it back exactly: {t}",
+                 "Can you {v} this? {t}", "I need you to {v} this: {t}", "{V} word for word:\n{t}",
+                 "{V} the text below exactly.\n{t}", "Just {v} '{t}'.", "{V} '{t}', nothing else.")
+REPEAT_COMPOSED = tuple(f.replace("{V}", v.capitalize()).replace("{v}", v) for f in REPEAT_FRAMES for v in REPEAT_VERBS)
 REPEAT_REQUESTS = ("Repeat exactly:\n{t}", "Repeat after me: {t}", "Please repeat this text exactly: {t}",
                    "Say this back to me word for word:\n{t}", "Repeat this: {t}", "Copy this text:\n{t}",
                    "Type '{t}' exactly.", "Type exactly: {t}", "Please write exactly this: {t}", 'Say "{t}"',
@@ -887,7 +907,7 @@ def repeat_text(rng: random.Random) -> str:
 
 def repeat_turn(rng: random.Random, text: str | None = None) -> EpisodeTurn:
     text = text or repeat_text(rng)
-    return EpisodeTurn(phrasing(rng, REPEAT_REQUESTS).replace("{t}", text), text)
+    return EpisodeTurn(phrasing(rng, REPEAT_REQUESTS, REPEAT_COMPOSED).replace("{t}", text), text)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -28,10 +28,31 @@ def _episode_text(episode: ep.Episode) -> str:
     return "\n".join(parts + [episode.query.answer])
 
 
+def _render(seed: int, mix: ep.Mix, count: int) -> tuple[str, list[str]]:
+    """``count`` training episodes as text, and the random texts they ask to repeat (word salad, which can
+    match a loose held-out pattern by chance: "We have always apples" for "we have {a} {v}")."""
+    sampler, repeated = ep.EpisodeSampler(seed), []
+    original = ep.repeat_text
+
+    def recording(rng):
+        repeated.append(original(rng))
+        return repeated[-1]
+
+    ep.repeat_text = recording
+    try:
+        return "\n".join(_episode_text(sampler.sample(mix)) for _ in range(count)), repeated
+    finally:
+        ep.repeat_text = original
+
+
 @pytest.fixture(scope="module")
-def training_text() -> str:
-    sampler = ep.EpisodeSampler(11)
-    return "\n".join(_episode_text(sampler.sample(ep.Mix())) for _ in range(3000))
+def training() -> tuple[str, list[str]]:
+    return _render(11, ep.Mix(), 3000)
+
+
+@pytest.fixture(scope="module")
+def training_text(training) -> str:
+    return training[0]
 
 
 def _fixed_templates() -> list[tuple[str, ...]]:
@@ -93,24 +114,30 @@ def _rendered_training_templates() -> list[str]:
     return out
 
 
-def test_training_never_shows_held_out_phrasings(training_text):
+def test_training_never_shows_held_out_phrasings(training):
     """Held-out templates never occur in training text (those that a training template also matches excepted)."""
-    _assert_no_held_out_phrasings(training_text)
+    _assert_no_held_out_phrasings(*training)
 
 
 def test_composed_training_phrasings_never_show_held_out_ones():
     """Every statement and question composed from frames and keys, drawn always, still avoids held-out phrasings."""
-    sampler = ep.EpisodeSampler(12)
-    mix = ep.Mix(composition=1.0, variation=0.0)
-    _assert_no_held_out_phrasings("\n".join(_episode_text(sampler.sample(mix)) for _ in range(1500)))
+    _assert_no_held_out_phrasings(*_render(12, ep.Mix(composition=1.0, variation=0.0), 1500))
 
 
 def test_composed_document_phrasings_never_show_held_out_ones():
-    sampler = ep.EpisodeSampler(13)
     mix = ep.Mix(**{**{k: 0.0 for k in ep.EpisodeSampler.KINDS}, "document": 1.0}, composition=1.0, variation=0.0)
-    text = "\n".join(_episode_text(sampler.sample(mix)) for _ in range(800))
-    _assert_no_held_out_phrasings(text)
+    text, repeated = _render(13, mix, 800)
+    _assert_no_held_out_phrasings(text, repeated)
     assert "the headcount of" in text.lower() or "'s headcount" in text.lower()  # composition did take place
+
+
+def test_composed_tool_and_repeat_requests_never_show_held_out_ones():
+    kinds = {"tool_call": 0.5, "tool_answer": 0.2, "repeat": 0.3}
+    mix = ep.Mix(**{**{k: 0.0 for k in ep.EpisodeSampler.KINDS}, **kinds}, composition=1.0, variation=0.0)
+    text, repeated = _render(14, mix, 1500)
+    _assert_no_held_out_phrasings(text, repeated)
+    for composed in (ep.WEATHER_AT_HOME_COMPOSED, ep.WEATHER_COMPOSED, ep.REPEAT_COMPOSED):  # composition did take place
+        assert any(t.split("{")[0] and t.split("{")[0] in text for t in composed if not t.startswith("{"))
 
 
 def test_composed_phrasings_are_many_and_exclude_held_out_ones():
@@ -148,7 +175,9 @@ def test_only_training_draws_are_composed():
     assert {values.phrasing(train_rng, attribute.statements, extra) for _ in range(200)} <= set(train)
 
 
-def _assert_no_held_out_phrasings(training_text: str) -> None:
+def _assert_no_held_out_phrasings(training_text: str, repeated: list[str] = ()) -> None:
+    for text in sorted(set(repeated), key=len, reverse=True):
+        training_text = training_text.replace(text, "\n")
     rendered = _rendered_training_templates()
     checked = skipped = 0
     for templates in _fixed_templates():
