@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         record = json.loads((args.out / "training.json").read_text())
         config = config_from_dict(record["config"])
         write_evaluation(args.out, args.eval_episodes, args.eval_seed, record.get("minutes_total", record["minutes"]), config,
-                         threads=args.threads)
+                         threads=args.threads, averaged=len(record.get("averages", [])))
         return 0
 
     from memt_core.demo.train import train
@@ -127,7 +127,7 @@ def config_from_dict(data: dict) -> TrainConfig:
     return TrainConfig(**{**data, "shape": shape})
 
 
-def write_evaluation(out: Path, episodes: int, seed: int, minutes: float, config: TrainConfig, *, threads: int) -> dict:
+def write_evaluation(out: Path, episodes: int, seed: int, minutes: float, config: TrainConfig, *, threads: int, averaged: int = 0) -> dict:
     """Evaluate the checkpoint in ``out`` on both splits; write its ``eval.json`` and model card ``README.md``."""
     from memt_core.demo.eval import evaluate, format_report
 
@@ -137,7 +137,7 @@ def write_evaluation(out: Path, episodes: int, seed: int, minutes: float, config
     record = {"command": report["command"], "seconds": report["seconds"], "targets": report["targets"],
               "splits": {name: {k: split[k] for k in ("figures", "counts")} for name, split in report["splits"].items()}}
     (out / "eval.json").write_text(json.dumps(record, indent=2) + "\n")
-    (out / "README.md").write_text(model_card(report, minutes, config))
+    (out / "README.md").write_text(model_card(report, minutes, config, averaged))
     return report
 
 
@@ -173,7 +173,7 @@ LABELS_FOR_GAPS = ("fact1", "facts3", "phrasing", "document", "tool_call_correct
                    "tool_from_memory", "repeat_exact")
 
 
-def model_card(report: dict, minutes: float, config) -> str:
+def model_card(report: dict, minutes: float, config, averaged: int = 0) -> str:
     """README.md of the checkpoint: what it is, what it can and cannot do, how it was made and measured."""
     from memt_core.demo.eval import LABELS, TARGETS, target_name
 
@@ -188,11 +188,12 @@ def model_card(report: dict, minutes: float, config) -> str:
     met = [target_name(*t) for t in TARGETS if report["targets"].get(target_name(*t))]
     missed = [target_name(*t) for t in TARGETS if target_name(*t) in report["targets"] and not report["targets"][target_name(*t)]]
     shape = config.shape
+    made = "`scripts/train_tiny.py`" + (f" (then {averaged} runs averaged by `scripts/average_checkpoints.py`)" if averaged else "")
     return f"""# memt-tiny-demo
 
 A tiny MemT of the Nano architecture (`memt_qwen3_5_moe`: a {shape.layers}-layer, {shape.hidden_size}-wide Qwen3.5-MoE
 backbone with latent memory on layers {list(shape.memory_layers)}, {shape.memory_heads} memory heads of
-{shape.key_dim} × {shape.value_dim}), trained by `scripts/train_tiny.py` on synthetic conversations in
+{shape.key_dim} × {shape.value_dim}), trained by {made} on synthetic conversations in
 {minutes:.0f} minutes on CPU. It exists to show — and test — latent memory on any machine.
 
 **It is not a general assistant.** It has a handful of skills, learned from synthetic data:
