@@ -41,21 +41,28 @@ KEY_ARGS=()
 [ -n "${MEMT_PROXY_KEY:-}" ] && KEY_ARGS=(--api-key "$MEMT_PROXY_KEY")
 
 PIDS=()
-stop() {
+stop() {  # STATUS: stop what was started, last first, and exit with STATUS
     trap - INT TERM EXIT
     echo "stopping the cluster"
     for ((i=${#PIDS[@]}-1; i>=0; i--)); do kill "${PIDS[i]}" 2>/dev/null || true; done
     wait 2>/dev/null || true
-    exit 0
+    exit "$1"
 }
-trap stop INT TERM EXIT
+trap 'stop 0' INT TERM
+trap 'stop $?' EXIT
 
-wait_for() {  # URL NAME: until it answers (its state), or give up after 300 s
+wait_for() {  # URL NAME PID LOG: until it answers; its process exiting or 300 s passing stops the cluster
     for _ in $(seq 600); do
-        curl -sf -o /dev/null "$1" && return 0
+        curl -sf --max-time 5 -o /dev/null "$1" && return 0
+        if ! kill -0 "$3" 2>/dev/null; then
+            echo "$2 exited before it answered $1; the end of $4:" >&2
+            tail -n 30 "$4" >&2
+            exit 1
+        fi
         sleep 0.5
     done
-    echo "$2 did not start; see $DIR/logs" >&2
+    echo "$2 did not answer $1 within 300 s; the end of $4:" >&2
+    tail -n 30 "$4" >&2
     exit 1
 }
 
@@ -71,11 +78,11 @@ for ((i=0; i<N; i++)); do
         --state-directory "$DIR/node$i" --snapshot-store "$DIR/store" \
         --ownership "$REDIS" --ownership-ttl "$TTL" --node-id "node$i" ${MEMT_CORE_ARGS:-} >"$DIR/logs/core$i.log" 2>&1 &
     PIDS+=($!)
-    wait_for "http://127.0.0.1:$cport/health" "core $i"
+    wait_for "http://127.0.0.1:$cport/health" "core $i" $! "$DIR/logs/core$i.log"
     "$PY" -m memt_proxy "${MODEL_ARGS[@]}" --upstream "http://127.0.0.1:$cport" --host 127.0.0.1 --port "$pport" \
         --state-directory "$DIR/node$i-proxy" --records-directory "$DIR/records" --cluster "${KEY_ARGS[@]}" >"$DIR/logs/proxy$i.log" 2>&1 &
     PIDS+=($!)
-    wait_for "http://127.0.0.1:$pport/health/ready" "proxy $i"
+    wait_for "http://127.0.0.1:$pport/health/ready" "proxy $i" $! "$DIR/logs/proxy$i.log"
     WORKERS+=("http://127.0.0.1:$pport")
 done
 
@@ -93,3 +100,4 @@ done
 echo "MemT cluster: $N nodes behind SMG at http://127.0.0.1:$PORT/v1 (send X-SMG-Routing-Key: <session>); Ctrl-C stops it"
 wait || true
 echo "a process of the cluster exited; see $DIR/logs" >&2
+exit 1

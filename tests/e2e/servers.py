@@ -27,6 +27,7 @@ to ``server.log_path`` and is quoted when startup fails.
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -49,6 +50,30 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((HOST, 0))
         return sock.getsockname()[1]
+
+
+def free_port_block(count: int) -> int:
+    """The first of ``count`` consecutive free ports, below the kernel's ephemeral range.
+
+    Scripts that listen on BASE+i need the whole block; ports from ``free_port`` lie where outgoing
+    connections take their local ports, so BASE+2 could be taken by the time it is bound.
+    """
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(20000, 32000 - count)
+        sockets = []
+        try:
+            for port in range(base, base + count):
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                sockets.append(sock)
+                sock.bind((HOST, port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in sockets:
+                sock.close()
+    raise RuntimeError(f"no {count} consecutive free ports between 20000 and 32000")
 
 
 class ServerStartError(RuntimeError):

@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -28,7 +29,7 @@ import pytest
 
 from coordination import redis_url  # noqa: F401  (pytest fixture)
 from e2e.proxies import STOPS, ProxyServer, expected_prompt, unique
-from e2e.servers import HOST, MemTServer, free_port
+from e2e.servers import HOST, REPO_ROOT, MemTServer, free_port, free_port_block
 from memt_proxy.sessions import native_session_id
 
 FULL = os.environ.get("MEMT_CLUSTER_FULL") == "1"
@@ -411,3 +412,31 @@ def test_admin_routes_find_a_session_its_core_let_go_or_another_node_served(pair
     served.core.wait_unloaded(native, timeout=WAIT)  # again (the inspect brought it back), then looked up on the other node
     seen = other.inspect(session)
     assert seen["native"]["published_version"] == 1 and seen["history_known"] and seen["committed_messages"] == 2, seen
+
+
+def test_the_cluster_script_stops_saying_why_when_a_node_cannot_listen(nano_checkpoint, tmp_path):
+    """``scripts/start_cluster.sh``: a core that exits at start (its port taken) stops the whole cluster at
+    once with a non-zero status and the end of that core's log, instead of polling it for minutes."""
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed (apt-get install redis-server; scripts/setup.sh does it)")
+    smg_binary()
+    base = free_port_block(6)
+    taken = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    taken.bind((HOST, base + 1))
+    taken.listen()
+    env = {**os.environ, "MEMT_PYTHON": sys.executable, "MEMT_CLUSTER_DIR": str(tmp_path), "MEMT_CORE_PORT": str(base),
+           "MEMT_PROXY_PORT": str(base + 2), "MEMT_REDIS_PORT": str(base + 4), "MEMT_CLUSTER_PORT": str(free_port())}
+    try:
+        done = subprocess.run(["bash", "scripts/start_cluster.sh", "2", str(nano_checkpoint)], cwd=REPO_ROOT, env=env,
+                              capture_output=True, text=True, timeout=280)  # under the script's own 300 s wait
+    finally:
+        taken.close()
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert f"core 1 exited before it answered http://127.0.0.1:{base + 1}/health" in done.stderr, done.stderr
+    assert "Address already in use" in done.stderr and "stopping the cluster" in done.stdout, done.stdout + done.stderr
+    assert not any(process_listens(port) for port in (base, base + 2, base + 4))  # what it started is gone
+
+
+def process_listens(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        return sock.connect_ex((HOST, port)) == 0

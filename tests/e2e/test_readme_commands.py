@@ -37,7 +37,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from e2e.servers import HOST, REPO_ROOT, free_port
+from e2e.servers import HOST, REPO_ROOT, free_port, free_port_block
 
 pytestmark = pytest.mark.timeout(1200)
 
@@ -124,7 +124,7 @@ class Substitutions:
     """The changes the module docstring lists, for one document."""
 
     tmp: Path
-    ports: dict[str, int] = field(default_factory=lambda: {"30000": free_port(), "8000": free_port(), "8800": free_port()})
+    ports: dict[str, int] = field(default_factory=lambda: {"30000": free_port(), "8000": free_port(), "8800": free_port_block(2)})
 
     def __call__(self, text: str) -> str:
         for port, ours in self.ports.items():
@@ -232,8 +232,10 @@ class Reader:
         """The cluster script, kept up: its router on this document's 8800, the rest on free ports."""
         self.ran.append(what)
         port = self.sub.ports["8800"]
-        env = {**self.env, "MEMT_CLUSTER_PORT": str(port), "MEMT_CORE_PORT": str(free_port()), "MEMT_PROXY_PORT": str(free_port()),
-               "MEMT_REDIS_PORT": str(free_port()), "MEMT_CLUSTER_DIR": str(self.tmp / "cluster")}
+        nodes = int(words[2]) if len(words) > 2 else 3
+        cores = free_port_block(2 * nodes + 1)  # cores, then proxies, then Redis: one block, no overlap
+        env = {**self.env, "MEMT_CLUSTER_PORT": str(port), "MEMT_CORE_PORT": str(cores), "MEMT_PROXY_PORT": str(cores + nodes),
+               "MEMT_REDIS_PORT": str(cores + 2 * nodes), "MEMT_CLUSTER_DIR": str(self.tmp / "cluster")}
         log = self.tmp / "cluster.log"
         process = subprocess.Popen(words, cwd=REPO_ROOT, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
         self.servers.append((process, log))
