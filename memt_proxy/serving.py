@@ -260,7 +260,7 @@ class ChatService:
         sampling = self._sampling(request, tools)
         return Prepared(None, "off", prompt, [], [], None, thinking, sampling, prefix, sampling.get("stop", []), parallel, raw="json_schema" in sampling)
 
-    async def _prepare_session(self, request: ChatCompletionRequest, state: SessionState, policy: str, on_divergence: str, size: int = 0) -> Prepared:
+    async def _prepare_session(self, request: ChatCompletionRequest, state: SessionState, policy: str, on_divergence: str, size: int) -> Prepared:
         try:
             return await self._off_loop(size, self._prepare_split, request, state, policy)
         except ProxyError as exc:

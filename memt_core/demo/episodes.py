@@ -214,7 +214,7 @@ ATTRIBUTES: dict[str, Attribute] = {
              "Do you remember my {animal}'s name?", "What's the name of my pet?", "Remind me what I called my {animal}.",
              "What do I call my {animal}?", "Which name did I give my {animal}?"),
             "your {animal} is called {v}", "your pet's name",
-            ("{animal}'s name", "pet's name", "{animal}'s name", "little {animal}'s name"),
+            ("{animal}'s name", "pet's name", "little {animal}'s name", "animal's name"),
         ),
         Attribute(
             "job", _from(pools.JOBS),
@@ -358,13 +358,35 @@ QUESTION_FRAMES = ("What is my {k}?", "What's my {k}?", "Do you know my {k}?", "
                    "Do you still remember my {k}?", "I need my {k}. What is it?", "What was my {k} again?",
                    "Could you tell me my {k}?", "Which {k} did I give you?", "Say my {k}, please.")
 
+#: Statements told with a verb rather than "my {k}" ("I {p} {v}" → "I reside in {v}"): the shape most
+#: held-out statements have, so the model learns to take the value from a predicate it has not seen.
+VERB_FRAMES = ("I {p} {v}", "as it happens, I {p} {v}", "I should mention that I {p} {v}", "for the record, I {p} {v}",
+               "just so you know, I {p} {v}", "actually I {p} {v}", "oh, and I {p} {v}", "I {p} {v}, by the way")
+VERBS = {
+    "name": ("am called", "go by the name", "answer to", "am known as", "was named", "introduce myself as"),
+    "age": ("turned", "have turned", "recently turned", "celebrated turning", "am now"),
+    "city": ("live in", "reside in", "am based in", "stay in", "settled in", "have a flat in", "make my home in"),
+    "food": ("love eating", "could live on", "always order", "crave", "adore eating", "most enjoy eating"),
+    "pet": ("own {a}", "keep {a}", "look after {a}", "share my flat with {a}", "take care of {a}"),
+    "pet_name": ("named my {animal}", "call my {animal}", "gave my {animal} the name", "chose for my {animal} the name"),
+    "job": ("work as {a}", "earn a living as {a}", "make my money as {a}", "trained as {a}", "have a job as {a}"),
+    "company": ("work for", "am employed by", "work at", "have a job at", "am on the payroll of", "get paid by"),
+    "trait": ("tend to be", "would call myself", "am quite", "have always been", "am known to be"),
+    "colour": ("love the colour", "prefer the colour", "adore the colour", "always pick the colour", "like the colour"),
+    "hobby": ("love", "am into", "spend my free time on", "do a lot of", "am passionate about"),
+    "friend": ("hang out most with", "am best friends with", "go everywhere with my friend", "grew up with my best friend"),
+    "birthday": ("celebrate my birthday on", "came into the world on", "turn a year older on", "have my birthday on"),
+    "address": ("live at", "reside at", "get my post at", "can be reached at", "stay at"),
+    "code": ("use the code", "was given the code", "have the code", "got the code", "was sent the code"),
+}
+
 
 @lru_cache(maxsize=None)
 def composed(key: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """``(statements, questions)`` composed from the frames and the attribute's keys (training only)."""
+    """``(statements, questions)`` composed from the frames, the attribute's keys and verbs (training only)."""
     keys = ATTRIBUTES[key].keys
-    return (tuple(f.replace("{k}", k) for f in STATEMENT_FRAMES for k in keys),
-            tuple(f.replace("{k}", k) for f in QUESTION_FRAMES for k in keys))
+    statements = values.compose(STATEMENT_FRAMES, "{k}", keys) + values.compose(VERB_FRAMES, "{p}", VERBS.get(key, ()))
+    return statements, values.compose(QUESTION_FRAMES, "{k}", keys)
 
 
 #: Attributes that are never told together (both would be about "my pet").
@@ -681,8 +703,7 @@ DOCUMENT_QUESTION_FRAMES = ("What is the {k} of {org}?", "What's {org}'s {k}?", 
 def composed_document(key: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """``(sentences, questions)`` of a document fact composed from the frames and :data:`DOCUMENT_KEYS`."""
     keys = DOCUMENT_KEYS[key]
-    return (tuple(f.replace("{k}", k) for f in DOCUMENT_SENTENCE_FRAMES for k in keys),
-            tuple(f.replace("{k}", k) for f in DOCUMENT_QUESTION_FRAMES for k in keys))
+    return values.compose(DOCUMENT_SENTENCE_FRAMES, "{k}", keys), values.compose(DOCUMENT_QUESTION_FRAMES, "{k}", keys)
 
 
 def document(rng: random.Random, *, fillers: int | None = None) -> tuple[str, str, list[DocumentFact]]:
@@ -771,8 +792,8 @@ HOME_PLACES = ("where I live", "in my city", "at home", "in my home town", "wher
 CITY_PLACES = ("in {c}", "over in {c}", "for {c}", "in the city of {c}")
 # each also kept clear of the other's held-out phrasings ("Weather in {c}, please." reads "Weather in my town, please.")
 _WEATHER_HELD = values.template_split(WEATHER_REQUESTS)[1] + values.template_split(WEATHER_AT_HOME)[1]
-WEATHER_AT_HOME_COMPOSED = values.allowed_extras(tuple(f.replace("{p}", p) for f in WEATHER_FRAMES for p in HOME_PLACES), _WEATHER_HELD)
-WEATHER_COMPOSED = values.allowed_extras(tuple(f.replace("{p}", p) for f in WEATHER_FRAMES for p in CITY_PLACES), _WEATHER_HELD)
+WEATHER_AT_HOME_COMPOSED = values.allowed_extras(values.compose(WEATHER_FRAMES, "{p}", HOME_PLACES), _WEATHER_HELD)
+WEATHER_COMPOSED = values.allowed_extras(values.compose(WEATHER_FRAMES, "{p}", CITY_PLACES), _WEATHER_HELD)
 ADD_REQUESTS = ("What is {a} plus {b}?", "Add {a} and {b}.", "What is {a} + {b}?", "Can you add {a} and {b}?",
                 "How much is {a} plus {b}?", "What do {a} and {b} add up to?", "Sum {a} and {b}, please.",
                 "what's {a}+{b}", "Please add {a} to {b}.", "What's the sum of {a} and {b}?", "{a} + {b} = ?",
@@ -868,7 +889,7 @@ REPEAT_VERBS = ("repeat", "type", "write", "copy", "say", "echo", "print", "outp
 REPEAT_FRAMES = ("{V} this exactly: {t}", "{V} the following: {t}", "Kindly {v} this: {t}", "{V} it back exactly: {t}",
                  "Can you {v} this? {t}", "I need you to {v} this: {t}", "{V} word for word:\n{t}",
                  "{V} the text below exactly.\n{t}", "Just {v} '{t}'.", "{V} '{t}', nothing else.")
-REPEAT_COMPOSED = tuple(f.replace("{V}", v.capitalize()).replace("{v}", v) for f in REPEAT_FRAMES for v in REPEAT_VERBS)
+REPEAT_COMPOSED = values.compose(REPEAT_FRAMES, "{v}", REPEAT_VERBS)
 REPEAT_REQUESTS = ("Repeat exactly:\n{t}", "Repeat after me: {t}", "Please repeat this text exactly: {t}",
                    "Say this back to me word for word:\n{t}", "Repeat this: {t}", "Copy this text:\n{t}",
                    "Type '{t}' exactly.", "Type exactly: {t}", "Please write exactly this: {t}", 'Say "{t}"',

@@ -77,11 +77,22 @@ def phrasing(rng: random.Random, templates: tuple[str, ...], extra: tuple[str, .
     return template
 
 
+def compose(frames: tuple[str, ...], slot: str, words: tuple[str, ...]) -> tuple[str, ...]:
+    """Every frame with every word in ``slot`` ("{k}"); the slot capitalised ("{K}") takes the word capitalised."""
+    upper = slot[0] + slot[1].upper() + slot[2:]
+    return tuple(f.replace(slot, w).replace(upper, w[:1].upper() + w[1:]) for f in frames for w in words)
+
+
+@lru_cache(maxsize=None)
+def _held_out(held: tuple[str, ...]) -> tuple[frozenset[str], tuple[re.Pattern, ...]]:
+    """Held-out templates as training must never produce them: exactly (normalised), or inside another text."""
+    return frozenset(_normal(h) for h in held), tuple(map(_template_pattern, held))
+
+
 @lru_cache(maxsize=None)
 def allowed_extras(extra: tuple[str, ...], held: tuple[str, ...]) -> tuple[str, ...]:
     """The composed phrasings of ``extra`` training may use: none is, or contains, a held-out phrasing."""
-    exact = frozenset(_normal(h) for h in held)
-    patterns = tuple(map(_template_pattern, held))
+    exact, patterns = _held_out(held)
     return tuple(t for t in extra if _normal(t) not in exact and not any(p.search(_normal(t)) for p in patterns))
 
 
@@ -128,8 +139,8 @@ def vary(rng: random.Random, template: str, held: tuple[str, ...] = ()) -> str:
 def _forbidden(core: str, held: tuple[str, ...]) -> tuple[frozenset[str], tuple[re.Pattern, ...]]:
     """What :func:`vary` must not produce from ``core``: the held-out templates themselves, and the patterns
     of those ``core`` does not already contain."""
-    inside = tuple(p for p in map(_template_pattern, held) if not p.search(_normal(core)))
-    return frozenset(_normal(h) for h in held), inside
+    exact, patterns = _held_out(held)
+    return exact, tuple(p for p in patterns if not p.search(_normal(core)))
 
 
 def _edit(rng: random.Random, words: list[str]) -> list[str]:

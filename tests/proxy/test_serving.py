@@ -168,7 +168,7 @@ def test_a_pending_tool_turn_is_kept_until_a_request_ends_it(nano_checkpoint, tm
     assert store.load_pending(state.native, 0) == {"hashes": pending.hashes, "ids": pending.ids, "thinking": False}
 
     def prepare(messages, **fields):
-        return asyncio.run(service._prepare_session(request(messages=messages, **fields), state, "auto", "reject"))
+        return asyncio.run(service._prepare_session(request(messages=messages, **fields), state, "auto", "reject", size=0))
 
     results = [question, call, {"role": "tool", "tool_call_id": "call_1", "content": "3 degrees"}]
     continued = prepare(results)
