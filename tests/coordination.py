@@ -7,17 +7,12 @@ not installed the tests skip, saying so (``scripts/setup.sh`` installs it from D
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import time
 
 import pytest
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from e2e.servers import free_port
 
 
 @pytest.fixture
@@ -26,7 +21,7 @@ def redis_url(tmp_path):
     if binary is None:
         pytest.skip("redis-server is not installed (apt-get install redis-server; scripts/setup.sh does it)")
     redis = pytest.importorskip("redis", reason="the redis client package is not installed (pip install redis)")
-    port = _free_port()
+    port = free_port()
     process = subprocess.Popen(
         [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(tmp_path)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

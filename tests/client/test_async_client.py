@@ -10,22 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 
 import pytest
 from aiohttp import web
 
+from e2e.servers import free_port
 from memt_core.client.errors import MemTClientError
 from memt_core.client.native import AsyncNativeClient
 from memt_core.errors import LeaseConflict
 
 EPOCH = "epoch-1"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 async def capabilities(request: web.Request) -> web.Response:

@@ -45,34 +45,40 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 HOST = "127.0.0.1"
 
 
+#: Ports this test process has handed out: never handed out twice, though a server may not have bound one yet.
+_HANDED_OUT: set[int] = set()
+_PORTS = random.Random()
+
+
 def free_port() -> int:
-    """A TCP port nobody listens on right now (the kernel's choice)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
-        return sock.getsockname()[1]
+    """A TCP port nobody listens on right now, below the kernel's ephemeral range (see :func:`free_port_block`)."""
+    return free_port_block(1)
 
 
 def free_port_block(count: int) -> int:
-    """The first of ``count`` consecutive free ports, below the kernel's ephemeral range.
+    """The first of ``count`` consecutive free ports, below the kernel's ephemeral range (32768 up).
 
-    Scripts that listen on BASE+i need the whole block; ports from ``free_port`` lie where outgoing
-    connections take their local ports, so BASE+2 could be taken by the time it is bound.
+    Ports there are not taken as the local side of outgoing connections between the moment they are
+    chosen and the moment a server binds them; scripts that listen on BASE+i get the whole block.
     """
-    rng = random.Random()
-    for _ in range(200):
-        base = rng.randrange(20000, 32000 - count)
+    for _ in range(500):
+        base = _PORTS.randrange(20000, 32000 - count)
+        block = range(base, base + count)
+        if _HANDED_OUT.intersection(block):
+            continue
         sockets = []
         try:
-            for port in range(base, base + count):
+            for port in block:
                 sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
                 sockets.append(sock)
                 sock.bind((HOST, port))
-            return base
         except OSError:
             continue
         finally:
             for sock in sockets:
                 sock.close()
+        _HANDED_OUT.update(block)
+        return base
     raise RuntimeError(f"no {count} consecutive free ports between 20000 and 32000")
 
 
