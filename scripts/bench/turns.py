@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Memory turns against replay turns through the proxy, per turn, for both deployments, in one run.
 
-    python scripts/bench/turns.py [--turns 100] [--pause 0.5] [--first-turns 10] [--model-path DIR]
+    python scripts/bench/turns.py [--turns 100] [--pause 0.5] [--first-turns 10] [--equal-answers] [--model-path DIR]
 
 Starts, on 127.0.0.1, the two-process deployment (``memt_core.launch`` + ``memt_proxy --upstream``) and
 the one-process one (``memt_proxy --embedded``), both on the bundled demo model, and holds in each two
@@ -15,7 +15,9 @@ Latency is request to complete response, measured by the client (the openai SDK,
 ``--raw-http`` plain httpx, which leaves out the SDK's own request building). Each request's *client
 building* time is measured too: from the call to the moment its HTTP request leaves the client (the
 SDK transforms and encodes all the messages it is given; httpx only encodes them), so the ratios can
-be read with and without the client's own share.
+be read with and without the client's own share. The two modes' answers differ in length where the
+model answers differently from memory and from a long transcript; ``--equal-answers`` gives each replay
+answer exactly the length of the memory answer of its turn, so both decode the same number of tokens.
 
 Turn 1 is also measured on ``--first-turns`` fresh sessions per deployment (median), since a single
 first turn is one noisy sample. Printed: per turn, prompt tokens and latencies of both modes and their
@@ -71,24 +73,27 @@ class Conversation:
     def _sending(self, request: httpx.Request) -> None:
         self._sent = time.perf_counter()
 
-    def turn(self, text: str) -> None:
+    def turn(self, text: str, answer_tokens: int | None = None) -> None:
+        """One turn; ``answer_tokens``: an answer of exactly that many tokens (``min_tokens`` = ``max_tokens``)."""
         import openai
 
         if self.ended:
             self._missing()
             return
         self.history.append({"role": "user", "content": text})
+        limits = {"max_tokens": answer_tokens or self.max_tokens}
+        extra = {"min_tokens": answer_tokens} if answer_tokens else {}
         started = self._sent = time.perf_counter()
         try:
             if self.raw is not None:
                 response = self.raw.post("/v1/chat/completions", headers=self.headers, json={
-                    "model": self.model, "messages": self.history, "max_tokens": self.max_tokens, "temperature": 0.0})
+                    "model": self.model, "messages": self.history, **limits, **extra, "temperature": 0.0})
                 if response.status_code == 400:
                     raise openai.BadRequestError(response.text, response=response, body=None)
                 reply = openai.types.chat.ChatCompletion.model_validate(response.raise_for_status().json())
             else:
                 reply = self.client.chat.completions.create(
-                    model=self.model, messages=self.history, max_tokens=self.max_tokens, temperature=0.0, extra_headers=self.headers,
+                    model=self.model, messages=self.history, **limits, temperature=0.0, extra_headers=self.headers, extra_body=extra or None,
                 )
         except openai.BadRequestError as exc:
             self.ended = True
@@ -111,13 +116,15 @@ class Conversation:
         return [None if lat is None else lat - build for lat, build in zip(self.latency, self.building)]
 
 
-def first_turns(base_url: str, model: str, count: int, max_tokens: int, pause: float, raw: bool = False) -> tuple[float, float]:
-    """Median latency of turn 1 over ``count`` fresh conversations: (memory, replay)."""
+def first_turns(base_url: str, model: str, count: int, max_tokens: int, pause: float, raw: bool = False, equal: bool = False) -> tuple[float, float]:
+    """Median latency of turn 1 over ``count`` fresh conversations: (memory, replay); ``equal``: see ``--equal-answers``."""
     memory, replay = [], []
     for index in range(count):
+        answer = None
         for mode, out in ((True, memory), (False, replay)):
             conversation = Conversation(base_url, model, memory=mode, max_tokens=max_tokens, raw=raw)
-            conversation.turn(message(index + 1))
+            conversation.turn(message(index + 1), answer if equal and not mode else None)
+            answer = conversation.answer[0]
             out.append(conversation.latency[0])
             time.sleep(pause)
     return statistics.median(memory), statistics.median(replay)
@@ -154,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=24, help="longest answer, in tokens")
     parser.add_argument("--model-path", default=None, help="checkpoint (default: the bundled demo model)")
     parser.add_argument("--raw-http", action="store_true", help="send the app's requests with plain httpx instead of the openai SDK (whose request building grows with the transcript)")
+    parser.add_argument("--equal-answers", action="store_true", help="make each replay answer exactly as long as the memory answer of the same turn "
+                        "(min_tokens = max_tokens), so that both modes decode the same number of tokens")
     args = parser.parse_args(argv)
 
     work = Path(tempfile.mkdtemp(prefix="memt-bench-turns-"))
@@ -173,17 +182,19 @@ def main(argv: list[str] | None = None) -> int:
 
         deployments = {"two-process": two_url, "one-process": one_url}
         for url in deployments.values():  # warm-up: first requests load lazily initialised code paths
-            first_turns(url, name, 1, args.max_tokens, 0.0, args.raw_http)
+            first_turns(url, name, 1, args.max_tokens, 0.0, args.raw_http, args.equal_answers)
         print(f"turn 1 on {args.first_turns} fresh sessions per deployment ...", flush=True)
-        first = {label: first_turns(url, name, args.first_turns, args.max_tokens, args.pause, args.raw_http) for label, url in deployments.items()}
+        first = {label: first_turns(url, name, args.first_turns, args.max_tokens, args.pause, args.raw_http, args.equal_answers)
+                 for label, url in deployments.items()}
 
         print(f"{args.turns} turns, four conversations interleaved ...", flush=True)
         talks = {(label, mode): Conversation(url, name, memory=mode == "memory", max_tokens=args.max_tokens, raw=args.raw_http)
                  for label, url in deployments.items() for mode in ("memory", "replay")}
         before = upstream_requests(core_url)
         for turn in range(1, args.turns + 1):
-            for conversation in talks.values():
-                conversation.turn(message(turn))
+            for (label, mode), conversation in talks.items():  # each deployment's memory turn before its replay turn
+                answer = talks[(label, "memory")].answer[-1] if args.equal_answers and mode == "replay" else None
+                conversation.turn(message(turn), answer)
                 time.sleep(args.pause)
         after = upstream_requests(core_url)
     finally:
@@ -198,6 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     two_mem, two_rep, one_mem, one_rep = (talks[key] for key in (("two-process", "memory"), ("two-process", "replay"), ("one-process", "memory"), ("one-process", "replay")))
     print()
     client = "plain httpx" if args.raw_http else "the openai SDK"
+    if args.equal_answers:
+        print("replay answers made exactly as long as the memory answers of the same turn (--equal-answers)")
     print(f"prompt / answer: tokens; ms: request to complete response, as the app sees it; build: the memory conversation's client building (ms, {client})")
     print("       |               two-process: memory vs replay                 |               one-process: memory vs replay                 | 1p/2p")
     print(" turn  | prompt mem  rep | answer mem rep |  ms mem    rep | mem/rep | build | prompt mem  rep | answer mem rep |  ms mem    rep | mem/rep | build | memory")
