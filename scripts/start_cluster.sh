@@ -51,20 +51,24 @@ stop() {  # STATUS: stop what was started, last first, and exit with STATUS
 trap 'stop 0' INT TERM
 trap 'stop $?' EXIT
 
-wait_for() {  # URL NAME PID LOG: until it answers; its process exiting or 300 s passing stops the cluster
+wait_for() {  # NAME PID LOG PROBE...: until PROBE succeeds; its process exiting or 300 s passing stops the cluster
+    local name=$1 pid=$2 log=$3
+    shift 3
     for _ in $(seq 600); do
-        curl -sf --max-time 5 -o /dev/null "$1" && return 0
-        if ! kill -0 "$3" 2>/dev/null; then
-            echo "$2 exited before it answered $1; the end of $4:" >&2
-            tail -n 30 "$4" >&2
+        "$@" && return 0
+        if ! kill -0 "$pid" 2>/dev/null; then
+            echo "$name exited before it was ready; the end of $log:" >&2
+            tail -n 30 "$log" >&2
             exit 1
         fi
         sleep 0.5
     done
-    echo "$2 did not answer $1 within 300 s; the end of $4:" >&2
-    tail -n 30 "$4" >&2
+    echo "$name was not ready within 300 s; the end of $log:" >&2
+    tail -n 30 "$log" >&2
     exit 1
 }
+answers() { curl -sf --max-time 5 -o /dev/null "$@"; }
+lists_models() { curl -sf --max-time 5 "$@" | grep -q '"id"'; }
 
 redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no --dir "$DIR" >"$DIR/logs/redis.log" 2>&1 &
 PIDS+=($!)
@@ -78,11 +82,11 @@ for ((i=0; i<N; i++)); do
         --state-directory "$DIR/node$i" --snapshot-store "$DIR/store" \
         --ownership "$REDIS" --ownership-ttl "$TTL" --node-id "node$i" ${MEMT_CORE_ARGS:-} >"$DIR/logs/core$i.log" 2>&1 &
     PIDS+=($!)
-    wait_for "http://127.0.0.1:$cport/health" "core $i" $! "$DIR/logs/core$i.log"
+    wait_for "core $i" $! "$DIR/logs/core$i.log" answers "http://127.0.0.1:$cport/health"
     "$PY" -m memt_proxy "${MODEL_ARGS[@]}" --upstream "http://127.0.0.1:$cport" --host 127.0.0.1 --port "$pport" \
         --state-directory "$DIR/node$i-proxy" --records-directory "$DIR/records" --cluster "${KEY_ARGS[@]}" >"$DIR/logs/proxy$i.log" 2>&1 &
     PIDS+=($!)
-    wait_for "http://127.0.0.1:$pport/health/ready" "proxy $i" $! "$DIR/logs/proxy$i.log"
+    wait_for "proxy $i" $! "$DIR/logs/proxy$i.log" answers "http://127.0.0.1:$pport/health/ready"
     WORKERS+=("http://127.0.0.1:$pport")
 done
 
@@ -93,10 +97,8 @@ done
 PIDS+=($!)
 AUTH=()
 [ -n "${MEMT_PROXY_KEY:-}" ] && AUTH=(-H "Authorization: Bearer $MEMT_PROXY_KEY")
-for _ in $(seq 240); do  # until SMG has registered the workers and lists their model
-    curl -sf "${AUTH[@]}" "http://127.0.0.1:$PORT/v1/models" | grep -q '"id"' && break
-    sleep 0.5
-done
+# until SMG has registered the workers and lists their model
+wait_for "SMG" $! "$DIR/logs/smg.log" lists_models "${AUTH[@]}" "http://127.0.0.1:$PORT/v1/models"
 echo "MemT cluster: $N nodes behind SMG at http://127.0.0.1:$PORT/v1 (send X-SMG-Routing-Key: <session>); Ctrl-C stops it"
 wait || true
 echo "a process of the cluster exited; see $DIR/logs" >&2

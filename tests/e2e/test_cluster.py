@@ -432,7 +432,7 @@ def test_the_cluster_script_stops_saying_why_when_a_node_cannot_listen(nano_chec
     finally:
         taken.close()
     assert done.returncode == 1, done.stdout + done.stderr
-    assert f"core 1 exited before it answered http://127.0.0.1:{base + 1}/health" in done.stderr, done.stderr
+    assert "core 1 exited before it was ready" in done.stderr, done.stderr
     assert "Address already in use" in done.stderr and "stopping the cluster" in done.stdout, done.stdout + done.stderr
     assert not any(process_listens(port) for port in (base, base + 2, base + 4))  # what it started is gone
 
