@@ -26,6 +26,8 @@ def average(runs: list[Path], out: Path, command: str) -> dict:
     from safetensors import safe_open
     from safetensors.torch import save_file
 
+    from memt_core.demo.train import run_minutes
+
     records = [json.loads((run / "training.json").read_text()) for run in runs]
     for run, record in zip(runs[1:], records[1:]):
         if record["config"]["shape"] != records[0]["config"]["shape"]:
@@ -53,7 +55,7 @@ def average(runs: list[Path], out: Path, command: str) -> dict:
         "config": records[0]["config"],
         "averages": records,
         "continues": chain,
-        "minutes_total": round(sum(r["minutes"] for r in chain) + sum(r["minutes"] for r in records), 1),
+        "minutes_total": round(sum(map(run_minutes, chain)) + sum(map(run_minutes, records)), 1),
     }
     (out / "training.json").write_text(json.dumps(record, indent=2) + "\n")
     return record

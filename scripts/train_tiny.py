@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from memt_core.demo.train import TrainConfig  # noqa: E402
+from memt_core.demo.train import TrainConfig, chain_entry, run_minutes  # noqa: E402
 
 from memt_core.demo import BUNDLED_MODEL as DEFAULT_OUT  # noqa: E402
 
@@ -110,8 +110,8 @@ def main(argv: list[str] | None = None) -> int:
               "minutes": round(minutes, 1), "config": asdict(config), "learning_curve": curve}
     if args.init_from is not None:  # the run it continues: its command first, so the chain can be replayed
         before = json.loads((args.init_from / "training.json").read_text())
-        record["continues"] = before.get("continues", []) + [{k: before[k] for k in ("command", "minutes", "config")}]
-        record["minutes_total"] = round(minutes + sum(run["minutes"] for run in record["continues"]), 1)
+        record["continues"] = before.get("continues", []) + [chain_entry(before)]
+        record["minutes_total"] = round(minutes + sum(map(run_minutes, record["continues"])), 1)
     (args.out / "training.json").write_text(json.dumps(record, indent=2) + "\n")
     if args.eval_episodes:
         write_evaluation(args.out, args.eval_episodes, args.eval_seed, record.get("minutes_total", minutes), config,

@@ -80,6 +80,20 @@ class TrainConfig:
 # Tokenizer and checkpoint skeleton
 
 
+def chain_entry(record: dict) -> dict:
+    """A checkpoint's ``training.json`` as one entry of the chain a run continuing it records: its command,
+    minutes and config, and for an averaged checkpoint the runs it averages (their minutes count too)."""
+    entry = {k: record[k] for k in ("command", "minutes", "config")}
+    if "averages" in record:
+        entry["averages"] = [chain_entry(run) for run in record["averages"]]
+    return entry
+
+
+def run_minutes(entry: dict) -> float:
+    """Training minutes of one run or chain entry: its own, or those of the runs it averages."""
+    return entry["minutes"] + sum(run_minutes(run) for run in entry.get("averages", []))
+
+
 def build_demo_tokenizer(directory: str | Path, *, vocab_size: int, seed: int = 0):
     """A byte-level BPE trained on the demo corpus (plus rendered prompts), saved with the Nano template."""
     from memt_core.families import NANO

@@ -188,6 +188,8 @@ def test_averaging_continued_runs_writes_their_mean_and_records_them(tmp_path):
     assert train_tiny.main(["--out", str(first), *common]) == 0
     for run, seed in ((a, "1"), (b, "2")):
         assert train_tiny.main(["--out", str(run), "--init-from", str(first), "--seed", seed, "--lr", "1e-2", *common]) == 0
+        ran = json.loads((run / "training.json").read_text())
+        (run / "training.json").write_text(json.dumps({**ran, "minutes": 10.0 * int(seed)}))  # runs of 10 and 20 minutes
     assert averaging.main(["--out", str(soup), str(a), str(b)]) == 0
     weights = [load_file(p / "model.safetensors") for p in (a, b, soup)]
     changed = 0
@@ -201,5 +203,12 @@ def test_averaging_continued_runs_writes_their_mean_and_records_them(tmp_path):
     assert record["continues"] == record["averages"][0]["continues"] and record["config"] == record["averages"][0]["config"]
     assert (soup / "tokenizer.json").read_bytes() == (a / "tokenizer.json").read_bytes()
     load_model(soup)
+    after = tmp_path / "after"  # a run continuing the average counts the averaged runs' minutes
+    assert train_tiny.main(["--out", str(after), "--init-from", str(soup), *common]) == 0
+    chained = json.loads((after / "training.json").read_text())
+    assert [r["minutes"] for r in chained["continues"][-1]["averages"]] == [10.0, 20.0]
+    runs = [json.loads((p / "training.json").read_text())["minutes"] for p in (first, after)]
+    assert record["minutes_total"] == pytest.approx(runs[0] + 30.0, abs=0.15)
+    assert chained["minutes_total"] == pytest.approx(sum(runs) + 30.0, abs=0.15)
     with pytest.raises(SystemExit, match="same chain"):
         averaging.main(["--out", str(tmp_path / "mixed"), str(first), str(a)])
