@@ -54,16 +54,13 @@ trap 'stop $?' EXIT
 wait_for() {  # NAME PID LOG PROBE...: until PROBE succeeds; its process exiting or 300 s passing stops the cluster
     local name=$1 pid=$2 log=$3
     shift 3
+    local why="was not ready within 300 s"
     for _ in $(seq 600); do
         "$@" && return 0
-        if ! kill -0 "$pid" 2>/dev/null; then
-            echo "$name exited before it was ready; the end of $log:" >&2
-            tail -n 30 "$log" >&2
-            exit 1
-        fi
+        if ! kill -0 "$pid" 2>/dev/null; then why="exited before it was ready"; break; fi
         sleep 0.5
     done
-    echo "$name was not ready within 300 s; the end of $log:" >&2
+    echo "$name $why; the end of $log:" >&2
     tail -n 30 "$log" >&2
     exit 1
 }

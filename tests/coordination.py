@@ -15,11 +15,17 @@ import pytest
 from e2e.servers import free_port
 
 
-@pytest.fixture
-def redis_url(tmp_path):
+def redis_server_binary() -> str:
+    """The ``redis-server`` binary's path; the calling test skips, saying how to install it, where there is none."""
     binary = shutil.which("redis-server")
     if binary is None:
         pytest.skip("redis-server is not installed (apt-get install redis-server; scripts/setup.sh does it)")
+    return binary
+
+
+@pytest.fixture
+def redis_url(tmp_path):
+    binary = redis_server_binary()
     redis = pytest.importorskip("redis", reason="the redis client package is not installed (pip install redis)")
     port = free_port()
     process = subprocess.Popen(

@@ -82,6 +82,13 @@ def free_port_block(count: int) -> int:
     raise RuntimeError(f"no {count} consecutive free ports between 20000 and 32000")
 
 
+def cluster_script_ports(nodes: int) -> dict[str, str]:
+    """``scripts/start_cluster.sh``'s port variables for ``nodes`` nodes: cores, then proxies, then Redis,
+    one block with no overlap (the script listens on BASE+i)."""
+    base = free_port_block(2 * nodes + 1)
+    return {"MEMT_CORE_PORT": str(base), "MEMT_PROXY_PORT": str(base + nodes), "MEMT_REDIS_PORT": str(base + 2 * nodes)}
+
+
 class ServerStartError(RuntimeError):
     """The server process exited or did not answer /health in time; carries the log's tail."""
 

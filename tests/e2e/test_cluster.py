@@ -27,9 +27,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from coordination import redis_url  # noqa: F401  (pytest fixture)
+from coordination import redis_server_binary, redis_url  # noqa: F401  (redis_url: a pytest fixture)
 from e2e.proxies import STOPS, ProxyServer, expected_prompt, unique
-from e2e.servers import HOST, REPO_ROOT, MemTServer, free_port, free_port_block
+from e2e.servers import HOST, REPO_ROOT, MemTServer, cluster_script_ports, free_port
 from memt_proxy.sessions import native_session_id
 
 FULL = os.environ.get("MEMT_CLUSTER_FULL") == "1"
@@ -417,15 +417,15 @@ def test_admin_routes_find_a_session_its_core_let_go_or_another_node_served(pair
 def test_the_cluster_script_stops_saying_why_when_a_node_cannot_listen(nano_checkpoint, tmp_path):
     """``scripts/start_cluster.sh``: a core that exits at start (its port taken) stops the whole cluster at
     once with a non-zero status and the end of that core's log, instead of polling it for minutes."""
-    if shutil.which("redis-server") is None:
-        pytest.skip("redis-server is not installed (apt-get install redis-server; scripts/setup.sh does it)")
+    redis_server_binary()
     smg_binary()
-    base = free_port_block(6)
+    ports = cluster_script_ports(2)
+    core0, proxy0, redis = (int(ports[name]) for name in ("MEMT_CORE_PORT", "MEMT_PROXY_PORT", "MEMT_REDIS_PORT"))
     taken = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    taken.bind((HOST, base + 1))
+    taken.bind((HOST, core0 + 1))
     taken.listen()
-    env = {**os.environ, "MEMT_PYTHON": sys.executable, "MEMT_CLUSTER_DIR": str(tmp_path), "MEMT_CORE_PORT": str(base),
-           "MEMT_PROXY_PORT": str(base + 2), "MEMT_REDIS_PORT": str(base + 4), "MEMT_CLUSTER_PORT": str(free_port())}
+    env = {**os.environ, **ports, "MEMT_PYTHON": sys.executable, "MEMT_CLUSTER_DIR": str(tmp_path),
+           "MEMT_CLUSTER_PORT": str(free_port())}
     try:
         done = subprocess.run(["bash", "scripts/start_cluster.sh", "2", str(nano_checkpoint)], cwd=REPO_ROOT, env=env,
                               capture_output=True, text=True, timeout=280)  # under the script's own 300 s wait
@@ -434,7 +434,7 @@ def test_the_cluster_script_stops_saying_why_when_a_node_cannot_listen(nano_chec
     assert done.returncode == 1, done.stdout + done.stderr
     assert "core 1 exited before it was ready" in done.stderr, done.stderr
     assert "Address already in use" in done.stderr and "stopping the cluster" in done.stdout, done.stdout + done.stderr
-    assert not any(process_listens(port) for port in (base, base + 2, base + 4))  # what it started is gone
+    assert not any(process_listens(port) for port in (core0, proxy0, redis))  # what it started is gone
 
 
 def process_listens(port: int) -> bool:

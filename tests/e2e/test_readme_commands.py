@@ -37,7 +37,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from e2e.servers import HOST, REPO_ROOT, free_port, free_port_block
+from e2e.servers import HOST, REPO_ROOT, cluster_script_ports, free_port, free_port_block
 
 pytestmark = pytest.mark.timeout(1200)
 
@@ -233,9 +233,7 @@ class Reader:
         self.ran.append(what)
         port = self.sub.ports["8800"]
         nodes = int(words[2]) if len(words) > 2 else 3
-        cores = free_port_block(2 * nodes + 1)  # cores, then proxies, then Redis: one block, no overlap
-        env = {**self.env, "MEMT_CLUSTER_PORT": str(port), "MEMT_CORE_PORT": str(cores), "MEMT_PROXY_PORT": str(cores + nodes),
-               "MEMT_REDIS_PORT": str(cores + 2 * nodes), "MEMT_CLUSTER_DIR": str(self.tmp / "cluster")}
+        env = {**self.env, **cluster_script_ports(nodes), "MEMT_CLUSTER_PORT": str(port), "MEMT_CLUSTER_DIR": str(self.tmp / "cluster")}
         log = self.tmp / "cluster.log"
         process = subprocess.Popen(words, cwd=REPO_ROOT, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
         self.servers.append((process, log))
