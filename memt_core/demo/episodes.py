@@ -381,12 +381,32 @@ VERBS = {
 }
 
 
+#: Questions asked with a verb ("Which firm do I work for?"), the shape many people ask in: a key and a
+#: verb in its base form (:data:`QUESTION_VERBS`), so "do I {q}" and "the {k} I {q}" both read well.
+QUESTION_VERB_FRAMES = ("Which {k} do I {q}?", "What {k} do I {q}?", "Tell me the {k} I {q}.", "Remind me which {k} I {q}.",
+                        "Do you remember the {k} I {q}?", "What was the {k} I {q}?", "Can you tell me which {k} I {q}?",
+                        "Which {k} did I say I {q}?")
+QUESTION_VERBS = {
+    "name": ("use", "answer to", "prefer"),
+    "city": ("live in", "reside in", "stay in", "come from", "call home"),
+    "food": ("love", "like best", "enjoy most", "crave"),
+    "job": ("do", "have", "do for a living"),
+    "company": ("work for", "work at", "get paid by", "have a job at"),
+    "colour": ("like", "love", "prefer", "like best"),
+    "hobby": ("enjoy", "love", "do in my free time", "spend my weekends on"),
+    "friend": ("hang out with", "trust most", "spend time with"),
+    "address": ("live at", "get my post at", "stay at"),
+    "code": ("use", "have", "need"),
+}
+
+
 @lru_cache(maxsize=None)
 def composed(key: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """``(statements, questions)`` composed from the frames, the attribute's keys and verbs (training only)."""
     keys = ATTRIBUTES[key].keys
     statements = values.compose(STATEMENT_FRAMES, "{k}", keys) + values.compose(VERB_FRAMES, "{p}", VERBS.get(key, ()))
-    return statements, values.compose(QUESTION_FRAMES, "{k}", keys)
+    asked_with_verb = values.compose(values.compose(QUESTION_VERB_FRAMES, "{q}", QUESTION_VERBS.get(key, ())), "{k}", keys)
+    return statements, values.compose(QUESTION_FRAMES, "{k}", keys) + asked_with_verb
 
 
 #: Attributes that are never told together (both would be about "my pet").
