@@ -21,6 +21,10 @@ split this isolates new phrasings), ``document`` (a company profile ingested pie
 its city, founder or code), ``tools`` (tool call with the right name and
 arguments; final answers from a JSON and from a plain-text result), ``tool_from_memory`` (weather "where
 I live" after the city was told) and ``repeat`` (repeat / type a text exactly).
+
+Each recall figure has a diagnostic ``*_opening_given`` beside it: the share recalled when a wrong answer is
+asked again with its opening words given ("You live in"), which tells a question the model did not map to
+the fact (it answers "I don't know …" or about another fact) from a value it cannot copy out of memory.
 """
 
 from __future__ import annotations
@@ -189,8 +193,16 @@ class Evaluator:
                 answer, reset = self.decode(self.generate(session, [{"role": "user", "content": question}])), "-"
             ok = mentions(answer, fact.value)
             self.tally(name, ok)
+            self.tally(name + "_opening_given", ok or mentions(self.answer_after_opening(session, question, fact), fact.value))
             self.tally(name + "_exact", answer == ep.fact_answer([fact]))
             self.example(name if ok else name + "_wrong", f"{question!r} → {answer!r} (after reset: {reset!r}; value {fact.value})")
+
+    def answer_after_opening(self, session, question: str, fact: ep.Fact) -> str:
+        """The answer when its opening words ("You live in") are given: a wrong opening told from a wrong copy."""
+        expected = ep.fact_answer([fact])
+        opening = expected[: expected.index(fact.value)].rstrip()
+        ids = self.fmt.prompt([{"role": "user", "content": question}]) + self.fmt.text(opening)
+        return opening + self.decode(session.generate(ids, self.greedy, read_memory=True).output_ids)
 
     def _told(self, session, facts: list[ep.Fact], name: str) -> None:
         reply = self.tell(session, ep.EpisodeTurn(ep.statement_message(self.rng, facts), ""))
@@ -372,14 +384,18 @@ LABELS = {
     "fact1_exact": "1 fact, exact expected answer",
     "fact1_reset": "1 fact, after memory reset (control)",
     "fact1_loaded_identical": "1 fact, identical after snapshot save → load",
+    "fact1_opening_given": "1 fact, recalled once the answer's opening is given",
     "fact1_values": "1 fact, split's values with training phrasings",
     "fact1_values_exact": "1 fact, split's values, training phrasings, exact",
+    "fact1_values_opening_given": "1 fact, split's values, training phrasings, opening given",
     "facts3": "3 facts + distractor, recalled from memory",
     "facts3_exact": "3 facts + distractor, exact expected answer",
+    "facts3_opening_given": "3 facts + distractor, answer's opening given",
     "facts3_reset": "3 facts + distractor, after memory reset (control)",
     "facts3_loaded_identical": "3 facts + distractor, identical after save → load",
     "phrasing": "statement/question phrasings of the split, recalled",
     "phrasing_exact": "phrasings of the split, exact expected answer",
+    "phrasing_opening_given": "phrasings of the split, answer's opening given",
     "document": "document ingested through memory, question answered",
     "document_reset": "document, after memory reset (control)",
     "tool_call_wellformed": "tool call well-formed",

@@ -97,6 +97,22 @@ HELD_OUT_FLOOR = 0.5
 def test_held_out_recall_from_memory_stays_above_the_measured_floor(held_out_fact1):
     figures = held_out_fact1["figures"]
     assert figures["fact1"] >= HELD_OUT_FLOOR, (figures, held_out_fact1["examples"])
+    assert held_out_fact1["counts"]["fact1_opening_given"] == 200 and figures["fact1_opening_given"] >= figures["fact1"]
+
+
+def test_the_diagnostic_answer_continues_from_the_given_opening(tokenizer):
+    """``answer_after_opening`` decodes after "Your name is" from memory: the value told, not one from the prompt."""
+    from memt_core.demo import episodes as ep
+    from memt_core.demo.eval import Evaluator
+    from memt_core.inference import MemTRuntime
+
+    evaluator = Evaluator(MemTRuntime.load(BUNDLED_MODEL), tokenizer)
+    fact = ep.Fact("name", "Alice")
+    told, untold = evaluator.runtime.open_session(), evaluator.runtime.open_session()
+    evaluator.tell(told, ep.EpisodeTurn("Hi, my name is Alice.", ""))
+    answer = evaluator.answer_after_opening(told, "Who is talking to you?", fact)
+    assert answer == "Your name is Alice.", answer  # the opening, then its continuation (not a whole answer again)
+    assert "Alice" not in evaluator.answer_after_opening(untold, "Who is talking to you?", fact)
 
 
 def test_training_backpropagates_through_the_memory_write(tokenizer):
