@@ -495,6 +495,21 @@ STATEMENT_ENDINGS = ("", "", "", "", "", "", " Please remember that.", " Remembe
                      " Can you remember that?", " Note that down, please.", " That's all for now.", " :)",
                      " Please keep it in mind.", " Got it?", " Try not to forget.")
 JOINERS = (" and ", " and ", " and ", ", and ", " and also ", ", plus ", " and by the way ")
+#: More openers and closers of messages, drawn like composed phrasings (training only, a held-out one or one
+#: containing it never): so that a message's first or last words, whatever they are, are not taken for a value.
+GREETINGS_EXTRA = ("Hello there, ", "Hey hey! ", "Evening! ", "Afternoon! ", "Hi friend, ", "Right, ", "Look, ", "Note: ",
+                   "Heads up: ", "Small thing: ", "Hello, ", "Hi! ", "OK, ",
+                   "Good afternoon. ", "Howdy! ", "Dear MemT, ", "Oh, and ", "By the way, ", "Real quick: ", "PS: ")
+STATEMENT_ENDINGS_EXTRA = (" Remember it, okay?", " Write that down.", " Make a note of it.", " Keep it safe.", " Don't lose that.",
+                           " For later.", " In case you need it.", " Hold on to that.", " OK?", " Cheers!", " :D",
+                           " Bye!", " Thanks a lot.", " That's it.", " Alright?", " Understood?", " You'll need it later.",
+                           " No need to reply.", " Have a nice day!", " Thanks in advance.", " Please store that.")
+QUESTION_PREFIXES_EXTRA = ("Hi! ", "Hello, ", "Right, ", "Alright, ", "Wait, ", "Uh, ", "Say, ", "Excuse me, ", "Quick one: ",
+                           "Remind me again: ", "Can I ask: ", "Honest question: ",
+                           "Out of curiosity, ", "Let's see, ", "Actually, ", "And ", "MemT, ", "Dear MemT, ")
+QUESTION_ENDINGS_EXTRA = (" Thanks.", " Please?", " If you know.", " Any clue?", " Cheers.", " :D", " Do you know?",
+                          " Can you tell?", " Thanks a lot!", " Quick answer please.", " If you still know.", " Curious.",
+                          " No rush.", " I need it now.")
 
 
 def casual(rng: random.Random) -> bool:
@@ -525,7 +540,7 @@ def statement_message(rng: random.Random, facts: list[Fact]) -> str:
         else:
             sentences.append((_fill_fact(templates[i], facts[i]),))
             i += 1
-    greeting = _casual_text(phrasing(rng, GREETINGS), low)
+    greeting = _casual_text(phrasing(rng, GREETINGS, GREETINGS_EXTRA), low)
     # capitalise the template's first letter only (a filled value is never changed)
     def first_word(template_index: int, text: str, keep: bool) -> str:
         return text if keep or templates[template_index].startswith("{") else capitalise(text)
@@ -535,7 +550,7 @@ def statement_message(rng: random.Random, facts: list[Fact]) -> str:
         parts.append(first_word(index, sentence[0], keep) + "".join(sentence[1:]))
         index += 2 if len(sentence) == 3 else 1
     end = "" if low and rng.random() < 0.5 else rng.choice((".", ".", ".", ".", "!"))
-    return greeting + ". ".join(parts) + end + _casual_text(phrasing(rng, STATEMENT_ENDINGS), low)
+    return greeting + ". ".join(parts) + end + _casual_text(phrasing(rng, STATEMENT_ENDINGS, STATEMENT_ENDINGS_EXTRA), low)
 
 
 QUESTION_PREFIXES = ("", "", "", "", "", "", "", "", "By the way, ", "Quick question: ", "Tell me, ", "Hey, ", "Remind me: ",
@@ -557,9 +572,9 @@ def question_message(rng: random.Random, asked: list[Fact]) -> str:
         text = text.rstrip("?.!") + " and " + (questions[1] if low else lower_first(questions[1]))
     if low and rng.random() < 0.5:
         text = text.rstrip("?.!")
-    prefix = _casual_text(phrasing(rng, QUESTION_PREFIXES), low)
+    prefix = _casual_text(phrasing(rng, QUESTION_PREFIXES, QUESTION_PREFIXES_EXTRA), low)
     text = prefix + (lower_first(text) if prefix and not prefix.endswith(("! ", "? ")) else text)
-    return text + _casual_text(phrasing(rng, QUESTION_ENDINGS), low)
+    return text + _casual_text(phrasing(rng, QUESTION_ENDINGS, QUESTION_ENDINGS_EXTRA), low)
 
 
 def fact_answer(facts: list[Fact]) -> str:

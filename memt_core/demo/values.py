@@ -85,8 +85,9 @@ def compose(frames: tuple[str, ...], slot: str, words: tuple[str, ...]) -> tuple
 
 @lru_cache(maxsize=None)
 def _held_out(held: tuple[str, ...]) -> tuple[frozenset[str], tuple[re.Pattern, ...]]:
-    """Held-out templates as training must never produce them: exactly (normalised), or inside another text."""
-    return frozenset(_normal(h) for h in held), tuple(map(_template_pattern, held))
+    """Held-out templates as training must never produce them: exactly (normalised), or inside another text
+    (but for those of punctuation alone, like ":)", which would be inside every text)."""
+    return frozenset(_normal(h) for h in held), tuple(_template_pattern(h) for h in held if _normal(h))
 
 
 @lru_cache(maxsize=None)

@@ -124,6 +124,17 @@ def test_composed_training_phrasings_never_show_held_out_ones():
     _assert_no_held_out_phrasings(*_render(12, ep.Mix(composition=1.0, variation=0.0), 1500))
 
 
+def test_more_openers_and_closers_in_training_none_held_out():
+    """Training draws messages' first and last words from extra lists too, none of them held out or holding one."""
+    affixes = ((ep.GREETINGS, ep.GREETINGS_EXTRA), (ep.STATEMENT_ENDINGS, ep.STATEMENT_ENDINGS_EXTRA),
+               (ep.QUESTION_PREFIXES, ep.QUESTION_PREFIXES_EXTRA), (ep.QUESTION_ENDINGS, ep.QUESTION_ENDINGS_EXTRA))
+    text = _render(15, ep.Mix(composition=1.0, variation=0.0), 400)[0].lower()
+    for fixed, extra in affixes:
+        held = values.template_split(fixed)[1]
+        assert values.allowed_extras(extra, held) == extra and not set(extra) & set(held), extra
+        assert sum(e.strip().lower() in text for e in extra) >= len(extra) * 2 // 3, extra  # drawn
+
+
 def test_composed_document_phrasings_never_show_held_out_ones():
     mix = ep.Mix(**{**{k: 0.0 for k in ep.EpisodeSampler.KINDS}, "document": 1.0}, composition=1.0, variation=0.0)
     text, repeated = _render(13, mix, 800)
