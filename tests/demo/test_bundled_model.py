@@ -87,11 +87,11 @@ def test_held_out_values_are_forgotten_after_a_reset(held_out_fact1):
     assert figures["fact1_loaded_identical"] == 1.0
 
 
-#: issue 14's target is 90% held-out 1-fact recall; the bundled checkpoint does not reach it (60% here, 60% in
+#: issue 14's target is 90% held-out 1-fact recall; the bundled checkpoint does not reach it (68% here, 73% in
 #: eval.json: the held-out split holds out a fifth of several hundred templates, casual typing included; with
 #: training phrasings, held-out values are recalled 91% of the time). This floor guards what it does reach, so a
 #: broken model fails.
-HELD_OUT_FLOOR = 0.5
+HELD_OUT_FLOOR = 0.55
 
 
 def test_held_out_recall_from_memory_stays_above_the_measured_floor(held_out_fact1):
