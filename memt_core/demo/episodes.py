@@ -401,12 +401,21 @@ QUESTION_VERBS = {
 
 
 @lru_cache(maxsize=None)
+def told_with_verb(key: str) -> tuple[str, ...]:
+    """Statements of the attribute told with a verb ("I reside in {v}")."""
+    return values.compose(VERB_FRAMES, "{p}", VERBS.get(key, ()))
+
+
+def asked_with_verb(key: str) -> tuple[str, ...]:
+    """Questions about the attribute asked with a verb ("Which firm do I work for?")."""
+    return values.compose(values.compose(QUESTION_VERB_FRAMES, "{q}", QUESTION_VERBS.get(key, ())), "{k}", ATTRIBUTES[key].keys)
+
+
 def composed(key: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """``(statements, questions)`` composed from the frames, the attribute's keys and verbs (training only)."""
     keys = ATTRIBUTES[key].keys
-    statements = values.compose(STATEMENT_FRAMES, "{k}", keys) + values.compose(VERB_FRAMES, "{p}", VERBS.get(key, ()))
-    asked_with_verb = values.compose(values.compose(QUESTION_VERB_FRAMES, "{q}", QUESTION_VERBS.get(key, ())), "{k}", keys)
-    return statements, values.compose(QUESTION_FRAMES, "{k}", keys) + asked_with_verb
+    statements = values.compose(STATEMENT_FRAMES, "{k}", keys) + told_with_verb(key)
+    return statements, values.compose(QUESTION_FRAMES, "{k}", keys) + asked_with_verb(key)
 
 
 #: Attributes that are never told together (both would be about "my pet").

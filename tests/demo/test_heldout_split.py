@@ -156,15 +156,14 @@ def test_composed_phrasings_are_many_and_exclude_held_out_ones():
     assert len(keyed) >= 12 and len(ep.QUESTION_VERBS) >= 10
     for key in keyed:
         attribute = ep.ATTRIBUTES[key]
-        for extra, templates in zip(ep.composed(key), (attribute.statements, attribute.questions)):
+        # statements told with a verb ("I reside in {v}") as well as "my {k}"; questions asked with one ("Which firm do I work for?")
+        with_verb = (ep.told_with_verb(key), ep.asked_with_verb(key) if key in ep.QUESTION_VERBS else None)
+        for extra, templates, verbal in zip(ep.composed(key), (attribute.statements, attribute.questions), with_verb):
             held = values.template_split(templates)[1]
             allowed = values.allowed_extras(extra, held)
             assert len(allowed) >= 20, key
-            if extra is ep.composed(key)[0]:  # statements told with a verb ("I reside in {v}") as well as "my {k}"
-                assert len(set(allowed) & set(values.compose(ep.VERB_FRAMES, "{p}", ep.VERBS[key]))) >= 20, key
-            elif key in ep.QUESTION_VERBS:  # and questions asked with one ("Which firm do I work for?")
-                asked = values.compose(values.compose(ep.QUESTION_VERB_FRAMES, "{q}", ep.QUESTION_VERBS[key]), "{k}", attribute.keys)
-                assert len(set(allowed) & set(asked)) >= 20, key
+            if verbal is not None:
+                assert len(set(allowed) & set(verbal)) >= 20, key
             normal_held = {values._normal(h) for h in held}
             for template in allowed:
                 assert values._normal(template) not in normal_held
