@@ -116,18 +116,25 @@ class Conversation:
         return [None if lat is None else lat - build for lat, build in zip(self.latency, self.building)]
 
 
-def first_turns(base_url: str, model: str, count: int, max_tokens: int, pause: float, raw: bool = False, equal: bool = False) -> tuple[float, float]:
-    """Median latency of turn 1 over ``count`` fresh conversations: (memory, replay); ``equal``: see ``--equal-answers``."""
-    memory, replay = [], []
+def first_turns(deployments: dict[str, str], model: str, count: int, max_tokens: int, pause: float, raw: bool = False,
+                equal: bool = False) -> dict[str, tuple[float, float]]:
+    """Median latency of turn 1 over ``count`` fresh conversations per deployment: label → (memory, replay).
+
+    The deployments take turns session by session, so that all see the same machine load (and the same
+    background work of the others, such as idle leases being released); ``equal``: see ``--equal-answers``.
+    """
+    memory: dict[str, list[float]] = {label: [] for label in deployments}
+    replay: dict[str, list[float]] = {label: [] for label in deployments}
     for index in range(count):
-        answer = None
-        for mode, out in ((True, memory), (False, replay)):
-            conversation = Conversation(base_url, model, memory=mode, max_tokens=max_tokens, raw=raw)
-            conversation.turn(message(index + 1), answer if equal and not mode else None)
-            answer = conversation.answer[0]
-            out.append(conversation.latency[0])
-            time.sleep(pause)
-    return statistics.median(memory), statistics.median(replay)
+        for label, base_url in deployments.items():
+            answer = None
+            for mode, out in ((True, memory[label]), (False, replay[label])):
+                conversation = Conversation(base_url, model, memory=mode, max_tokens=max_tokens, raw=raw)
+                conversation.turn(message(index + 1), answer if equal and not mode else None)
+                answer = conversation.answer[0]
+                out.append(conversation.latency[0])
+                time.sleep(pause)
+    return {label: (statistics.median(memory[label]), statistics.median(replay[label])) for label in deployments}
 
 
 def upstream_requests(core_url: str) -> dict[str, float]:
@@ -181,11 +188,9 @@ def main(argv: list[str] | None = None) -> int:
         name = httpx.get(two_url + "/v1/models").json()["data"][0]["id"]
 
         deployments = {"two-process": two_url, "one-process": one_url}
-        for url in deployments.values():  # warm-up: first requests load lazily initialised code paths
-            first_turns(url, name, 1, args.max_tokens, 0.0, args.raw_http, args.equal_answers)
-        print(f"turn 1 on {args.first_turns} fresh sessions per deployment ...", flush=True)
-        first = {label: first_turns(url, name, args.first_turns, args.max_tokens, args.pause, args.raw_http, args.equal_answers)
-                 for label, url in deployments.items()}
+        first_turns(deployments, name, 1, args.max_tokens, 0.0, args.raw_http, args.equal_answers)  # warm-up: lazily initialised code paths
+        print(f"turn 1 on {args.first_turns} fresh sessions per deployment, the deployments taking turns ...", flush=True)
+        first = first_turns(deployments, name, args.first_turns, args.max_tokens, args.pause, args.raw_http, args.equal_answers)
 
         print(f"{args.turns} turns, four conversations interleaved ...", flush=True)
         talks = {(label, mode): Conversation(url, name, memory=mode == "memory", max_tokens=args.max_tokens, raw=args.raw_http)
