@@ -26,11 +26,14 @@ then the upstream requests a memory turn makes (from the two-process core's /met
 targets, met or not, and the memory turn N / turn 2 ratios without the client building, and between
 turns shaped like turn 2 (prompt and answer of about its length: the demo model's answers that run
 into ``--max-tokens`` are not committed, so they come back as context and the next prompts grow).
+Last, the servers' CPU time per turn (from /proc, Linux), which the machine's load changes less than latency:
+what each deployment spends on a memory or replay turn, and behind a memory answer (its commit).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import statistics
 import subprocess
@@ -46,6 +49,21 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 from demo import free_port, start  # noqa: E402  (the demo's: start a server process, wait for its /health)
 
+def server_cpu(pids: tuple[int, ...]) -> float | None:
+    """CPU seconds (user + system) the processes ``pids`` have used so far; None where /proc cannot tell (not Linux).
+
+    It changes less with the machine's load than latency does, so it helps compare deployments on a busy machine.
+    """
+    total = 0
+    try:
+        for pid in pids:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of proc(5))
+    except (OSError, IndexError, ValueError):
+        return None
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def message(turn: int) -> str:
     """The app's user message of ``turn`` (1-based): a new fact each turn, the same number of tokens every turn."""
     return f"Note {turn:03d}: the code of locker {(turn * 37) % 1000:03d} is K{(turn * 53) % 1000:03d}."
@@ -54,7 +72,7 @@ def message(turn: int) -> str:
 class Conversation:
     """One app conversation through one proxy: with memory (a session) or replaying its history."""
 
-    def __init__(self, base_url: str, model: str, *, memory: bool, max_tokens: int, raw: bool = False):
+    def __init__(self, base_url: str, model: str, *, memory: bool, max_tokens: int, raw: bool = False, servers: tuple[int, ...] = ()):
         from openai import DefaultHttpxClient, OpenAI
 
         hooks = {"request": [self._sending]}  # called as the built request leaves the client
@@ -67,6 +85,10 @@ class Conversation:
         self.prompt: list[int | None] = []
         self.answer: list[int | None] = []  # completion tokens
         self.building: list[float | None] = []  # client building: seconds from the call to the request leaving the client
+        self.servers = servers  # the deployment's server processes, whose CPU time each turn is measured on
+        self.cpu: list[float | None] = []  # server CPU seconds from the request to the complete response
+        self.behind: list[float | None] = []  # server CPU seconds after the response, until :meth:`rested` (the commit behind it)
+        self._answered_cpu: float | None = None
         self.ended = False  # refused (e.g. past the context limit): no further turns
         self._sent: float | None = None
 
@@ -83,6 +105,7 @@ class Conversation:
         self.history.append({"role": "user", "content": text})
         limits = {"max_tokens": answer_tokens or self.max_tokens}
         extra = {"min_tokens": answer_tokens} if answer_tokens else {}
+        cpu_before = server_cpu(self.servers)
         started = self._sent = time.perf_counter()
         try:
             if self.raw is not None:
@@ -101,14 +124,22 @@ class Conversation:
             print(f"   ({'memory' if self.headers else 'replay'} refused at turn {len(self.latency)}: {exc.message[:90]})", flush=True)
             return
         self.latency.append(time.perf_counter() - started)
+        self._answered_cpu = server_cpu(self.servers)
+        self.cpu.append(_minus(self._answered_cpu, cpu_before))
         self.building.append(self._sent - started)
         self.prompt.append(reply.usage.prompt_tokens)
         self.answer.append(reply.usage.completion_tokens)
         self.history.append({"role": "assistant", "content": reply.choices[0].message.content or ""})
 
+    def rested(self) -> None:
+        """The app's pause after the answer is over: the server CPU used since the response is the turn's work behind it."""
+        self.behind.append(_minus(server_cpu(self.servers), self._answered_cpu))
+        self._answered_cpu = None
+
     def _missing(self) -> None:
         """No measurement this turn (refused, or ended earlier)."""
-        for values in (self.latency, self.prompt, self.answer, self.building):
+        self._answered_cpu = None
+        for values in (self.latency, self.prompt, self.answer, self.building, self.cpu):
             values.append(None)
 
     def served(self) -> list[float | None]:
@@ -116,25 +147,26 @@ class Conversation:
         return [None if lat is None else lat - build for lat, build in zip(self.latency, self.building)]
 
 
-def first_turns(deployments: dict[str, str], model: str, count: int, max_tokens: int, pause: float, raw: bool = False,
-                equal: bool = False) -> dict[str, tuple[float, float]]:
-    """Median latency of turn 1 over ``count`` fresh conversations per deployment: label → (memory, replay).
+def first_turns(deployments: dict[str, tuple[str, tuple[int, ...]]], model: str, count: int, max_tokens: int, pause: float,
+                raw: bool = False, equal: bool = False) -> dict[str, dict[str, list[float | None]]]:
+    """Turn 1 of ``count`` fresh conversations per deployment (label → (url, server pids)): label → {"memory", "replay",
+    "memory cpu", "replay cpu"} → latencies and server CPU seconds.
 
     The deployments take turns session by session, so that all see the same machine load (and the same
     background work of the others, such as idle leases being released); ``equal``: see ``--equal-answers``.
     """
-    memory: dict[str, list[float]] = {label: [] for label in deployments}
-    replay: dict[str, list[float]] = {label: [] for label in deployments}
+    found: dict[str, dict[str, list[float | None]]] = {label: {"memory": [], "replay": [], "memory cpu": [], "replay cpu": []} for label in deployments}
     for index in range(count):
-        for label, base_url in deployments.items():
+        for label, (base_url, servers) in deployments.items():
             answer = None
-            for mode, out in ((True, memory[label]), (False, replay[label])):
-                conversation = Conversation(base_url, model, memory=mode, max_tokens=max_tokens, raw=raw)
-                conversation.turn(message(index + 1), answer if equal and not mode else None)
+            for mode in ("memory", "replay"):
+                conversation = Conversation(base_url, model, memory=mode == "memory", max_tokens=max_tokens, raw=raw, servers=servers)
+                conversation.turn(message(index + 1), answer if equal and mode == "replay" else None)
                 answer = conversation.answer[0]
-                out.append(conversation.latency[0])
+                found[label][mode].append(conversation.latency[0])
+                found[label][f"{mode} cpu"].append(conversation.cpu[0])
                 time.sleep(pause)
-    return {label: (statistics.median(memory[label]), statistics.median(replay[label])) for label in deployments}
+    return found
 
 
 def upstream_requests(core_url: str) -> dict[str, float]:
@@ -187,20 +219,22 @@ def main(argv: list[str] | None = None) -> int:
                                one_url, work / "embedded.log", "the embedded proxy"))
         name = httpx.get(two_url + "/v1/models").json()["data"][0]["id"]
 
-        deployments = {"two-process": two_url, "one-process": one_url}
+        pids = [process.pid for process in processes]
+        deployments = {"two-process": (two_url, (pids[0], pids[1])), "one-process": (one_url, (pids[2],))}
         first_turns(deployments, name, 1, args.max_tokens, 0.0, args.raw_http, args.equal_answers)  # warm-up: lazily initialised code paths
         print(f"turn 1 on {args.first_turns} fresh sessions per deployment, the deployments taking turns ...", flush=True)
         first = first_turns(deployments, name, args.first_turns, args.max_tokens, args.pause, args.raw_http, args.equal_answers)
 
         print(f"{args.turns} turns, four conversations interleaved ...", flush=True)
-        talks = {(label, mode): Conversation(url, name, memory=mode == "memory", max_tokens=args.max_tokens, raw=args.raw_http)
-                 for label, url in deployments.items() for mode in ("memory", "replay")}
+        talks = {(label, mode): Conversation(url, name, memory=mode == "memory", max_tokens=args.max_tokens, raw=args.raw_http, servers=servers)
+                 for label, (url, servers) in deployments.items() for mode in ("memory", "replay")}
         before = upstream_requests(core_url)
         for turn in range(1, args.turns + 1):
             for (label, mode), conversation in talks.items():  # each deployment's memory turn before its replay turn
                 answer = talks[(label, "memory")].answer[-1] if args.equal_answers and mode == "replay" else None
                 conversation.turn(message(turn), answer)
                 time.sleep(args.pause)
+                conversation.rested()
         after = upstream_requests(core_url)
     finally:
         for process in reversed(processes):
@@ -241,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"   {'met    ' if met else 'NOT met'}  {label}: {shown} (target ≤ {limit})")
 
     for label, (mem, rep) in ((k, (talks[(k, "memory")], talks[(k, "replay")])) for k in deployments):
-        f_mem, f_rep = first[label]
+        f_mem, f_rep = median(first[label]["memory"]), median(first[label]["replay"])
         check(f"{label}: memory / replay latency at turn 1 (median of {args.first_turns} fresh sessions)", f_mem / f_rep, 1.1)
         check(f"{label}: memory / replay latency at turn 1 (this conversation)", _div(mem.latency[0], rep.latency[0]), 1.1)
         if args.turns >= 50:
@@ -252,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
             check(f"{label}: memory latency, median of the last 5 turns / of turns 2-6", _div(median(mem.latency[-5:]), median(mem.latency[1:6])), 1.1)
         flat = mem.prompt[-1] - mem.prompt[1] if len(mem.prompt) > 1 and None not in (mem.prompt[-1], mem.prompt[1]) else None
         check(f"{label}: memory prompt tokens, turn {args.turns} − turn 2", flat, 5)
-    check("one-process / two-process memory latency at turn 1 (medians of fresh sessions)", first["one-process"][0] / first["two-process"][0], 0.9)
+    check("one-process / two-process memory latency at turn 1 (medians of fresh sessions)", _div(median(first["one-process"]["memory"]), median(first["two-process"]["memory"])), 0.9)
     check("one-process / two-process memory latency at turn 1 (this conversation)", _div(one_mem.latency[0], two_mem.latency[0]), 0.9)
     print(f"\n{sum(checks)} of {len(checks)} met; logs in {work}")
     if args.turns >= 6:
@@ -260,7 +294,28 @@ def main(argv: list[str] | None = None) -> int:
         print(f"what the memory turn {args.turns} / turn 2 ratios are made of (client building: {client}, from the call to the request leaving the client):")
         for label in deployments:
             building(label, talks[(label, "memory")], args.turns)
+    server_work(first, talks, deployments, args.turns)
     return 0
+
+
+def server_work(first: dict, talks: dict, deployments: dict, turns: int) -> None:
+    """Server CPU per turn (means: /proc counts in 10 ms ticks), which a loaded machine changes less than latency: turn 1 of
+    the fresh sessions, early and late turns of the long conversations, and the memory turns' work behind the answer."""
+    if all(value is None for value in talks[("two-process", "memory")].cpu):
+        return
+    early, late = min(21, turns), max(1, turns - 20)
+    print()
+    print("server CPU per turn, ms (means; core + proxy for two-process, the one process for one-process; "
+          "less changed by the machine's load than latency, not unchanged: threads waiting for a core spin):")
+    for label in deployments:
+        mem, rep = talks[(label, "memory")], talks[(label, "replay")]
+        print(f"   {label}: turn 1 of fresh sessions memory {ms(mean(first[label]['memory cpu']), 1)} replay {ms(mean(first[label]['replay cpu']), 1)}; "
+              f"memory turns 2-{early} {ms(mean(mem.cpu[1:early]), 1)}, turns {late + 1}-{turns} {ms(mean(mem.cpu[late:]), 1)} "
+              f"(+ behind the answer {ms(mean(mem.behind[1:early]), 1)} / {ms(mean(mem.behind[late:]), 1)}); "
+              f"replay turns 2-{early} {ms(mean(rep.cpu[1:early]), 1)}, turns {late + 1}-{turns} {ms(mean(rep.cpu[late:]), 1)}")
+    one, two = first["one-process"]["memory cpu"], first["two-process"]["memory cpu"]
+    print(f"   one-process / two-process, memory turn 1 of fresh sessions: {_shown(_div(mean(one), mean(two)))}; "
+          f"memory turns 2-{early}: {_shown(_div(mean(talks[('one-process', 'memory')].cpu[1:early]), mean(talks[('two-process', 'memory')].cpu[1:early])))}")
 
 
 def building(label: str, mem: Conversation, turns: int) -> None:
@@ -308,6 +363,15 @@ def _listed(indices: list[int]) -> str:
 
 def _shown(value: float | None) -> str:
     return f"{value:.2f}" if value is not None else "—"
+
+
+def mean(values: list) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.fmean(known) if known else None
+
+
+def _minus(a: float | None, b: float | None) -> float | None:
+    return a - b if a is not None and b is not None else None
 
 
 def median(values: list) -> float | None:
