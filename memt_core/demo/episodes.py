@@ -400,7 +400,6 @@ QUESTION_VERBS = {
 }
 
 
-@lru_cache(maxsize=None)
 def told_with_verb(key: str) -> tuple[str, ...]:
     """Statements of the attribute told with a verb ("I reside in {v}")."""
     return values.compose(VERB_FRAMES, "{p}", VERBS.get(key, ()))
@@ -411,6 +410,7 @@ def asked_with_verb(key: str) -> tuple[str, ...]:
     return values.compose(values.compose(QUESTION_VERB_FRAMES, "{q}", QUESTION_VERBS.get(key, ())), "{k}", ATTRIBUTES[key].keys)
 
 
+@lru_cache(maxsize=None)
 def composed(key: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """``(statements, questions)`` composed from the frames, the attribute's keys and verbs (training only)."""
     keys = ATTRIBUTES[key].keys
