@@ -647,13 +647,14 @@ class MemTProtocol:
     # ------------------------------------------------------------------ housekeeping
 
     def reap(self, now: float) -> list[fx.Effect]:
-        """Abandon transactions whose lease expired; returns the candidates the engine may free."""
+        """Abandon transactions whose lease expired; returns the candidates the engine may free. The expired
+        lease itself stays, so its holder is told "expired" (and may still read status or release) whether or
+        not the reaper has run; any client may acquire the session anew."""
         freed = []
         for session in self.sessions.values():
             lease, txn = session.lease, session.transaction
             if txn and lease and not lease.valid(now) and not session.in_flight and session.reserved is None and not session.uncertain:
                 self._archive(session, txn, "abandoned")
-                session.lease = None
                 freed.append(fx.DropCandidate(session.id, transaction=txn.name))
         return freed
 

@@ -270,13 +270,13 @@ def test_sessions_stay_on_one_node_survive_a_killed_node_and_only_remapped_ones_
         lost.kill()
         refusals = dict(zip((c.name for c in conversations), (future.result() for future in running)))
     for conversation in conversations:
-        latest = stored_version(store, conversation.name)
         node = conversation.nodes[-1]
         if conversation in orphans:
             assert node != lost.url
         else:
             assert set(conversation.nodes) == {home[conversation.name]} and not refusals[conversation.name], "a session of a surviving node moved"
-        seen = by_url[node].inspect(conversation.name)
+        seen = by_url[node].inspect(conversation.name)  # waits for the last turn's commit, behind its answer
+        latest = stored_version(store, conversation.name)  # so read only now
         # the node serves the latest published version (none lost); every answered turn is in memory once
         # (one answered just before the kill, not yet committed, is committed with the next), the history still trimmed
         assert seen["native"]["published_version"] == latest and TURNS + 1 <= latest <= TURNS + 2, seen

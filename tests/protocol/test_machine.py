@@ -809,7 +809,9 @@ def test_reap_abandons_expired_transactions(d):
     assert d.proto.reap(d.now) == [fx.DropCandidate("s1", transaction="t1"), fx.DropCandidate("s2", transaction="t1")]
     assert d.proto.reap(d.now) == []
     assert d.inspect()["transaction"] is None and d.inspect()["leased"] is False
-    d.refuse_control(LeaseConflict, 409, "status", session="s1", lease=lease)
+    # the holder is told its lease expired, as before the reaper ran, and still sees what became of its work
+    d.refuse_control(LeaseConflict, 409, "renew", session="s1", lease=lease, match="expired")
+    assert d.receipts("s1", lease)["t1"]["state"] == "abandoned"
     lease = d.do("acquire", session="s1")["lease"]
     assert d.receipts("s1", lease)["t1"]["state"] == "abandoned"
     assert d.inspect("s3")["lease_expires_in"] == 0.0
