@@ -26,13 +26,14 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from memt_core.demo.episodes import Mix  # noqa: E402
 from memt_core.demo.train import TrainConfig, chain_entry, run_minutes  # noqa: E402
 
 from memt_core.demo import BUNDLED_MODEL as DEFAULT_OUT  # noqa: E402
@@ -61,6 +62,9 @@ def main(argv: list[str] | None = None) -> int:
                              "model; the shape options are then ignored")
     parser.add_argument("--warm-up", type=float, default=0.2, help="fraction of training on single facts (curriculum)")
     parser.add_argument("--full-mix", type=float, default=0.5, help="fraction of training where the full mix is reached")
+    parser.add_argument("--mix", nargs="*", default=[], metavar="FIELD=VALUE", type=mix_override,
+                        help="change a field of the full mix (memt_core.demo.episodes.Mix), e.g. unknown=0.02 "
+                             "(a kind's weight) or max_facts=4; the curriculum then blends towards it")
     shape = defaults.shape
     parser.add_argument("--vocab-size", type=int, default=shape.vocab_size, help="tokenizer vocabulary target")
     parser.add_argument("--hidden-size", type=int, default=shape.hidden_size, help="backbone width")
@@ -93,10 +97,10 @@ def main(argv: list[str] | None = None) -> int:
         if line.startswith(("step ", "time limit")):
             curve.append(line)
 
-    from memt_core.demo.episodes import Mix
+    full = Mix(**dict(args.mix))
 
     def mix_for(progress: float) -> Mix:
-        return Mix.curriculum(progress, warm=args.warm_up, full=args.full_mix)
+        return Mix.curriculum(progress, warm=args.warm_up, full=args.full_mix, end=full)
 
     if args.init_from is not None:
         shape = config_from_dict(json.loads((args.init_from / "training.json").read_text())["config"]).shape
@@ -117,6 +121,22 @@ def main(argv: list[str] | None = None) -> int:
         write_evaluation(args.out, args.eval_episodes, args.eval_seed, record.get("minutes_total", minutes), config,
                          threads=args.threads)
     return 0
+
+
+def mix_override(text: str) -> tuple[str, float | int]:
+    """``FIELD=VALUE`` of ``--mix``: a field of :class:`Mix` and a value of its type (weights ≥ 0)."""
+    name, sep, value = text.partition("=")
+    known = {f.name: f.type for f in fields(Mix)}
+    if not sep or name not in known:
+        raise argparse.ArgumentTypeError(f"{text!r} is not FIELD=VALUE with FIELD one of {', '.join(known)}")
+    kind = int if isinstance(getattr(Mix, name), int) else float
+    try:
+        number = kind(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{name} takes {'an integer' if kind is int else 'a number'}, not {value!r}") from None
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"{name} must be ≥ 0, not {value}")
+    return name, number
 
 
 def config_from_dict(data: dict) -> TrainConfig:
