@@ -228,3 +228,19 @@ def test_averaging_continued_runs_writes_their_mean_and_records_them(tmp_path):
     assert chained["minutes_total"] == pytest.approx(sum(runs) + 30.0, abs=0.15)
     with pytest.raises(SystemExit, match="same chain"):
         averaging.main(["--out", str(tmp_path / "mixed"), str(first), str(a)])
+
+
+def test_train_tiny_mix_option_changes_the_full_mix_and_refuses_unknown_fields(capsys):
+    """``--mix FIELD=VALUE``: a field of the full mix, of its type, ≥ 0; the curriculum ends on it."""
+    from memt_core.demo.episodes import Mix
+
+    train_tiny = _script("train_tiny")
+    assert train_tiny.mix_override("unknown=0.02") == ("unknown", 0.02)
+    assert train_tiny.mix_override("max_facts=4") == ("max_facts", 4)
+    full = Mix(**dict(map(train_tiny.mix_override, ["unknown=0.02", "max_facts=4"])))
+    assert Mix.curriculum(1.0, end=full) == full and Mix.curriculum(0.0, end=full) == Mix.warm_up()
+    for bad, message in (("unknwn=1", "FIELD one of facts, unknown"), ("unknown", "not FIELD=VALUE"),
+                         ("max_facts=2.5", "max_facts takes an integer"), ("unknown=-1", "must be ≥ 0")):
+        with pytest.raises(SystemExit):
+            train_tiny.main(["--mix", bad, "--steps", "1"])
+        assert message in capsys.readouterr().err, bad
