@@ -48,6 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lr", type=float, default=defaults.lr, help="peak learning rate")
     parser.add_argument("--seed", type=int, default=defaults.seed, help="seed of data, initialisation and order")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (default: 2)")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                        help="where to train: cpu (default) or cuda (a GPU; FP32, not bit-reproducible there, and "
+                             "larger --batch-size pays off); the checkpoint and its final evaluation are on the CPU either way")
     parser.add_argument("--eval-episodes", type=int, default=200, help="episodes of the final recall eval (0: skip)")
     parser.add_argument("--eval-seed", type=int, default=1234, help="seed of the eval's fresh episodes")
     parser.add_argument("--log-every", type=int, default=defaults.log_every, help="steps between progress lines")
@@ -74,6 +77,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eval-only", action="store_true",
                         help="do not train: evaluate the checkpoint in --out (its training.json) and write eval.json + README.md")
     args = parser.parse_args(argv)
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            parser.error("--device cuda: this PyTorch sees no GPU (torch.cuda.is_available() is False)")
     if args.eval_only:
         record = json.loads((args.out / "training.json").read_text())
         config = config_from_dict(record["config"])
@@ -86,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     shape = replace(defaults.shape, vocab_size=args.vocab_size, hidden_size=args.hidden_size, memory_heads=args.memory_heads,
                     key_dim=args.key_dim, value_dim=args.value_dim)
     config = replace(defaults, steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
-                     threads=args.threads, log_every=args.log_every, shape=shape)
+                     threads=args.threads, device=args.device, log_every=args.log_every, shape=shape)
     print(f"training the demo model into {args.out} ({config.steps} steps × {config.batch_size} episodes, "
           f"{config.threads} thread(s), seed {config.seed})", flush=True)
     started = time.time()

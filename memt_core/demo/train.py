@@ -67,6 +67,7 @@ class TrainConfig:
     reply_weight: float = 0.5  # loss weight of the assistant replies inside committed turns
     seed: int = 0
     threads: int = 1
+    device: str = "cpu"  # "cuda" trains on a GPU (FP32; not bit-reproducible there); the weights are saved to CPU
     log_every: int = 50
     init_std: float = 0.02
     memory_init_std: float = 0.2  # memory projections; larger than usual, so reads matter from the start
@@ -250,11 +251,10 @@ def _weighted_loss(hidden: torch.Tensor, head: torch.Tensor, segment: Segment):
     keep = weights > 0
     if not keep.any():
         empty = torch.ones(0, dtype=torch.bool)
-        return hidden.sum() * 0.0, torch.tensor(0.0), empty, empty
+        return hidden.sum() * 0.0, torch.tensor(0.0, device=hidden.device), empty, empty
     positions = keep.nonzero().squeeze(1)
-    logits = F.linear(hidden[positions], head)  # hidden state at t predicts token t+1
-    target = torch.tensor(segment.ids[1:])[positions]
-    w = weights[positions]
+    target, w = torch.tensor(segment.ids[1:])[positions].to(hidden.device), weights[positions].to(hidden.device)
+    logits = F.linear(hidden[positions.to(hidden.device)], head)  # hidden state at t predicts token t+1
     correct = logits.argmax(-1) == target
     return (F.cross_entropy(logits.float(), target, reduction="none") * w).sum(), w.sum(), correct, correct[w > 1.0]
 
@@ -269,8 +269,9 @@ class StepStats:
 
 def episode_loss(model: MemTForCausalLM, batch: list[TokenEpisode]) -> tuple[torch.Tensor, StepStats]:
     """Run a batch of episodes through commit → write → query-reads-memory; the weighted mean CE."""
+    device = next(model.parameters()).device
     memories = [MemoryState() for _ in batch]
-    total, weight_sum, tokens = torch.zeros(()), torch.zeros(()), 0
+    total, weight_sum, tokens = torch.zeros((), device=device), torch.zeros((), device=device), 0
     exact: dict[str, list[bool]] = defaultdict(list)
     values: dict[str, list[bool]] = defaultdict(list)
     with _HiddenStates(model) as head:
@@ -295,8 +296,8 @@ def episode_loss(model: MemTForCausalLM, batch: list[TokenEpisode]) -> tuple[tor
             ids = torch.full((len(group), longest), pad, dtype=torch.long)
             for row, i in enumerate(group):
                 ids[row, : lengths[i]] = torch.tensor(batch[i].query.ids)
-            out = model(ids, memory=memory_batch(model, [memories[i] for i in group]))
-            mask = torch.arange(longest)[None, :] < torch.tensor([lengths[i] for i in group])[:, None]
+            out = model(ids.to(device), memory=memory_batch(model, [memories[i] for i in group]))
+            mask = (torch.arange(longest)[None, :] < torch.tensor([lengths[i] for i in group])[:, None]).to(device)
             hidden = out.logits[mask].split([lengths[i] for i in group])  # one gather: backward stays linear
             for row, i in zip(hidden, group):
                 loss, weight, correct, stressed = _weighted_loss(row, head, batch[i].query)
@@ -363,6 +364,7 @@ def train(
         model = init_model(directory, config)
     else:
         model = continue_model(init_from, directory)
+    model.to(config.device)
     tokenizer = PreTrainedTokenizerFast.from_pretrained(str(directory))
     model.train()
     params = sum(p.numel() for p in model.parameters())

@@ -244,3 +244,28 @@ def test_train_tiny_mix_option_changes_the_full_mix_and_refuses_unknown_fields(c
         with pytest.raises(SystemExit):
             train_tiny.main(["--mix", bad, "--steps", "1"])
         assert message in capsys.readouterr().err, bad
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (CI has none; run on a GPU host)")
+def test_training_on_cuda_computes_the_cpu_loss_and_saves_a_cpu_checkpoint(tmp_path):
+    """``--device cuda``: one batch's loss matches the CPU's (same weights, same episodes), and a run saves a
+    checkpoint that loads on the CPU."""
+    from transformers import PreTrainedTokenizerFast
+
+    from memt_core.demo.episodes import EpisodeSampler, Mix
+    from memt_core.demo.format import DemoChatFormat
+    from memt_core.demo.train import episode_loss
+
+    cpu = load_model(read_checkpoint(BUNDLED_MODEL), dtype=torch.float32)
+    gpu = load_model(read_checkpoint(BUNDLED_MODEL), device="cuda", dtype=torch.float32)
+    fmt, sampler = DemoChatFormat(PreTrainedTokenizerFast.from_pretrained(str(BUNDLED_MODEL))), EpisodeSampler(5)
+    batch = [fmt.episode(sampler.sample(Mix()), cpu.checkpoint.memory.chunk_tokens, reply_weight=0.5) for _ in range(8)]
+    (on_cpu, cpu_stats), (on_gpu, gpu_stats) = episode_loss(cpu, batch), episode_loss(gpu, batch)
+    assert on_gpu.device.type == "cuda" and float(on_gpu) == pytest.approx(float(on_cpu), rel=2e-2)
+    assert cpu_stats.tokens == gpu_stats.tokens
+    out = tmp_path / "run"
+    common = ["--steps", "2", "--batch-size", "4", "--eval-episodes", "0", "--log-every", "1"]
+    assert _script("train_tiny").main(["--out", str(out), "--init-from", str(BUNDLED_MODEL), "--device", "cuda", *common]) == 0
+    assert json.loads((out / "training.json").read_text())["config"]["device"] == "cuda"
+    load_model(read_checkpoint(out))
