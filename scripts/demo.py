@@ -36,10 +36,10 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start(args: list[str], url: str, log: Path, what: str) -> subprocess.Popen:
+def start(args: list[str], url: str, log: Path, what: str, timeout: float = 180.0) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     process = subprocess.Popen([sys.executable, *args], stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, cwd=ROOT)
-    deadline = time.monotonic() + 180
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise SystemExit(f"{what} exited early; its log:\n{log.read_text()}")

@@ -66,6 +66,7 @@ class EngineOptions:
     context_length: int = 32768
     min_kv_tokens: int = 1
     enable_streaming_session: bool = False
+    torch_compile: bool = False  # compile the decode step with torch.compile (engines that can)
     deterministic_communication: bool = False
     state_directory: str | None = None
     snapshot_store: str | None = None  # a directory every published version is written to (shared by servers)

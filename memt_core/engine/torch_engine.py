@@ -13,6 +13,7 @@ import asyncio
 import logging
 import queue
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
@@ -122,6 +123,7 @@ class TorchEngine(Engine):
         return cls(
             model, state_directory=options.state_directory, snapshot_store=durable, owned=owned,
             max_running_requests=options.max_running_requests, max_commit_batch=options.max_commit_batch,
+            torch_compile=options.torch_compile,
         )
 
     @classmethod
@@ -130,6 +132,7 @@ class TorchEngine(Engine):
             "engine": cls.name, "device": options.device, "dtype": options.dtype,
             "max_running_requests": options.max_running_requests, "max_commit_batch": options.max_commit_batch,
             "context_length": options.context_length, "min_kv_tokens": options.min_kv_tokens,
+            "torch_compile": options.torch_compile,
             "kv_cache": "grows per request (transformers DynamicCache)",
         }
 
@@ -142,8 +145,12 @@ class TorchEngine(Engine):
         owned=None,
         max_running_requests: int = 32,
         max_commit_batch: int = 4,
+        torch_compile: bool = False,
     ):
         self.model = model
+        # the shared batch's decode step, compiled with --enable-torch-compile (prefills and commits stay eager)
+        self.compiled = torch_compile
+        self._decoder = torch.compile(model, dynamic=True) if torch_compile else model
         self.checkpoint = model.checkpoint
         self.device = next(model.parameters()).device
         memory = self.checkpoint.memory
@@ -175,8 +182,37 @@ class TorchEngine(Engine):
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> "TorchEngine":
+        if self.compiled:
+            self._warm_up()
         self._thread.start()
         return self
+
+    def _warm_up(self) -> None:
+        """Compile the decode step for one row and for several (a batch of one is a shape of its own), so
+        no request waits for the compiler."""
+        started = time.monotonic()
+        log.info("compiling the decode step (torch.compile; about a minute on a CPU, less with a warm cache)")
+        with torch.no_grad():  # the worker thread's grad mode: the compiled code is guarded on it
+            for rows in (1, 2):
+                cache, mask = None, None
+                for r in range(rows):  # prompts of unusual lengths, so that no size is taken for another
+                    length = 5 + 2 * r
+                    out = self.model(torch.zeros(1, length, dtype=torch.long, device=self.device),
+                                     past_key_values=DynamicCache(config=self.model.config), use_cache=True, logits_to_keep=1)
+                    own = torch.ones(1, length, dtype=torch.long, device=self.device)
+                    cache, mask = (out.past_key_values, own) if cache is None else kv.join(cache, mask, out.past_key_values, own)
+                ids = torch.zeros(rows, 1, dtype=torch.long, device=self.device)
+                positions = mask.sum(dim=1, keepdim=True)
+                mask = torch.cat([mask, torch.ones(rows, 1, dtype=torch.long, device=self.device)], dim=1)
+                self._decode(ids, positions, mask, [None] * rows, cache)
+        log.info("decode step compiled in %.0f s", time.monotonic() - started)
+
+    def _decode(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, memories: list, cache):
+        """One decode step of the shared batch; compiled, every row reads a memory (zeros for none: the same
+        answers, and one compiled graph for rows with and without memory)."""
+        read = memory_batch(self.model, memories, zeros=self.compiled)
+        return self._decoder(ids, memory=read, past_key_values=cache, use_cache=True, attention_mask=mask,
+                             position_ids=positions, logits_to_keep=1)
 
     def stop(self) -> None:
         self._stopping = True
@@ -471,10 +507,7 @@ class TorchEngine(Engine):
         ids = torch.tensor([[job.last] for job in rows], dtype=torch.long, device=self.device)
         positions = torch.tensor([[job.fed] for job in rows], dtype=torch.long, device=self.device)
         mask = torch.cat([self._batch_mask, torch.ones(len(rows), 1, dtype=torch.long, device=self.device)], dim=1)
-        out = self.model(
-            ids, memory=memory_batch(self.model, [job.memory for job in rows]), past_key_values=self._batch_cache,
-            use_cache=True, attention_mask=mask, position_ids=positions, logits_to_keep=1,
-        )
+        out = self._decode(ids, positions, mask, [job.memory for job in rows], self._batch_cache)
         self._batch_cache, self._batch_mask = out.past_key_values, mask
         self._stats.decode_steps += 1
         self._stats.decode_rows += len(rows)

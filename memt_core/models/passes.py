@@ -28,9 +28,10 @@ class CommitResult:
     logits: torch.Tensor | None = None  # [tokens, vocab], only when asked for (training)
 
 
-def memory_batch(model: MemTForCausalLM, states: Sequence[MemoryState | None]) -> dict[int, torch.Tensor] | None:
-    """Per memory layer, the rows' states stacked to ``[B, H, K, V]``; ``None`` if no row reads anything."""
-    if all(state is None or state.is_empty for state in states):
+def memory_batch(model: MemTForCausalLM, states: Sequence[MemoryState | None], *, zeros: bool = False) -> dict[int, torch.Tensor] | None:
+    """Per memory layer, the rows' states stacked to ``[B, H, K, V]``; ``None`` if no row reads anything,
+    unless ``zeros`` (then all-zero states, which add exactly nothing: the read has no bias)."""
+    if not zeros and all(state is None or state.is_empty for state in states):
         return None
     shape = model.checkpoint.memory.state_shape()
     device = next(model.parameters()).device

@@ -2,6 +2,7 @@
 """Memory turns against replay turns through the proxy, per turn, for both deployments, in one run.
 
     python scripts/bench/turns.py [--turns 100] [--pause 0.5] [--first-turns 10] [--equal-answers] [--model-path DIR]
+    python scripts/bench/turns.py --core-args="--enable-torch-compile"   # both cores with a compiled decode step
 
 Starts, on 127.0.0.1, the two-process deployment (``memt_core.launch`` + ``memt_proxy --upstream``) and
 the one-process one (``memt_proxy --embedded``), both on the bundled demo model, and holds in each two
@@ -35,6 +36,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shlex
 import statistics
 import subprocess
 import sys
@@ -202,21 +204,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--raw-http", action="store_true", help="send the app's requests with plain httpx instead of the openai SDK (whose request building grows with the transcript)")
     parser.add_argument("--equal-answers", action="store_true", help="make each replay answer exactly as long as the memory answer of the same turn "
                         "(min_tokens = max_tokens), so that both modes decode the same number of tokens")
+    parser.add_argument("--core-args", default="", help="more flags of python -m memt_core.launch for both deployments' cores, as one string "
+                        "(e.g. --core-args=\"--enable-torch-compile\": with \"=\", as a value that starts with a dash)")
     args = parser.parse_args(argv)
 
     work = Path(tempfile.mkdtemp(prefix="memt-bench-turns-"))
     model = ["--model-path", args.model_path] if args.model_path else []
-    core_flags = ["--max-sessions-per-rank", str(2 * args.first_turns + 8)]
+    core_flags = ["--max-sessions-per-rank", str(2 * args.first_turns + 8), *shlex.split(args.core_args)]
+    wait = 900.0 if "--enable-torch-compile" in core_flags else 180.0  # a core compiles before it reports healthy
     core_port, two_port, one_port = free_port(), free_port(), free_port()
     core_url, two_url, one_url = (f"http://127.0.0.1:{p}" for p in (core_port, two_port, one_port))
     quiet = ["--log-level", "warning"]
     processes = []
     try:
         print("starting the two-process deployment (core + proxy) and the one-process one (proxy --embedded) ...", flush=True)
-        processes.append(start(["-m", "memt_core.launch", *model, "--port", str(core_port), *core_flags, *quiet], core_url, work / "core.log", "the core"))
+        processes.append(start(["-m", "memt_core.launch", *model, "--port", str(core_port), *core_flags, *quiet], core_url, work / "core.log", "the core", wait))
         processes.append(start(["-m", "memt_proxy", *model, "--upstream", core_url, "--port", str(two_port), *quiet], two_url, work / "proxy.log", "the proxy"))
-        processes.append(start(["-m", "memt_proxy", *model, "--embedded", "--core-args", " ".join(core_flags), "--port", str(one_port), *quiet],
-                               one_url, work / "embedded.log", "the embedded proxy"))
+        processes.append(start(["-m", "memt_proxy", *model, "--embedded", "--core-args", shlex.join(core_flags), "--port", str(one_port), *quiet],
+                               one_url, work / "embedded.log", "the embedded proxy", wait))
         name = httpx.get(two_url + "/v1/models").json()["data"][0]["id"]
 
         pids = [process.pid for process in processes]

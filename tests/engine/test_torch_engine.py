@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from memt_core.engine import TorchEngine
+from memt_core.engine import EngineOptions, TorchEngine
 from memt_core.inference import commit_tokens, generate
 from memt_core.memory.state import MemoryState
 from memt_core.protocol import effects as fx
@@ -135,6 +135,39 @@ def test_each_row_reads_its_own_session_memory(nano_engine, nano_model):
     first, swapped = asyncio.run(main())
     assert first == [ref_a, ref_b, ref_none, ref_none, ref_none]
     assert swapped == [ref_b, ref_a]
+
+
+def test_compiled_decode_gives_the_eager_answers(nano_model):
+    """``--enable-torch-compile``: compiled before serving (one row and several), then the same greedy tokens
+    as the eager reference, alone and batched, with rows reading their own memory, another's, or none."""
+    prompt, n = [17, 42, 99, 123], 8
+    expected = {name: reference(nano_model, prompt, n, *turns) for name, turns in (("a", [TURN_A]), ("b", [TURN_B]), ("none", []))}
+    engine = TorchEngine(nano_model, max_running_requests=16, torch_compile=True)
+    assert engine.compiled and engine._decoder is not nano_model
+    engine.start()
+    from torch._dynamo.utils import counters
+
+    compiled_graphs = counters["stats"]["unique_graphs"]
+    assert compiled_graphs > 0
+    try:
+        async def main():
+            await new_session(engine, "a", TURN_A)
+            await new_session(engine, "b", TURN_B)
+            alone = await drain(engine.query("alone", prompt, greedy(n), session="a"))
+            batched = await asyncio.gather(
+                drain(engine.query("qa", prompt, greedy(n), session="a")),
+                drain(engine.query("qb", prompt, greedy(n), session="b")),
+                drain(engine.query("plain", prompt, greedy(n))),
+            )
+            return alone[0], [tokens for tokens, _ in batched]
+
+        alone, batched = asyncio.run(main())
+    finally:
+        engine.stop()
+    assert alone == expected["a"]
+    assert batched == [expected["a"], expected["b"], expected["none"]]
+    assert counters["stats"]["unique_graphs"] == compiled_graphs, "a request waited for the compiler"
+    assert TorchEngine.settings(EngineOptions(torch_compile=True))["torch_compile"] is True
 
 
 def test_batched_commits_equal_single_commits(nano_engine, nano_model):

@@ -78,6 +78,7 @@ def _cases(c: dict[str, Path]) -> dict[str, Case]:
         "merge json": Case(["--model-path", nano, *dry, "--json-model-override-args", override]),
         "defaults": Case(["--model-path", str(c["no_runtime"]), *dry]),
         "defaults + flags": Case(["--model-path", str(c["no_runtime"]), *dry, "--max-inflight-commits-per-rank", "5", "--min-kv-tokens", "7"]),
+        "compiled": Case(["--model-path", nano, *dry, "--enable-torch-compile"]),
         "header overrides off": Case(["--model-path", nano, *dry], env={"SGLANG_ENABLE_REQUEST_HEADER_OVERRIDES": "0"}),
         # refusals
         "trust remote code": Case(["--model-path", nano, *dry, "--trust-remote-code"]),
@@ -189,6 +190,7 @@ def test_dry_run_prints_identity_and_engine_args(runs, checkpoints):
     assert engine["engine"] == "torch" and identity["extra"]["engine"] == "memt-torch" and identity["extra"]["engine_version"]
     assert engine["min_kv_tokens"] == 256 and engine["dtype"] in ("float32", "bfloat16")
     assert "sglang_args" not in out  # settings no engine takes are not echoed
+    assert engine["torch_compile"] is False and runs["compiled"].json()["engine_args"]["torch_compile"] is True
 
     flash = runs["flash"].json()
     assert flash["launch_identity"]["model"] == "memt-flash"

@@ -1,0 +1,115 @@
+#!/usr/bin/env python
+"""The torch engine with and without ``--enable-torch-compile``: a memory turn's latency, side by side.
+
+Two engines on the same weights, one compiled (its decode step; ``TorchEngine(torch_compile=True)``),
+each with sessions whose memory holds a told fact. A turn is a question answered with exactly
+``--tokens`` greedy tokens (end-of-sequence skipped) while 1 and then ``--sessions`` sessions ask at once;
+repetitions alternate between the engines, so a busy machine slows both alike. Prints the compile
+time, each engine's median turn latency, compiled / eager, and whether both gave the same tokens.
+
+    python scripts/bench/compile.py [--model-path DIR] [--tokens 24] [--sessions 4] [--repeats 15]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from memt_core.bundled import BUNDLED_MODEL  # noqa: E402
+
+
+async def new_session(engine, name: str, ids: list[int]) -> None:
+    """A session whose published memory holds ``ids`` (one commit)."""
+    from memt_core.protocol import effects as fx
+
+    await engine.apply(fx.NewMemory(name))
+    await engine.apply(fx.ForkCandidate(name, transaction="t"))
+    await engine.commit(name, "t", "n", ids)
+    await engine.apply(fx.PublishCandidate(name, transaction="t"))
+
+
+async def turns(engine, sessions: list[str], prompt: list[int], params, serial: list[int]) -> tuple[float, list[list[int]]]:
+    """Every session asks at once; (seconds until the last answer is complete, the answers)."""
+
+    async def ask(session: str) -> list[int]:
+        serial[0] += 1
+        tokens = []
+        async for event in engine.query(f"bench-{serial[0]}", prompt, params, session=session):
+            if event.error is not None:
+                raise event.error
+            if event.token is not None:
+                tokens.append(event.token)
+        return tokens
+
+    started = time.perf_counter()
+    answers = await asyncio.gather(*(ask(s) for s in sessions))
+    return time.perf_counter() - started, list(answers)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model-path", type=Path, default=BUNDLED_MODEL, help="checkpoint (default: the bundled demo model)")
+    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    parser.add_argument("--tokens", type=int, default=24, help="tokens of each answer")
+    parser.add_argument("--sessions", type=int, default=4, help="sessions asking at once in the batched case")
+    parser.add_argument("--repeats", type=int, default=15, help="turns per engine and case (median taken)")
+    args = parser.parse_args(argv)
+
+    import torch
+    from transformers import PreTrainedTokenizerFast
+
+    from memt_core.demo.format import DemoChatFormat
+    from memt_core.engine import TorchEngine
+    from memt_core.models.weights import load_model
+    from memt_core.sampling import SamplingParams
+
+    torch.set_num_threads(args.threads)
+    model = load_model(args.model_path)
+    fmt = DemoChatFormat(PreTrainedTokenizerFast.from_pretrained(str(args.model_path)))
+    told = fmt.turn_prompt("I have a kitten named Belkavo who loves small shrimp.") + fmt.reply("Got it! I will remember that your kitten is called Belkavo.")
+    prompt = fmt.prompt([{"role": "user", "content": "What is my kitten's name?"}])
+    params = SamplingParams(temperature=0, max_new_tokens=args.tokens, skip_eos=True)
+
+    eager = TorchEngine(model).start()
+    started = time.perf_counter()
+    compiled = TorchEngine(model, torch_compile=True).start()
+    compile_seconds = time.perf_counter() - started
+    engines = {"eager": eager, "compiled": compiled}
+    loop, serial = asyncio.new_event_loop(), [0]
+    try:
+        names = [f"s{i}" for i in range(max(1, args.sessions))]
+        for engine in engines.values():
+            for name in names:
+                loop.run_until_complete(new_session(engine, name, told))
+        print(f"{args.model_path.name}: {args.tokens}-token answers reading memory, {args.threads} thread(s), "
+              f"median of {args.repeats} alternating turns; compiling took {compile_seconds:.0f} s; torch {torch.__version__}")
+        header = f"{'sessions asking':>16}  {'eager s':>8}  {'compiled s':>10}  {'compiled/eager':>14}  same answers"
+        print(header)
+        print("-" * len(header))
+        for sessions in (names[:1], names):
+            times: dict[str, list[float]] = {name: [] for name in engines}
+            answers: dict[str, list] = {}
+            for repeat in range(args.repeats + 1):  # the first round is a warm-up
+                for name, engine in engines.items():
+                    seconds, answers[name] = loop.run_until_complete(turns(engine, sessions, prompt, params, serial))
+                    if repeat:
+                        times[name].append(seconds)
+            e, c = statistics.median(times["eager"]), statistics.median(times["compiled"])
+            print(f"{len(sessions):>16}  {e:>8.3f}  {c:>10.3f}  {c / e:>13.2f}×  {answers['eager'] == answers['compiled']}", flush=True)
+    finally:
+        for engine in engines.values():
+            engine.stop()
+        loop.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
