@@ -199,6 +199,9 @@ class TorchEngine(Engine):
                     length = 5 + 2 * r
                     out = self.model(torch.zeros(1, length, dtype=torch.long, device=self.device),
                                      past_key_values=DynamicCache(config=self.model.config), use_cache=True, logits_to_keep=1)
+                    if not kv.batchable(out.past_key_values):
+                        log.info("this model's caches decode one row at a time, uncompiled: nothing to compile")
+                        return
                     own = torch.ones(1, length, dtype=torch.long, device=self.device)
                     cache, mask = (out.past_key_values, own) if cache is None else kv.join(cache, mask, out.past_key_values, own)
                 ids = torch.zeros(rows, 1, dtype=torch.long, device=self.device)

@@ -170,6 +170,20 @@ def test_compiled_decode_gives_the_eager_answers(nano_model):
     assert TorchEngine.settings(EngineOptions(torch_compile=True))["torch_compile"] is True
 
 
+def test_compiling_a_model_whose_rows_decode_alone_changes_nothing(flash_model):
+    """Flash's caches are not batched: its one-row decode stays eager, and the engine starts and answers as before."""
+    prompt, n = [17, 42, 99, 123], 6
+    engine = TorchEngine(flash_model, torch_compile=True).start()
+    try:
+        async def main():
+            return await drain(engine.query("q", prompt, greedy(n)))
+
+        tokens, _ = asyncio.run(main())
+    finally:
+        engine.stop()
+    assert tokens == reference(flash_model, prompt, n)
+
+
 def test_batched_commits_equal_single_commits(nano_engine, nano_model):
     turns = [TURN_A, TURN_B, list(range(5, 12)), list(range(300, 400))]  # 40, 60, 7, 100 tokens
 
