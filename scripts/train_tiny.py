@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
 def mix_override(text: str) -> tuple[str, float | int]:
     """``FIELD=VALUE`` of ``--mix``: a field of :class:`Mix` and a value of its type (weights ≥ 0)."""
     name, sep, value = text.partition("=")
-    known = {f.name: f.type for f in fields(Mix)}
+    known = [f.name for f in fields(Mix)]
     if not sep or name not in known:
         raise argparse.ArgumentTypeError(f"{text!r} is not FIELD=VALUE with FIELD one of {', '.join(known)}")
     kind = int if isinstance(getattr(Mix, name), int) else float
