@@ -53,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--max-prefill-tokens", type=int, default=16384, help="longest accepted input_ids list; at least memt.chunk_tokens")
     engine.add_argument("--max-running-requests", type=int, default=32, help="queries decoded concurrently (more wait in a queue)")
     engine.add_argument("--context-length", type=int, default=None, help="prompt + max_new_tokens limit (default: the model's max_position_embeddings)")
-    engine.add_argument("--enable-torch-compile", action="store_true", help="compile the decode step with torch.compile (inductor; needs a C++ compiler on CPU, Triton on GPU): on CPU the demo model decodes about twice as fast; the server compiles before it reports healthy (about a minute, longer on a busy machine; later starts reuse the compiled code from TORCHINDUCTOR_CACHE_DIR)")
+    engine.add_argument("--enable-torch-compile", action="store_true", help="compile the decode step with torch.compile (inductor; needs a C++ compiler on CPU, Triton on GPU): on CPU a demo-model turn takes 0.5-0.7x the time (scripts/bench/compile.py); the server compiles before it reports healthy (about a minute, longer on a busy machine; later starts reuse the compiled code from TORCHINDUCTOR_CACHE_DIR)")
     engine.add_argument("--enable-streaming-session", action="store_true", help="allow sessions created with retain_kv (native context kept between queries)")
     engine.add_argument("--deterministic-communication", action="store_true", help="fixed collective settings for reproducibility (multi-device engines only; the torch engine refuses it)")
     server = parser.add_argument_group("server")
