@@ -54,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--max-running-requests", type=int, default=32, help="queries decoded concurrently (more wait in a queue)")
     engine.add_argument("--context-length", type=int, default=None, help="prompt + max_new_tokens limit (default: the model's max_position_embeddings)")
     engine.add_argument("--enable-torch-compile", action="store_true", help="compile the decode step with torch.compile (inductor; needs a C++ compiler on CPU, Triton on GPU): on CPU a demo-model turn takes 0.5-0.7x the time (scripts/bench/compile.py); the server compiles before it reports healthy (about a minute, longer on a busy machine; later starts reuse the compiled code from TORCHINDUCTOR_CACHE_DIR)")
+    engine.add_argument("--torch-threads", type=int, default=None, metavar="N", help="CPU threads torch computes with (default: 1 on the CPU for a model under 64M parameters, whose small ops a thread pool slows: the demo model answers 1.7-1.9x faster on 2 cores, scripts/bench/flags.py; else torch's default, one per core)")
     engine.add_argument("--enable-streaming-session", action="store_true", help="allow sessions created with retain_kv (native context kept between queries)")
     engine.add_argument("--deterministic-communication", action="store_true", help="fixed collective settings for reproducibility (multi-device engines only; the torch engine refuses it)")
     server = parser.add_argument_group("server")
@@ -107,6 +108,7 @@ class LaunchPlan:
     spec_strict: bool = False  # only what the spec promises on the wire (--spec-strict)
     unload_idle: float | None = None  # seconds without a lease before a durable session is unloaded
     torch_compile: bool = False  # --enable-torch-compile
+    torch_threads: int | None = None  # --torch-threads
 
     @property
     def engine_class(self) -> type[Engine]:
@@ -117,7 +119,7 @@ class LaunchPlan:
             device=self.device, dtype=self.dtype, max_running_requests=self.max_running_requests,
             max_commit_batch=self.runtime.max_inflight_commits_per_rank, context_length=self.context_length,
             min_kv_tokens=self.runtime.min_kv_tokens, enable_streaming_session=self.enable_streaming_session,
-            torch_compile=self.torch_compile,
+            torch_compile=self.torch_compile, threads=self.torch_threads,
             deterministic_communication=self.deterministic_communication, state_directory=self.state_directory,
             snapshot_store=self.snapshot_store, ownership=self.ownership, ownership_ttl=self.ownership_ttl, node_id=self.node_id,
         )
@@ -194,6 +196,8 @@ def plan_launch(args: argparse.Namespace, environ=os.environ) -> LaunchPlan:
         raise CheckpointError("--ack-timeout must be a positive number of seconds")
     if args.max_running_requests < 1:
         raise CheckpointError("--max-running-requests must be at least 1")
+    if args.torch_threads is not None and args.torch_threads < 1:
+        raise CheckpointError("--torch-threads must be at least 1")
     model_limit = int(checkpoint.backbone.get("max_position_embeddings") or 32768)
     context = args.context_length or model_limit
     if context < 1 or context > model_limit:
@@ -213,6 +217,7 @@ def plan_launch(args: argparse.Namespace, environ=os.environ) -> LaunchPlan:
         snapshot_store=args.snapshot_store, ownership=args.ownership, ownership_ttl=args.ownership_ttl,
         node_id=args.node_id or f"{socket.gethostname()}:{args.port}", api_key=args.api_key, log_level=args.log_level,
         spec_strict=args.spec_strict, unload_idle=_unload_idle(args), torch_compile=args.enable_torch_compile,
+        torch_threads=args.torch_threads,
     )
     plan.engine_class.check_options(plan.engine_options())
     return plan

@@ -67,6 +67,7 @@ class EngineOptions:
     min_kv_tokens: int = 1
     enable_streaming_session: bool = False
     torch_compile: bool = False  # compile the decode step with torch.compile (engines that can)
+    threads: int | None = None  # CPU threads of torch's intra-op pool (None: the engine's choice)
     deterministic_communication: bool = False
     state_directory: str | None = None
     snapshot_store: str | None = None  # a directory every published version is written to (shared by servers)

@@ -74,6 +74,20 @@ DURABLE_EFFECTS = (fx.NewMemory, fx.CopyMemory, fx.PublishCandidate, fx.ClearMem
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
 
 
+SMALL_MODEL = 64 * 10**6  # parameters; below it, one CPU thread decodes faster than a pool (scripts/bench/flags.py)
+
+
+def cpu_threads(model: MemTForCausalLM, options: EngineOptions) -> int | None:
+    """``--torch-threads``, or when unset: 1 for a small model on the CPU, whose decode step is a chain of small
+    ops that a thread pool slows more than it splits (on 2 cores, 1.7-1.9x faster turns for the demo model,
+    1.2x for a 51M-parameter one; its 1000-token prefill 0.94x); None (torch's default) otherwise."""
+    if options.threads is not None:
+        return options.threads
+    if options.device == "cpu" and sum(p.numel() for p in model.parameters()) < SMALL_MODEL:
+        return 1
+    return None
+
+
 class TorchEngine(Engine):
     """Queries, commits and memory effects for every session of one model, on CPU or one GPU."""
 
@@ -123,7 +137,7 @@ class TorchEngine(Engine):
         return cls(
             model, state_directory=options.state_directory, snapshot_store=durable, owned=owned,
             max_running_requests=options.max_running_requests, max_commit_batch=options.max_commit_batch,
-            torch_compile=options.torch_compile,
+            torch_compile=options.torch_compile, threads=cpu_threads(model, options),
         )
 
     @classmethod
@@ -133,6 +147,7 @@ class TorchEngine(Engine):
             "max_running_requests": options.max_running_requests, "max_commit_batch": options.max_commit_batch,
             "context_length": options.context_length, "min_kv_tokens": options.min_kv_tokens,
             "torch_compile": options.torch_compile,
+            "torch_threads": options.threads or f"auto (1 on CPU below {SMALL_MODEL // 10**6}M parameters, else {torch.get_num_threads()})",
             "kv_cache": "grows per request (transformers DynamicCache)",
         }
 
@@ -146,8 +161,10 @@ class TorchEngine(Engine):
         max_running_requests: int = 32,
         max_commit_batch: int = 4,
         torch_compile: bool = False,
+        threads: int | None = None,
     ):
         self.model = model
+        self.threads = threads
         # the shared batch's decode step, compiled with --enable-torch-compile (prefills and commits stay eager)
         self.compiled = torch_compile
         self._decoder = torch.compile(model, dynamic=True) if torch_compile else model
@@ -182,6 +199,8 @@ class TorchEngine(Engine):
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> "TorchEngine":
+        if self.threads is not None:  # torch's thread count is per thread; the worker takes it from this one
+            torch.set_num_threads(self.threads)
         if self.compiled:
             self._warm_up()
         self._thread.start()

@@ -6,6 +6,7 @@ and Flash rows (caches that cannot be batched) still run concurrently.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import pytest
@@ -182,6 +183,44 @@ def test_compiling_a_model_whose_rows_decode_alone_changes_nothing(flash_model):
     finally:
         engine.stop()
     assert tokens == reference(flash_model, prompt, n)
+
+
+def test_torch_threads_reach_the_worker(nano_model):
+    """``--torch-threads N``: the worker, which runs every prefill, decode step and commit, computes with N
+    threads (torch's count is per thread: it takes the one set when the engine starts); answers are unchanged."""
+    prompt, n = [17, 42, 99, 123], 4
+    expected = reference(nano_model, prompt, n, TURN_A)
+    caller = torch.get_num_threads()
+    wanted = caller + 1  # differs from the default whatever the machine's cores
+    seen: list[tuple[str, int]] = []
+    hook = nano_model.register_forward_pre_hook(lambda module, args: seen.append((threading.current_thread().name, torch.get_num_threads())))
+    engine = TorchEngine(nano_model, threads=wanted).start()
+    try:
+        async def main():
+            await new_session(engine, "a", TURN_A)
+            return await drain(engine.query("q", prompt, greedy(n), session="a"))
+
+        tokens, _ = asyncio.run(main())
+    finally:
+        engine.stop()
+        hook.remove()
+        torch.set_num_threads(caller)
+    assert tokens == expected
+    assert seen and set(seen) == {("memt-engine", wanted)}
+    assert TorchEngine.settings(EngineOptions(threads=3))["torch_threads"] == 3
+
+
+def test_small_models_decode_on_one_cpu_thread_unless_told(nano_model):
+    """Unset, ``--torch-threads`` is 1 for a small model on the CPU (a pool slows its small ops), torch's
+    default for a large one or another device; a given count always stands."""
+    from memt_core.engine.torch_engine import SMALL_MODEL, cpu_threads
+
+    assert sum(p.numel() for p in nano_model.parameters()) < SMALL_MODEL
+    assert cpu_threads(nano_model, EngineOptions()) == 1
+    assert cpu_threads(nano_model, EngineOptions(threads=2)) == 2
+    assert cpu_threads(nano_model, EngineOptions(device="cuda")) is None
+    large = torch.nn.Linear(8192, SMALL_MODEL // 8192 + 1, bias=False, device="meta")  # parameters without memory
+    assert cpu_threads(large, EngineOptions()) is None
 
 
 def test_batched_commits_equal_single_commits(nano_engine, nano_model):

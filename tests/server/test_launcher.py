@@ -79,6 +79,7 @@ def _cases(c: dict[str, Path]) -> dict[str, Case]:
         "defaults": Case(["--model-path", str(c["no_runtime"]), *dry]),
         "defaults + flags": Case(["--model-path", str(c["no_runtime"]), *dry, "--max-inflight-commits-per-rank", "5", "--min-kv-tokens", "7"]),
         "compiled": Case(["--model-path", nano, *dry, "--enable-torch-compile"]),
+        "one thread": Case(["--model-path", nano, *dry, "--torch-threads", "1"]),
         "header overrides off": Case(["--model-path", nano, *dry], env={"SGLANG_ENABLE_REQUEST_HEADER_OVERRIDES": "0"}),
         # refusals
         "trust remote code": Case(["--model-path", nano, *dry, "--trust-remote-code"]),
@@ -94,6 +95,7 @@ def _cases(c: dict[str, Path]) -> dict[str, Case]:
         "override non-positive": Case(["--model-path", nano, *dry, "--json-model-override-args",
                                        json.dumps({"memt_runtime": {"min_kv_tokens": 0}})]),
         "flag non-positive": Case(["--model-path", nano, *dry, "--max-sessions-per-rank", "0"]),
+        "no threads": Case(["--model-path", nano, *dry, "--torch-threads", "0"]),
         "prefill below chunk": Case(["--model-path", nano, *dry, "--max-prefill-tokens", "31"]),
         "context beyond model": Case(["--model-path", nano, *dry, "--context-length", "9000"]),
         "missing checkpoint": Case(["--model-path", str(c["cwd"] / "nowhere"), *dry]),
@@ -119,7 +121,7 @@ def _cases(c: dict[str, Path]) -> dict[str, Case]:
 IN_PROCESS = {
     "merge all", "merge json", "defaults", "defaults + flags", "header overrides off", "header overrides true",
     "config merging", "override other keys", "override memt", "override not JSON", "override unknown runtime field",
-    "override non-positive", "flag non-positive", "prefill below chunk", "context beyond model", "missing checkpoint",
+    "override non-positive", "flag non-positive", "no threads", "prefill below chunk", "context beyond model", "missing checkpoint",
     "engine flag unused", "engine kv too small", "bundled default", "bundled path given",
 }
 
@@ -191,6 +193,7 @@ def test_dry_run_prints_identity_and_engine_args(runs, checkpoints):
     assert engine["min_kv_tokens"] == 256 and engine["dtype"] in ("float32", "bfloat16")
     assert "sglang_args" not in out  # settings no engine takes are not echoed
     assert engine["torch_compile"] is False and runs["compiled"].json()["engine_args"]["torch_compile"] is True
+    assert engine["torch_threads"].startswith("auto (1 on CPU below 64M parameters") and runs["one thread"].json()["engine_args"]["torch_threads"] == 1
 
     flash = runs["flash"].json()
     assert flash["launch_identity"]["model"] == "memt-flash"
@@ -249,6 +252,7 @@ def test_runtime_merge_order(runs):
         ("override unknown runtime field", "max_batch"),
         ("override non-positive", "min_kv_tokens"),
         ("flag non-positive", "max_sessions_per_rank"),
+        ("no threads", "--torch-threads must be at least 1"),
         ("prefill below chunk", "chunk_tokens"),
         ("context beyond model", "context-length"),
         ("missing checkpoint", "does not exist"),
