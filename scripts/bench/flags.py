@@ -57,7 +57,7 @@ class Deployment:
                                         f"http://127.0.0.1:{core_port}", work / f"{label}-core.log", f"core {label}", 900))
             proxy = ["-m", "memt_proxy", "--upstream", f"http://127.0.0.1:{core_port}"]
         else:
-            proxy = ["-m", "memt_proxy", *model, "--embedded", "--core-args", core_flags]
+            proxy = ["-m", "memt_proxy", *model, "--embedded", f"--core-args={core_flags}"]
         self.url = f"http://127.0.0.1:{port}"
         self.processes.append(start([*proxy, "--port", str(port), *quiet], self.url, work / f"{label}-proxy.log", f"proxy {label}", 900))
         self.pids = tuple(p.pid for p in self.processes)
