@@ -79,8 +79,8 @@ SMALL_MODEL = 64 * 10**6  # parameters; below it, one CPU thread decodes faster 
 
 def cpu_threads(model: MemTForCausalLM, options: EngineOptions) -> int | None:
     """``--torch-threads``, or when unset: 1 for a small model on the CPU, whose decode step is a chain of small
-    ops that a thread pool slows more than it splits (on 2 cores, 1.7-1.9x faster turns for the demo model,
-    1.2x for a 51M-parameter one; its 1000-token prefill 0.94x); None (torch's default) otherwise."""
+    ops that a thread pool slows more than it splits (on 2 cores the demo model's turns take 0.5-0.75x the
+    time, a 51M-parameter model's 0.8x, though its 1000-token prefill takes 1.06x); None (torch's default) otherwise."""
     if options.threads is not None:
         return options.threads
     if options.device == "cpu" and sum(p.numel() for p in model.parameters()) < SMALL_MODEL:
