@@ -74,17 +74,15 @@ DURABLE_EFFECTS = (fx.NewMemory, fx.CopyMemory, fx.PublishCandidate, fx.ClearMem
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
 
 
-SMALL_MODEL = 64 * 10**6  # parameters; below it, one CPU thread decodes faster than a pool (scripts/bench/flags.py)
-
-
-def cpu_threads(model: MemTForCausalLM, options: EngineOptions) -> int | None:
-    """``--torch-threads``, or when unset: 1 for a small model on the CPU, whose decode step is a chain of small
-    ops that a thread pool slows more than it splits (on 2 cores the demo model's turns take 0.5-0.75x the
-    time, a 51M-parameter model's 0.8x, though its 1000-token prefill takes 1.06x); None (torch's default) otherwise."""
+def cpu_threads(options: EngineOptions) -> int | None:
+    """``--torch-threads``, or when unset on the CPU: one fewer than torch's default (a thread per core), at
+    least 1, leaving a core to the server's event loop, the proxy and the app. A thread pool whose worker
+    waits for a busy core stalls at every op: with one other busy process on 2 cores, a demo answer took
+    3.6x as long on 2 threads as on 1 (scripts/bench/demo_turn.py --busy 1). None (torch's default) on a GPU."""
     if options.threads is not None:
         return options.threads
-    if options.device == "cpu" and sum(p.numel() for p in model.parameters()) < SMALL_MODEL:
-        return 1
+    if options.device == "cpu":
+        return max(1, torch.get_num_threads() - 1)
     return None
 
 
@@ -137,7 +135,7 @@ class TorchEngine(Engine):
         return cls(
             model, state_directory=options.state_directory, snapshot_store=durable, owned=owned,
             max_running_requests=options.max_running_requests, max_commit_batch=options.max_commit_batch,
-            torch_compile=options.torch_compile, threads=cpu_threads(model, options),
+            torch_compile=options.torch_compile, threads=cpu_threads(options),
         )
 
     @classmethod
@@ -147,7 +145,7 @@ class TorchEngine(Engine):
             "max_running_requests": options.max_running_requests, "max_commit_batch": options.max_commit_batch,
             "context_length": options.context_length, "min_kv_tokens": options.min_kv_tokens,
             "torch_compile": options.torch_compile,
-            "torch_threads": options.threads or f"auto (1 on CPU below {SMALL_MODEL // 10**6}M parameters, else {torch.get_num_threads()})",
+            "torch_threads": cpu_threads(options) or f"torch's default ({torch.get_num_threads()})",
             "kv_cache": "grows per request (transformers DynamicCache)",
         }
 

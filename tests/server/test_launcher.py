@@ -193,7 +193,7 @@ def test_dry_run_prints_identity_and_engine_args(runs, checkpoints):
     assert engine["min_kv_tokens"] == 256 and engine["dtype"] in ("float32", "bfloat16")
     assert "sglang_args" not in out  # settings no engine takes are not echoed
     assert engine["torch_compile"] is False and runs["compiled"].json()["engine_args"]["torch_compile"] is True
-    assert engine["torch_threads"].startswith("auto (1 on CPU below 64M parameters") and runs["one thread"].json()["engine_args"]["torch_threads"] == 1
+    assert 1 <= engine["torch_threads"] <= max(1, os.cpu_count() - 1) and runs["one thread"].json()["engine_args"]["torch_threads"] == 1
 
     flash = runs["flash"].json()
     assert flash["launch_identity"]["model"] == "memt-flash"
