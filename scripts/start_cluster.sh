@@ -15,12 +15,15 @@
 #   MEMT_PROXY_PORT      8100
 #   MEMT_REDIS_PORT      6390
 #   MEMT_OWNERSHIP_TTL   10: seconds a dead node's sessions stay owned before another node takes them
-#   MEMT_CORE_ARGS       extra python -m memt_core.launch arguments (e.g. "--device cuda:0")
+#   MEMT_TORCH_THREADS   each core's --torch-threads: by default the machine's cores but one, shared among the N
+#                        cores (at least 1 each), so that busy nodes do not oversubscribe the CPU
+#   MEMT_CORE_ARGS       extra python -m memt_core.launch arguments (e.g. "--device cuda:0"); they come last and win
 #   MEMT_PROXY_KEY       an API key the proxies require (SMG is given it too: it lists the workers' models with it)
 set -euo pipefail
 
 N=${1:-3}
 MODEL=${2:-}
+if ! [[ "$N" =~ ^[1-9][0-9]*$ ]]; then echo "the number of nodes must be a positive integer, got '$N'" >&2; exit 2; fi
 . "$(dirname -- "$0")/lib/python.sh"
 PY=$MEMT_PYTHON
 SMG=$(dirname -- "$PY")/smg
@@ -34,6 +37,8 @@ CORE_PORT=${MEMT_CORE_PORT:-31000}
 PROXY_PORT=${MEMT_PROXY_PORT:-8100}
 REDIS_PORT=${MEMT_REDIS_PORT:-6390}
 TTL=${MEMT_OWNERSHIP_TTL:-10}
+SHARE=$(( ($(nproc) - 1) / N ))
+THREADS=${MEMT_TORCH_THREADS:-$(( SHARE > 0 ? SHARE : 1 ))}
 mkdir -p "$DIR/store" "$DIR/records" "$DIR/logs"
 MODEL_ARGS=()
 [ -n "$MODEL" ] && MODEL_ARGS=(--model-path "$MODEL")
@@ -77,7 +82,7 @@ for ((i=0; i<N; i++)); do
     # shellcheck disable=SC2086
     "$PY" -m memt_core.launch "${MODEL_ARGS[@]}" --host 127.0.0.1 --port "$cport" \
         --state-directory "$DIR/node$i" --snapshot-store "$DIR/store" \
-        --ownership "$REDIS" --ownership-ttl "$TTL" --node-id "node$i" ${MEMT_CORE_ARGS:-} >"$DIR/logs/core$i.log" 2>&1 &
+        --ownership "$REDIS" --ownership-ttl "$TTL" --node-id "node$i" --torch-threads "$THREADS" ${MEMT_CORE_ARGS:-} >"$DIR/logs/core$i.log" 2>&1 &
     PIDS+=($!)
     wait_for "core $i" $! "$DIR/logs/core$i.log" answers "http://127.0.0.1:$cport/health"
     "$PY" -m memt_proxy "${MODEL_ARGS[@]}" --upstream "http://127.0.0.1:$cport" --host 127.0.0.1 --port "$pport" \
