@@ -440,3 +440,11 @@ def test_the_cluster_script_stops_saying_why_when_a_node_cannot_listen(nano_chec
 def process_listens(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         return sock.connect_ex((HOST, port)) == 0
+
+
+@pytest.mark.parametrize("nodes", ["0", "two", "-1"])
+def test_the_cluster_script_refuses_a_node_count_that_is_not_a_positive_integer(nodes, tmp_path):
+    done = subprocess.run(["bash", "scripts/start_cluster.sh", nodes], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "MEMT_PYTHON": sys.executable, "MEMT_CLUSTER_DIR": str(tmp_path)})
+    assert done.returncode == 2 and f"the number of nodes must be a positive integer, got '{nodes}'" in done.stderr, done.stderr
+    assert not any(tmp_path.iterdir())  # nothing was started or written
