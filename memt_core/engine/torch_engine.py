@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import queue
 import threading
 import time
@@ -78,10 +79,11 @@ def cpu_threads(options: EngineOptions) -> int | None:
     """``--torch-threads``, or when unset on the CPU: one fewer than torch's default (a thread per core), at
     least 1, leaving a core to the server's event loop, the proxy and the app. A thread pool whose worker
     waits for a busy core stalls at every op: with one other busy process on 2 cores, a demo answer took
-    3.6x as long on 2 threads as on 1 (scripts/bench/demo_turn.py --busy 1). None (torch's default) on a GPU."""
+    3.6x as long on 2 threads as on 1 (scripts/bench/demo_turn.py --busy 1). None (torch's default) on a GPU,
+    or where ``OMP_NUM_THREADS`` is set (torch's default follows it)."""
     if options.threads is not None:
         return options.threads
-    if options.device == "cpu":
+    if options.device == "cpu" and not os.environ.get("OMP_NUM_THREADS"):
         return max(1, torch.get_num_threads() - 1)
     return None
 

@@ -210,11 +210,12 @@ def test_torch_threads_reach_the_worker(nano_model):
     assert TorchEngine.settings(EngineOptions(threads=3))["torch_threads"] == 3
 
 
-def test_cpu_threads_leave_a_core_to_the_server_unless_told():
+def test_cpu_threads_leave_a_core_to_the_server_unless_told(monkeypatch):
     """Unset, ``--torch-threads`` on the CPU is one fewer than torch's default (at least 1): the server's own
-    threads need a core; on a GPU torch's default stands; a given count always stands."""
+    threads need a core; on a GPU, or with ``OMP_NUM_THREADS`` set, torch's default stands; a given count always stands."""
     from memt_core.engine.torch_engine import cpu_threads
 
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     default = torch.get_num_threads()
     try:
         torch.set_num_threads(4)
@@ -226,6 +227,8 @@ def test_cpu_threads_leave_a_core_to_the_server_unless_told():
     assert cpu_threads(EngineOptions(threads=2)) == 2
     assert cpu_threads(EngineOptions(device="cuda")) is None
     assert cpu_threads(EngineOptions(device="cuda", threads=3)) == 3
+    monkeypatch.setenv("OMP_NUM_THREADS", "4")
+    assert cpu_threads(EngineOptions()) is None and cpu_threads(EngineOptions(threads=2)) == 2
 
 
 def test_batched_commits_equal_single_commits(nano_engine, nano_model):

@@ -80,6 +80,8 @@ def _cases(c: dict[str, Path]) -> dict[str, Case]:
         "defaults + flags": Case(["--model-path", str(c["no_runtime"]), *dry, "--max-inflight-commits-per-rank", "5", "--min-kv-tokens", "7"]),
         "compiled": Case(["--model-path", nano, *dry, "--enable-torch-compile"]),
         "one thread": Case(["--model-path", nano, *dry, "--torch-threads", "1"]),
+        "threads by default": Case(["--model-path", nano, *dry], unset=("OMP_NUM_THREADS",)),
+        "threads from OMP": Case(["--model-path", nano, *dry], env={"OMP_NUM_THREADS": "1"}),
         "header overrides off": Case(["--model-path", nano, *dry], env={"SGLANG_ENABLE_REQUEST_HEADER_OVERRIDES": "0"}),
         # refusals
         "trust remote code": Case(["--model-path", nano, *dry, "--trust-remote-code"]),
@@ -193,7 +195,9 @@ def test_dry_run_prints_identity_and_engine_args(runs, checkpoints):
     assert engine["min_kv_tokens"] == 256 and engine["dtype"] in ("float32", "bfloat16")
     assert "sglang_args" not in out  # settings no engine takes are not echoed
     assert engine["torch_compile"] is False and runs["compiled"].json()["engine_args"]["torch_compile"] is True
-    assert 1 <= engine["torch_threads"] <= max(1, os.cpu_count() - 1) and runs["one thread"].json()["engine_args"]["torch_threads"] == 1
+    assert runs["one thread"].json()["engine_args"]["torch_threads"] == 1
+    assert 1 <= runs["threads by default"].json()["engine_args"]["torch_threads"] <= max(1, os.cpu_count() - 1)
+    assert runs["threads from OMP"].json()["engine_args"]["torch_threads"] == "torch's default (1)"
 
     flash = runs["flash"].json()
     assert flash["launch_identity"]["model"] == "memt-flash"
