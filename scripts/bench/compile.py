@@ -57,7 +57,7 @@ async def turns(engine, sessions: list[str], prompt: list[int], params, serial: 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-path", type=Path, default=BUNDLED_MODEL, help="checkpoint (default: the bundled demo model)")
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: what the servers use for a small model)")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: what the servers use on 2 cores, one fewer than the cores)")
     parser.add_argument("--tokens", type=int, default=24, help="tokens of each answer")
     parser.add_argument("--sessions", type=int, default=4, help="sessions asking at once in the batched case")
     parser.add_argument("--repeats", type=int, default=15, help="turns per engine and case (median taken)")

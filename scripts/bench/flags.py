@@ -47,7 +47,7 @@ class Deployment:
     """One deployment's servers and an HTTP client to its proxy."""
 
     def __init__(self, label: str, core_flags: str, work: Path, *, two_process: bool, model: list[str]):
-        self.label, self.core_flags = label, core_flags
+        self.label = label
         self.processes = []
         quiet = ["--log-level", "warning"]
         port = free_port()
@@ -63,6 +63,10 @@ class Deployment:
         self.pids = tuple(p.pid for p in self.processes)
         self.http = httpx.Client(base_url=self.url, timeout=300)
         self.model = self.http.get("/v1/models").json()["data"][0]["id"]
+        self.clear()
+
+    def clear(self) -> None:
+        """Forget what was measured (after the warm-up)."""
         self.latency: dict[str, list[float]] = {case: [] for case in CASES}
         self.cpu: dict[str, list[float]] = {case: [] for case in CASES}
 
@@ -134,8 +138,7 @@ def main(argv: list[str] | None = None) -> int:
                 deployments.append(Deployment(label, flags, Path(tmp), two_process=args.two_process, model=model))
             for deployment in deployments:  # warm both up (first requests load and allocate)
                 repetition(deployment, transcript, args, 0.0)
-                deployment.latency = {case: [] for case in CASES}
-                deployment.cpu = {case: [] for case in CASES}
+                deployment.clear()
             for index in range(args.repeats):
                 for deployment in deployments if index % 2 == 0 else deployments[::-1]:
                     repetition(deployment, transcript, args, args.pause)
