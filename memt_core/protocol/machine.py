@@ -133,6 +133,7 @@ class Session:
     uncertain: bool = False
     published_version: int = 0
     free_since: float | None = None  # when it was last seen without a valid lease (idle unloading)
+    lapsed: str | None = None  # transaction the reaper abandoned under the current lease, until the lease ends
 
 
 @dataclass
@@ -258,6 +259,14 @@ class MemTProtocol:
                 f"session {session.id!r} has work of unknown outcome; call status and recover before further writes"
             )
 
+    def _abandon_open(self, session: Session, txn: Transaction | None) -> str | None:
+        """Abandon the open transaction as the lease ends; returns the one the lease left open, whether it is
+        abandoned now or the reaper already did (so the answer does not depend on when the reaper ran)."""
+        if txn is not None:
+            self._archive(session, txn, "abandoned")
+        abandoned, session.lapsed = (txn.name if txn else session.lapsed), None
+        return abandoned
+
     def _archive(self, session: Session, txn: Transaction, state: str) -> None:
         txn.state = state
         session.transaction = None
@@ -303,10 +312,9 @@ class MemTProtocol:
         effects = (fx.DropCandidate(session.id, transaction=txn.name),) if txn else ()
 
         def apply(results, now):
-            if txn is not None:
-                self._archive(session, txn, "abandoned")
+            abandoned = self._abandon_open(session, txn)
             session.lease = Lease(self._new_token(), now + a.ttl)
-            return {"session": session.id, "lease": session.lease.token, "ttl": a.ttl, "abandoned_transaction": txn.name if txn else None}
+            return {"session": session.id, "lease": session.lease.token, "ttl": a.ttl, "abandoned_transaction": abandoned}
 
         return self._plan(a, session.id, effects, apply)
 
@@ -337,11 +345,10 @@ class MemTProtocol:
         def apply(results, now):
             if session.uncertain:
                 self._resolve_unknown(session, txn, set(results[len(queries)]) if reconcile else None)
-            if txn is not None:
-                self._archive(session, txn, "abandoned")
+            abandoned = self._abandon_open(session, txn)
             session.lease = None
             return {
-                "session": session.id, "released": True, "abandoned_transaction": txn.name if txn else None,
+                "session": session.id, "released": True, "abandoned_transaction": abandoned,
                 "cancelled_requests": queries, "pending_commits": commits, "reconciled": reconcile,
             }
 
@@ -369,6 +376,7 @@ class MemTProtocol:
             raise TransactionConflict(f"transaction name {a.transaction!r} was already used on session {session.id!r}")
 
         def apply(results, now):
+            session.lapsed = None  # the lease's open transaction is this one now
             session.transaction = Transaction(a.transaction)
             session.history[a.transaction] = session.transaction
             return {"session": session.id, "transaction": a.transaction, "state": "open"}
@@ -655,6 +663,7 @@ class MemTProtocol:
             lease, txn = session.lease, session.transaction
             if txn and lease and not lease.valid(now) and not session.in_flight and session.reserved is None and not session.uncertain:
                 self._archive(session, txn, "abandoned")
+                session.lapsed = txn.name
                 freed.append(fx.DropCandidate(session.id, transaction=txn.name))
         return freed
 

@@ -127,6 +127,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         # reference model, changed only by successful responses
         self.published: dict[str, tuple] = {}
         self.candidate: dict[str, tuple[str, list]] = {}  # session → (open transaction, its expected memory)
+        self.lapsed: dict[str, str] = {}  # session → transaction the reaper abandoned under its current lease
         self.version: dict[str, int] = {}
         self.nonces: dict[str, set[str]] = {}
         self.incarnation: dict[str, int] = {}
@@ -220,6 +221,14 @@ class ProtocolMachine(RuleBasedStateMachine):
         else:
             assert self.candidate.pop(session)[0] == transaction
 
+    def end_lease(self, session: str, reported: str | None) -> None:
+        """Acquire and release report the transaction the ending lease left open, even if the reaper took it."""
+        lapsed = self.lapsed.pop(session, None)
+        if session in self.candidate:
+            self.drop_candidate(session, reported)
+        else:
+            assert reported == lapsed, f"{session}: reported {reported!r} as abandoned, the lease left {lapsed!r}"
+
     # ------------------------------------------------------------------ control rules
 
     @initialize()
@@ -252,7 +261,7 @@ class ProtocolMachine(RuleBasedStateMachine):
 
         def on_success(response):
             self.tokens[(client, session)] = response["lease"]
-            self.drop_candidate(session, response["abandoned_transaction"])
+            self.end_lease(session, response["abandoned_transaction"])
 
         body = {"action": "acquire", "session": session, "ttl": ttl, **({"epoch": epoch} if epoch else {})}
         if self.control(body, on_success, deferred) is not None:
@@ -269,7 +278,7 @@ class ProtocolMachine(RuleBasedStateMachine):
 
         def on_success(response):
             self.tokens.pop((client, session), None)
-            self.drop_candidate(session, response["abandoned_transaction"])
+            self.end_lease(session, response["abandoned_transaction"])
 
         self.leased("release", session, lease, deferred, on_success)
 
@@ -280,6 +289,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         def on_success(response):
             assert session not in self.candidate
             self.candidate[session] = (transaction, list(self.published[session]))
+            self.lapsed.pop(session, None)
 
         lease = self.pick(client, session, choice)[1]
         self.leased("begin", session, lease, deferred, on_success, epoch=epoch, transaction=transaction)
@@ -325,7 +335,7 @@ class ProtocolMachine(RuleBasedStateMachine):
             return
 
         def on_success(response):
-            for model in (self.published, self.candidate, self.version, self.nonces, self.incarnation):
+            for model in (self.published, self.candidate, self.version, self.nonces, self.incarnation, self.lapsed):
                 model.pop(session, None)
 
         self.leased("close", session, self.pick(client, session, choice)[1], deferred, on_success)
@@ -435,6 +445,7 @@ class ProtocolMachine(RuleBasedStateMachine):
             assert isinstance(effect, fx.DropCandidate)
             self.engine.apply(effect)
             self.drop_candidate(effect.session, effect.transaction)
+            self.lapsed[effect.session] = effect.transaction
 
     @rule(client=clients, session=sessions)
     def wrong_epoch(self, client, session):

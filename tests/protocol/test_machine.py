@@ -802,7 +802,7 @@ def test_finish_commit_unknown_makes_the_session_uncertain(d):
 def test_reap_abandons_expired_transactions(d):
     lease = d.txn()
     d.committed("s1", lease, "t1", "n1")
-    d.txn("s2")
+    lease2 = d.txn("s2")
     d.session("s3")  # no transaction: nothing to reap
     assert d.proto.reap(d.now + 299) == []
     d.advance(300)
@@ -812,8 +812,14 @@ def test_reap_abandons_expired_transactions(d):
     # the holder is told its lease expired, as before the reaper ran, and still sees what became of its work
     d.refuse_control(LeaseConflict, 409, "renew", session="s1", lease=lease, match="expired")
     assert d.receipts("s1", lease)["t1"]["state"] == "abandoned"
-    lease = d.do("acquire", session="s1")["lease"]
-    assert d.receipts("s1", lease)["t1"]["state"] == "abandoned"
+    taken = d.do("acquire", session="s1")
+    assert taken["abandoned_transaction"] == "t1"  # as if the reaper had not run: the taker learns what it ends
+    assert d.receipts("s1", taken["lease"])["t1"]["state"] == "abandoned"
+    assert d.do("release", session="s2", lease=lease2)["abandoned_transaction"] == "t1"
+    # told once: the next holder of either session inherits nothing
+    assert d.do("acquire", session="s2")["abandoned_transaction"] is None
+    d.do("release", session="s1", lease=taken["lease"])
+    assert d.do("acquire", session="s1")["abandoned_transaction"] is None
     assert d.inspect("s3")["lease_expires_in"] == 0.0
 
 
