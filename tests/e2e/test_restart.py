@@ -130,7 +130,9 @@ def test_sigkill_during_commit_leaves_only_whole_snapshots(server):
         while metric(http.get("/metrics").text, "memt_inflight_commits") < 1:
             assert time.monotonic() < deadline, "the long commit never started"
             time.sleep(0.02)
-    time.sleep(0.5)
+        while not churned:  # an export has run beside the commit in flight
+            assert time.monotonic() < deadline, "no export ran while the commit was in flight"
+            time.sleep(0.02)
     server.kill()
     stop.set()
     committer.join(60)
