@@ -175,11 +175,14 @@ class Engine(abc.ABC):
         session: str | None = None,
         memory_read: bool = True,
         retain: bool = False,
+        incremental: bool = True,
     ) -> AsyncIterator[TokenEvent]:
         """Start generating; an async iterator of token events ending with a finish (or error) event.
 
         Reads the session's published memory as it is now (none when ``memory_read`` is off or
-        ``session`` is None). Leaving the iterator early cancels the work.
+        ``session`` is None). Leaving the iterator early cancels the work. ``incremental=False`` says the
+        consumer acts only on the first event and the whole result (no stream, no stop strings): the
+        events in between may then arrive all at once, with the last.
         """
 
     @abc.abstractmethod

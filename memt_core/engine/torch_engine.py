@@ -50,6 +50,8 @@ class _Query:
     memory_version: int = 0
     memory_read: bool = True
     cancelled: bool = False
+    incremental: bool = True  # False: events after the first are held and sent with the last (one wake-up)
+    held: list[TokenEvent] = field(default_factory=list)
     sampler: Sampler | None = None
     output: list[int] = field(default_factory=list)
     cache: Any = None  # own cache while not in the shared batch
@@ -295,12 +297,15 @@ class TorchEngine(Engine):
         session: str | None = None,
         memory_read: bool = True,
         retain: bool = False,
+        incremental: bool = True,
     ) -> AsyncIterator[TokenEvent]:
         """Start generating; returns an async iterator of token events ending with a finish event.
 
         Reads the session's published memory as it is now (or none when ``memory_read`` is off or
         ``session`` is None). For a ``retain`` session, ``prompt`` must extend the acknowledged prefix
-        of the previous query, whose native context is then reused.
+        of the previous query, whose native context is then reused. ``incremental=False``: the tokens
+        after the first come with the finish event, in one wake-up of the event loop instead of one per
+        token (each wake-up stalls this thread while the loop holds the GIL).
         """
         self._check_alive()
         loop = asyncio.get_running_loop()
@@ -314,6 +319,7 @@ class TorchEngine(Engine):
         job = _Query(
             rid=rid, prompt=list(prompt), memory=memory, params=params, events=asyncio.Queue(), loop=loop,
             session=session, retain=retain, retained=retained, memory_version=version, memory_read=memory_read,
+            incremental=incremental,
         )
         self._by_rid[rid] = job
         self._inbox.put(job)
@@ -482,7 +488,7 @@ class TorchEngine(Engine):
         self._stats.generated_tokens += 1
         verdict = self._verdict(job)
         if verdict is None:
-            job.loop.call_soon_threadsafe(job.events.put_nowait, self._token_event(job))
+            self._post(job, self._token_event(job))
             return False
         reason, matched = verdict
         if reason == "abort":
@@ -498,7 +504,16 @@ class TorchEngine(Engine):
         self._by_rid.pop(job.rid, None)
         event = self._token_event(job) if token is not None else TokenEvent(None)
         event.finish_reason, event.matched_stop, event.error = reason, matched, error
-        job.loop.call_soon_threadsafe(job.events.put_nowait, event)
+        self._post(job, event, last=True)
+
+    @staticmethod
+    def _post(job: _Query, event: TokenEvent, *, last: bool = False) -> None:
+        """Hand ``event`` to the consumer's loop; a non-incremental job's events after the first wait for the last."""
+        if not job.incremental and not last and len(job.output) > 1:
+            job.held.append(event)
+            return
+        events, job.held = job.held + [event], []
+        job.loop.call_soon_threadsafe(_put_all, job.events, events)
 
     @staticmethod
     def _token_event(job: _Query) -> TokenEvent:
@@ -579,9 +594,14 @@ class TorchEngine(Engine):
 
     def _fail_all(self, error: MemTError) -> None:
         for job in list(self._waiting) + self._rows + self._solo:
-            job.loop.call_soon_threadsafe(job.events.put_nowait, TokenEvent(None, error=error))
+            self._post(job, TokenEvent(None, error=error), last=True)
         for job in self._commits:
             job.loop.call_soon_threadsafe(_set_exception, job.future, error)
+
+
+def _put_all(queue: asyncio.Queue, events: list[TokenEvent]) -> None:
+    for event in events:
+        queue.put_nowait(event)
 
 
 def _set_result(future: asyncio.Future, value) -> None:

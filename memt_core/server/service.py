@@ -132,6 +132,7 @@ class MemTService:
                 events = self.engine.query(
                     request.rid.text, list(request.input_ids), params,
                     session=ticket.session, memory_read=ticket.memory_read, retain=ticket.retain_kv,
+                    incremental=_incremental(request),
                 )
             except BaseException:
                 self.protocol.finish_query(ticket, self.clock())
@@ -157,7 +158,7 @@ class MemTService:
                 raise InvalidRequest(f"{len(ids)} input tokens exceed max_prefill_tokens ({self.max_prefill_tokens})")
         self._check_context(len(ids), request.sampling)
         rid = request.rid or uuid.uuid4().hex
-        events = self.engine.query(rid, ids, await self._params(request.sampling))
+        events = self.engine.query(rid, ids, await self._params(request.sampling), incremental=_incremental(request))
         return await self._respond(rid, ids, request.sampling, events, request.stream, None)
 
     async def _params(self, sampling: Sampling) -> SamplingParams:
@@ -246,6 +247,11 @@ class MemTService:
     def _observe(self, kind: str, seconds: float) -> None:
         for observer in self.observers:
             observer(kind, seconds)
+
+
+def _incremental(request: Query | PlainGeneration) -> bool:
+    """Whether the response needs each token as it comes: a stream, or stop strings to watch for in the text."""
+    return request.stream or bool(request.sampling.stop)
 
 
 def _retrieved(task: asyncio.Task) -> None:

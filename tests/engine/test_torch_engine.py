@@ -295,6 +295,31 @@ def test_cancel_before_admission_and_consumer_leaving(nano_engine):
     assert settled(nano_engine) and nano_engine.cancel("leaver") is False
 
 
+def test_a_non_incremental_query_gets_its_tokens_with_the_last_event(nano_engine, nano_model):
+    """``incremental=False``: the first token comes at once (it acknowledges the request), every later event
+    only once the generation is over (one wake-up of the loop); the tokens are the incremental query's."""
+    n = 12
+    expected = reference(nano_model, PROMPTS[1], n)
+
+    async def main():
+        arrivals = []  # (token, whether the worker was still generating when the event arrived)
+        async for event in nano_engine.query("held", PROMPTS[1], greedy(n), incremental=False):
+            arrivals.append((event.token, "held" in nano_engine._by_rid))
+        streamed = await drain(nano_engine.query("each", PROMPTS[1], greedy(n)))
+        # a held query can still be cancelled, and its abort comes with the tokens made before it
+        events = nano_engine.query("cancelled", [1, 2, 3], greedy(100_000), incremental=False)
+        first = await anext(events)
+        assert nano_engine.cancel("cancelled") is True
+        rest = [event async for event in events]
+        return arrivals, streamed, first, rest
+
+    arrivals, streamed, first, rest = asyncio.run(main())
+    assert [token for token, _ in arrivals if token is not None] == expected == streamed[0]
+    assert all(not running for _, running in arrivals[1:]), "an event after the first arrived while generating"
+    assert first.token is not None and rest[-1].finish_reason == "abort" and all(e.token is not None for e in rest[:-1])
+    assert settled(nano_engine)
+
+
 def test_max_new_tokens_zero(nano_engine):
     async def main():
         before = nano_engine.stats.prompt_tokens

@@ -39,6 +39,7 @@ class FakeEngine(Engine):
         self.running = False
         self.effects: list[str] = []  # names of the effects carried out, in order
         self.hold: threading.Event | None = None  # when set to an unset Event, commits and queries wait for it (a stuck worker)
+        self.incremental: list[bool] = []  # each query's ``incremental`` flag, in order
 
     @classmethod
     def check_options(cls, options: EngineOptions) -> None:
@@ -131,8 +132,9 @@ class FakeEngine(Engine):
     def check_prompt(self, session: str, prompt: list[int]) -> None:
         return None
 
-    def query(self, rid, prompt, params, *, session=None, memory_read=True, retain=False):
+    def query(self, rid, prompt, params, *, session=None, memory_read=True, retain=False, incremental=True):
         memory = self.sessions[session].published if session is not None and memory_read else ()
+        self.incremental.append(incremental)
         self._stats.prompt_tokens += len(prompt)
         return self._events(rid, list(prompt), memory, params.max_new_tokens)
 

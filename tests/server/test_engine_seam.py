@@ -121,6 +121,23 @@ def test_the_native_routes_run_over_any_engine(fake_server):
     assert wire.http.get("/health").status_code == 503
 
 
+def test_only_streams_and_stop_strings_ask_the_engine_for_each_token(fake_server):
+    """A plain (non-streamed) answer without stop strings lets the engine hand over its tokens at the end."""
+    wire, engine, tokenizer = fake_server
+    handle = wire.open()
+    wire.write(handle, tokenizer.encode("one two three four five six"))
+    engine.incremental.clear()
+    plain = wire.query(handle, [5], max_new_tokens=6)
+    status, frames = sse_frames(wire.http, wire.query_body(handle, [5], 6, stream=True))
+    assert status == 200 and parse_frames(frames)[-1]["output_ids"] == plain["output_ids"]
+    stop = tokenizer.decode(plain["output_ids"][2:4])
+    cut = wire.query(handle, [5], max_new_tokens=6, stop=[stop])
+    assert cut["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop} and stop not in cut["text"]
+    wire.plain([5], 4)
+    wire.plain([5], 4, stop=["never said"])
+    assert engine.incremental == [False, True, True, False, True]
+
+
 def test_streaming_decodes_a_bounded_window_per_token(fake_server):
     wire, engine, tokenizer = fake_server
     handle = wire.open()
