@@ -244,6 +244,10 @@ def test_sessions_stay_on_one_node_survive_a_killed_node_and_only_remapped_ones_
     by_url = {node.url: node for node in nodes}
     conversations = [Conversation(router, unique("c")) for _ in range(SESSIONS)]
     run_turns(conversations, range(TURNS))
+    while len({c.nodes[0] for c in conversations}) < 3 and len(conversations) < 4 * SESSIONS:
+        # the router hashes random names: a few sessions can miss a node (12 do, 2-3 % of runs); add more
+        conversations.append(Conversation(router, unique("c")))
+        run_turns(conversations[-1:], range(TURNS))
     home = {}
     for conversation in conversations:
         assert len(set(conversation.nodes)) == 1, (conversation.name, conversation.nodes)
