@@ -67,12 +67,13 @@ def report(title: str, found: dict, base: str, other: str) -> None:
     print(f"  {other} / {base}: {b / a:.2f}; same tokens: {found['same tokens']}")
 
 
-def in_process(args, fmt, prompt: list[int], told: list[int]) -> None:
+def in_process(args, prompt: list[int], told: list[int]) -> None:
     import torch
+
+    from compile import new_session
 
     from memt_core.engine import TorchEngine
     from memt_core.models.weights import load_model
-    from memt_core.protocol import effects as fx
     from memt_core.sampling import SamplingParams
 
     torch.set_num_threads(1)
@@ -91,14 +92,8 @@ def in_process(args, fmt, prompt: list[int], told: list[int]) -> None:
                 tokens.append(event.token)
         return time.perf_counter() - started, tokens
 
-    async def session() -> None:
-        await engine.apply(fx.NewMemory("s"))
-        await engine.apply(fx.ForkCandidate("s", transaction="t"))
-        await engine.commit("s", "t", "n", told)
-        await engine.apply(fx.PublishCandidate("s", transaction="t"))
-
     try:
-        loop.run_until_complete(session())
+        loop.run_until_complete(new_session(engine, "s", told))
         cases = {"one wake-up per token (incremental=True)": True, "tokens with the last (incremental=False)": False}
         found = alternate(args.repeats, cases, lambda incremental: loop.run_until_complete(ask(incremental)))
     finally:
@@ -157,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     fmt = DemoChatFormat(PreTrainedTokenizerFast.from_pretrained(str(args.model_path)))
     told = fmt.turn_prompt(FACT) + fmt.reply(REPLY)
     prompt = fmt.prompt([{"role": "user", "content": QUESTION}])
-    in_process(args, fmt, prompt, told)
+    in_process(args, prompt, told)
     through_core(args, prompt, told)
     return 0
 
