@@ -68,8 +68,11 @@ class Family:
         """A randomly initialised backbone of transformers' own class for ``checkpoint``."""
         import transformers
 
+        from memt_core.models.kernels import use_experts
+
         config = self.backbone_config(checkpoint.backbone)
         config._attn_implementation = self.attn_implementation
+        use_experts(config)
         return getattr(transformers, self.backbone_model_class)(config)
 
     def attention(self, backbone, layer: int):

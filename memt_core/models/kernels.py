@@ -1,10 +1,13 @@
-"""Keep the backbone's CUDA-only kernels away from CPU tensors.
+"""Which kernels the backbone's layers call: CUDA-only ones kept away from CPU tensors, and the MoE
+experts' implementation chosen for the path the model runs on.
 
 When flash-linear-attention (the ``sglang`` extra) or causal-conv1d can be imported, transformers
 binds Qwen3.5's linear-attention functions to their Triton/CUDA kernels for every call, whatever
 device the model runs on, and those kernels refuse CPU tensors: a CPU model on a GPU host would
 fail its first forward. ``route_by_device`` makes each such function call the kernel for CUDA
 tensors and transformers' own PyTorch implementation (the function the kernel replaced) otherwise.
+
+``EXPERTS`` names the experts implementation every backbone is built with (``experts_forward``): see there.
 """
 
 from __future__ import annotations
@@ -55,3 +58,28 @@ def _router(dispatching, reference):
 
     route._memt_routed = True
     return route
+
+
+#: The experts implementation (transformers' ``experts_implementation``) the families build backbones with.
+EXPERTS = "memt"
+
+
+def experts_forward(self, hidden_states, top_k_index, top_k_weights):
+    """transformers' ``grouped_mm`` experts, except inside a ``torch.compile`` graph whose weights are not BF16
+    (our CPU default is FP32): there ``grouped_mm`` falls back to a custom op, opaque to the compiler, that loops
+    over the experts in Python on every call (a third of a compiled decode step of the demo model), whereas
+    ``batched_mm`` (the chosen experts' weights gathered, one batched matmul) compiles into the graph."""
+    import torch
+    from transformers.integrations.moe import batched_mm_experts_forward, grouped_mm_experts_forward
+
+    if torch.compiler.is_compiling() and self.down_proj.dtype != torch.bfloat16:
+        return batched_mm_experts_forward(self, hidden_states, top_k_index, top_k_weights)
+    return grouped_mm_experts_forward(self, hidden_states, top_k_index, top_k_weights)
+
+
+def use_experts(config) -> None:
+    """Make the backbone built from transformers ``config`` run its experts with ``experts_forward``."""
+    from transformers.integrations.moe import ExpertsInterface
+
+    ExpertsInterface.register(EXPERTS, experts_forward)
+    config._experts_implementation = EXPERTS

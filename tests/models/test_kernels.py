@@ -1,4 +1,5 @@
-"""A CPU model never reaches a CUDA-only kernel transformers bound for its backbone.
+"""A CPU model never reaches a CUDA-only kernel transformers bound for its backbone; its MoE experts
+run transformers' grouped_mm eagerly and batched_mm inside a compiled FP32 graph.
 
 With flash-linear-attention installed, transformers binds Qwen3.5's gated delta rule to FLA's
 Triton kernel, which refuses CPU tensors (seen on a GPU host: "Pointer argument (at 0) cannot be
@@ -17,7 +18,7 @@ from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe
 
 from memt_core.inference import commit_tokens, memory_batch
 from memt_core.memory.state import MemoryState
-from memt_core.models.kernels import KERNEL_FUNCTIONS, route_by_device
+from memt_core.models.kernels import EXPERTS, KERNEL_FUNCTIONS, route_by_device
 from memt_core.models.weights import load_model
 
 
@@ -89,3 +90,56 @@ def test_names_a_module_lacks_are_skipped():
         pass
 
     assert route_by_device(Empty, ("torch_chunk_gated_delta_rule",)) == []
+
+
+def experts_of(model):
+    return next(module for module in model.modules() if type(module).__name__.endswith("Experts"))
+
+
+def routed_tokens(experts, rows: int):
+    generator = torch.Generator().manual_seed(rows)
+    hidden = torch.randn(rows, experts.hidden_dim, generator=generator)
+    index = torch.stack([torch.randperm(experts.num_experts, generator=generator)[:2] for _ in range(rows)])
+    return hidden, index, torch.rand(rows, 2, generator=generator)
+
+
+def test_backbones_run_their_experts_with_the_project_implementation(nano_model, flash_model):
+    for model in (nano_model, flash_model):
+        assert experts_of(model).config._experts_implementation == EXPERTS
+
+
+def test_eager_experts_are_transformers_grouped_mm_exactly(nano_model):
+    from transformers.integrations.moe import grouped_mm_experts_forward
+
+    experts = experts_of(nano_model)
+    for rows in (1, 5):
+        inputs = routed_tokens(experts, rows)
+        with torch.no_grad():
+            assert torch.equal(experts(*inputs), grouped_mm_experts_forward(experts, *inputs))
+
+
+@pytest.mark.parametrize("implementation", [EXPERTS, "grouped_mm"])
+def test_compiled_fp32_experts_leave_no_python_loop_in_the_graph(nano_checkpoint, implementation):
+    """Inside a compiled graph, transformers' grouped_mm with FP32 weights calls its fallback custom op (a Python
+    loop over the experts, opaque to the compiler); the project's implementation traces into plain tensor ops
+    with the same result. grouped_mm is the control: it shows the check can see the loop."""
+    model = load_model(nano_checkpoint)
+    model.backbone.set_experts_implementation(implementation)
+    experts = experts_of(model)
+    graphs = []
+
+    def recording(graph, example_inputs):
+        graphs.append(graph)
+        return graph.forward
+
+    torch._dynamo.reset()
+    compiled = torch.compile(experts, backend=recording, fullgraph=True)
+    inputs = routed_tokens(experts, 3)
+    with torch.no_grad():
+        expected = experts(*inputs)
+        got = compiled(*inputs)
+    torch._dynamo.reset()
+    targets = {str(node.target) for graph in graphs for node in graph.graph.nodes if node.op == "call_function"}
+    looped = any("grouped_mm_fallback" in target for target in targets)
+    assert looped == (implementation == "grouped_mm"), sorted(targets)
+    torch.testing.assert_close(got, expected)
