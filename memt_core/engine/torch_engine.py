@@ -193,6 +193,7 @@ class TorchEngine(Engine):
         self._solo: list[_Query] = []  # running queries whose caches cannot be batched
         self._batch_cache = None
         self._batch_mask: torch.Tensor | None = None
+        self._batch_read: tuple[list[_Query], dict | None] = ([], None)  # the rows it was stacked for, their memory read
         self._by_rid: dict[str, _Query] = {}
         self._stopping = False
         self._thread = threading.Thread(target=self._loop, name="memt-engine", daemon=True)
@@ -228,13 +229,11 @@ class TorchEngine(Engine):
                 ids = torch.zeros(rows, 1, dtype=torch.long, device=self.device)
                 positions = mask.sum(dim=1, keepdim=True)
                 mask = torch.cat([mask, torch.ones(rows, 1, dtype=torch.long, device=self.device)], dim=1)
-                self._decode(ids, positions, mask, [None] * rows, cache)
+                self._decode(ids, positions, mask, memory_batch(self.model, [None] * rows, zeros=True), cache)
         log.info("decode step compiled in %.0f s", time.monotonic() - started)
 
-    def _decode(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, memories: list, cache):
-        """One decode step of the shared batch; compiled, every row reads a memory (zeros for none: the same
-        answers, and one compiled graph for rows with and without memory)."""
-        read = memory_batch(self.model, memories, zeros=self.compiled)
+    def _decode(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, read: dict | None, cache):
+        """One decode step of the shared batch, reading ``read`` (``_rows_read``)."""
         return self._decoder(ids, memory=read, past_key_values=cache, use_cache=True, attention_mask=mask,
                              position_ids=positions, logits_to_keep=1)
 
@@ -535,6 +534,8 @@ class TorchEngine(Engine):
     def _step(self) -> None:
         if self._rows:
             self._batched_step()
+        if not self._rows:
+            self._batch_read = ([], None)  # let finished queries go
         for job in list(self._solo):
             self._solo_step(job)
         self._stats.running = len(self._rows) + len(self._solo)
@@ -544,7 +545,7 @@ class TorchEngine(Engine):
         ids = torch.tensor([[job.last] for job in rows], dtype=torch.long, device=self.device)
         positions = torch.tensor([[job.fed] for job in rows], dtype=torch.long, device=self.device)
         mask = torch.cat([self._batch_mask, torch.ones(len(rows), 1, dtype=torch.long, device=self.device)], dim=1)
-        out = self._decode(ids, positions, mask, [job.memory for job in rows], self._batch_cache)
+        out = self._decode(ids, positions, mask, self._rows_read(), self._batch_cache)
         self._batch_cache, self._batch_mask = out.past_key_values, mask
         self._stats.decode_steps += 1
         self._stats.decode_rows += len(rows)
@@ -563,6 +564,15 @@ class TorchEngine(Engine):
             else:
                 self._batch_cache, self._batch_mask = None, None
         self._drop_cancelled()
+
+    def _rows_read(self) -> dict | None:
+        """The shared batch's memory read, stacked again only when its rows change (a query's memory is fixed).
+        Compiled, every row reads a memory (zeros for none: the same answers, one graph with and without)."""
+        stacked_for, read = self._batch_read
+        if len(stacked_for) != len(self._rows) or any(a is not b for a, b in zip(stacked_for, self._rows)):
+            read = memory_batch(self.model, [job.memory for job in self._rows], zeros=self.compiled)
+            self._batch_read = (list(self._rows), read)
+        return read
 
     def _drop_cancelled(self) -> None:
         cancelled = [i for i, job in enumerate(self._rows) if job.cancelled]

@@ -138,6 +138,26 @@ def test_each_row_reads_its_own_session_memory(nano_engine, nano_model):
     assert swapped == [ref_b, ref_a]
 
 
+def test_a_row_that_takes_a_finished_rows_place_reads_its_own_memory(nano_model):
+    """The batch's stacked memory read is kept across steps while its rows stay the same: when a query waiting
+    for room joins as another finishes (the batch keeps its size), each row still reads its own session's memory."""
+    prompt = [17, 42, 99, 123]
+    engine = TorchEngine(nano_model, max_running_requests=2).start()
+    try:
+        async def main():
+            await new_session(engine, "a", TURN_A)
+            await new_session(engine, "b", TURN_B)
+            jobs = [engine.query("short", prompt, greedy(2), session="a"), engine.query("long", prompt, greedy(10), session="b"),
+                    engine.query("waiting", prompt, greedy(10), session="a")]
+            return [tokens for tokens, _ in await asyncio.gather(*(drain(job) for job in jobs))]
+
+        answers = asyncio.run(main())
+    finally:
+        engine.stop()
+    assert answers == [reference(nano_model, prompt, 2, TURN_A), reference(nano_model, prompt, 10, TURN_B),
+                       reference(nano_model, prompt, 10, TURN_A)]
+
+
 def test_compiled_decode_gives_the_eager_answers(nano_model):
     """``--enable-torch-compile``: compiled before serving (one row and several), then the same greedy tokens
     as the eager reference, alone and batched, with rows reading their own memory, another's, or none."""
