@@ -210,15 +210,14 @@ class TorchEngine(Engine):
         return self
 
     def _warm_up(self) -> None:
-        """Compile the decode step for one row and for several (a batch of one is a shape of its own), so
-        no request waits for the compiler."""
+        """Compile the decode step for one row and for several, after prompts of one token and of more (a size
+        of 1 is a shape of its own to the compiler), so no request waits for the compiler."""
         started = time.monotonic()
         log.info("compiling the decode step (torch.compile; about a minute on a CPU, less with a warm cache)")
         with torch.no_grad():  # the worker thread's grad mode: the compiled code is guarded on it
-            for rows in (1, 2):
-                cache, mask = None, None
-                for r in range(rows):  # prompts of unusual lengths, so that no size is taken for another
-                    length = 5 + 2 * r
+            for lengths in ((5,), (5, 7), (1,), (1, 1)):  # unusual lengths beyond 1, so that no size is taken for another
+                rows, cache, mask = len(lengths), None, None
+                for length in lengths:
                     out = self.model(torch.zeros(1, length, dtype=torch.long, device=self.device),
                                      past_key_values=DynamicCache(config=self.model.config), use_cache=True, logits_to_keep=1)
                     if not kv.batchable(out.past_key_values):

@@ -159,10 +159,12 @@ def test_a_row_that_takes_a_finished_rows_place_reads_its_own_memory(nano_model)
 
 
 def test_compiled_decode_gives_the_eager_answers(nano_model):
-    """``--enable-torch-compile``: compiled before serving (one row and several), then the same greedy tokens
-    as the eager reference, alone and batched, with rows reading their own memory, another's, or none."""
+    """``--enable-torch-compile``: compiled before serving (one row and several, after prompts of one token and
+    of more), then the same greedy tokens as the eager reference, alone and batched, with rows reading their own
+    memory, another's, or none; no request waits for the compiler."""
     prompt, n = [17, 42, 99, 123], 8
     expected = {name: reference(nano_model, prompt, n, *turns) for name, turns in (("a", [TURN_A]), ("b", [TURN_B]), ("none", []))}
+    one_token = {name: reference(nano_model, [17], n, *turns) for name, turns in (("a", [TURN_A]), ("none", []))}
     engine = TorchEngine(nano_model, max_running_requests=16, torch_compile=True)
     assert engine.compiled and engine._decoder is not nano_model
     engine.start()
@@ -180,13 +182,16 @@ def test_compiled_decode_gives_the_eager_answers(nano_model):
                 drain(engine.query("qb", prompt, greedy(n), session="b")),
                 drain(engine.query("plain", prompt, greedy(n))),
             )
-            return alone[0], [tokens for tokens, _ in batched]
+            short = [await drain(engine.query("one", [17], greedy(n), session="a"))]
+            short += await asyncio.gather(drain(engine.query("one-a", [17], greedy(n), session="a")), drain(engine.query("one-none", [17], greedy(n))))
+            return alone[0], [tokens for tokens, _ in batched], [tokens for tokens, _ in short]
 
-        alone, batched = asyncio.run(main())
+        alone, batched, short = asyncio.run(main())
     finally:
         engine.stop()
     assert alone == expected["a"]
     assert batched == [expected["a"], expected["b"], expected["none"]]
+    assert short == [one_token["a"], one_token["a"], one_token["none"]]
     assert counters["stats"]["unique_graphs"] == compiled_graphs, "a request waited for the compiler"
     assert TorchEngine.settings(EngineOptions(torch_compile=True))["torch_compile"] is True
 
