@@ -16,6 +16,9 @@ import functools
 import inspect
 from types import ModuleType
 
+import torch
+from transformers.integrations.moe import ExpertsInterface, batched_mm_experts_forward, grouped_mm_experts_forward
+
 #: The functions of a Qwen3.5 modeling module that transformers may bind to a CUDA-only kernel.
 KERNEL_FUNCTIONS = (
     "torch_chunk_gated_delta_rule",
@@ -69,9 +72,6 @@ def experts_forward(self, hidden_states, top_k_index, top_k_weights):
     (our CPU default is FP32): there ``grouped_mm`` falls back to a custom op, opaque to the compiler, that loops
     over the experts in Python on every call (a third of a compiled decode step of the demo model), whereas
     ``batched_mm`` (the chosen experts' weights gathered, one batched matmul) compiles into the graph."""
-    import torch
-    from transformers.integrations.moe import batched_mm_experts_forward, grouped_mm_experts_forward
-
     if torch.compiler.is_compiling() and self.down_proj.dtype != torch.bfloat16:
         return batched_mm_experts_forward(self, hidden_states, top_k_index, top_k_weights)
     return grouped_mm_experts_forward(self, hidden_states, top_k_index, top_k_weights)
@@ -79,7 +79,5 @@ def experts_forward(self, hidden_states, top_k_index, top_k_weights):
 
 def use_experts(config) -> None:
     """Make the backbone built from transformers ``config`` run its experts with ``experts_forward``."""
-    from transformers.integrations.moe import ExpertsInterface
-
     ExpertsInterface.register(EXPERTS, experts_forward)
     config._experts_implementation = EXPERTS
