@@ -90,6 +90,13 @@ def cpu_threads(options: EngineOptions) -> int | None:
     return None
 
 
+def inductor_options(device: torch.device) -> dict:
+    """Inductor options of the compiled decode step on ``device``. On the CPU a decode step of a small model is
+    mostly the cost of calling its kernels: inductor's C++ wrapper calls them from generated C++ instead of
+    generated Python, a demo-model step in about 0.75x the time (scripts/bench/compile.py); elsewhere, the defaults."""
+    return {"cpp_wrapper": True} if torch.device(device).type == "cpu" else {}
+
+
 class TorchEngine(Engine):
     """Queries, commits and memory effects for every session of one model, on CPU or one GPU."""
 
@@ -149,6 +156,7 @@ class TorchEngine(Engine):
             "max_running_requests": options.max_running_requests, "max_commit_batch": options.max_commit_batch,
             "context_length": options.context_length, "min_kv_tokens": options.min_kv_tokens,
             "torch_compile": options.torch_compile,
+            "inductor_options": inductor_options(options.device) if options.torch_compile else None,
             "torch_threads": cpu_threads(options) or f"torch's default ({torch.get_num_threads()})",
             "kv_cache": "grows per request (transformers DynamicCache)",
         }
@@ -163,15 +171,17 @@ class TorchEngine(Engine):
         max_running_requests: int = 32,
         max_commit_batch: int = 4,
         torch_compile: bool = False,
+        compile_options: dict | None = None,
         threads: int | None = None,
     ):
         self.model = model
         self.threads = threads
-        # the shared batch's decode step, compiled with --enable-torch-compile (prefills and commits stay eager)
-        self.compiled = torch_compile
-        self._decoder = torch.compile(model, dynamic=True) if torch_compile else model
         self.checkpoint = model.checkpoint
         self.device = next(model.parameters()).device
+        # the shared batch's decode step, compiled with --enable-torch-compile (prefills and commits stay eager)
+        self.compiled = torch_compile
+        self.compile_options = inductor_options(self.device) if compile_options is None else dict(compile_options)
+        self._decoder = torch.compile(model, dynamic=True, options=self.compile_options) if torch_compile else model
         memory = self.checkpoint.memory
         self.store = MemoryStore(
             identity=self.checkpoint.identity(),

@@ -167,6 +167,7 @@ def test_compiled_decode_gives_the_eager_answers(nano_model):
     one_token = {name: reference(nano_model, [17], n, *turns) for name, turns in (("a", [TURN_A]), ("none", []))}
     engine = TorchEngine(nano_model, max_running_requests=16, torch_compile=True)
     assert engine.compiled and engine._decoder is not nano_model
+    assert engine.compile_options == {"cpp_wrapper": True}, "on the CPU the kernels are called from C++"
     engine.start()
     from torch._dynamo.utils import counters
 
@@ -193,7 +194,9 @@ def test_compiled_decode_gives_the_eager_answers(nano_model):
     assert batched == [expected["a"], expected["b"], expected["none"]]
     assert short == [one_token["a"], one_token["a"], one_token["none"]]
     assert counters["stats"]["unique_graphs"] == compiled_graphs, "a request waited for the compiler"
-    assert TorchEngine.settings(EngineOptions(torch_compile=True))["torch_compile"] is True
+    settings = TorchEngine.settings(EngineOptions(torch_compile=True))
+    assert settings["torch_compile"] is True and settings["inductor_options"] == {"cpp_wrapper": True}
+    assert TorchEngine.settings(EngineOptions())["inductor_options"] is None
 
 
 def test_compiling_a_model_whose_rows_decode_alone_changes_nothing(flash_model):
