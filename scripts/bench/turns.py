@@ -21,7 +21,8 @@ model answers differently from memory and from a long transcript; ``--equal-answ
 answer exactly the length of the memory answer of its turn, so both decode the same number of tokens.
 
 Turn 1 is also measured on ``--first-turns`` fresh sessions per deployment (median), since a single
-first turn is one noisy sample. Printed: per turn, prompt tokens and latencies of both modes and their
+first turn is one noisy sample; ``--conversations K`` holds K such memory and replay conversations per
+deployment (all interleaved) and takes each turn's latency as the median over them (K odd, e.g. 3). Printed: per turn, prompt tokens and latencies of both modes and their
 ratio, for both deployments, one-process / two-process, and the memory conversations' client building;
 then the upstream requests a memory turn makes (from the two-process core's /metrics), the issue's
 targets, met or not, and the memory turn N / turn 2 ratios without the client building, and between
@@ -149,6 +150,21 @@ class Conversation:
         return [None if lat is None else lat - build for lat, build in zip(self.latency, self.building)]
 
 
+class Medians:
+    """Several like conversations seen as one: at each turn the median of their figures (latency, CPU) and the
+    lower median of their token counts; a single conversation is itself."""
+
+    def __init__(self, conversations: list[Conversation]):
+        for name in ("latency", "building", "cpu", "behind"):
+            setattr(self, name, [median(list(values)) for values in zip(*(getattr(c, name) for c in conversations))])
+        for name in ("prompt", "answer"):
+            setattr(self, name, [_median_low(list(values)) for values in zip(*(getattr(c, name) for c in conversations))])
+        self._served = [median(list(values)) for values in zip(*(c.served() for c in conversations))]
+
+    def served(self) -> list[float | None]:
+        return self._served
+
+
 def first_turns(deployments: dict[str, tuple[str, tuple[int, ...]]], model: str, count: int, max_tokens: int, pause: float,
                 raw: bool = False, equal: bool = False) -> dict[str, dict[str, list[float | None]]]:
     """Turn 1 of ``count`` fresh conversations per deployment (label → (url, server pids)): label → {"memory", "replay",
@@ -199,6 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--turns", type=int, default=100, help="turns per conversation")
     parser.add_argument("--pause", type=float, default=0.5, help="seconds the app waits after each answer (the user reading it)")
     parser.add_argument("--first-turns", type=int, default=10, help="fresh sessions on which turn 1 is measured again (median)")
+    parser.add_argument("--conversations", type=int, default=1, help="memory and replay conversations per deployment, interleaved; "
+                        "each turn's figures are the medians over them (odd numbers: 3 makes the single-turn ratios far less noisy)")
     parser.add_argument("--max-tokens", type=int, default=24, help="longest answer, in tokens")
     parser.add_argument("--model-path", default=None, help="checkpoint (default: the bundled demo model)")
     parser.add_argument("--raw-http", action="store_true", help="send the app's requests with plain httpx instead of the openai SDK (whose request building grows with the transcript)")
@@ -210,7 +228,9 @@ def main(argv: list[str] | None = None) -> int:
 
     work = Path(tempfile.mkdtemp(prefix="memt-bench-turns-"))
     model = ["--model-path", args.model_path] if args.model_path else []
-    core_flags = ["--max-sessions-per-rank", str(2 * args.first_turns + 8), *shlex.split(args.core_args)]
+    if args.conversations < 1:
+        parser.error("--conversations must be at least 1")
+    core_flags = ["--max-sessions-per-rank", str(2 * args.first_turns + 2 * args.conversations + 8), *shlex.split(args.core_args)]
     wait = 900.0 if "--enable-torch-compile" in core_flags else 180.0  # a core compiles before it reports healthy
     core_port, two_port, one_port = free_port(), free_port(), free_port()
     core_url, two_url, one_url = (f"http://127.0.0.1:{p}" for p in (core_port, two_port, one_port))
@@ -230,17 +250,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"turn 1 on {args.first_turns} fresh sessions per deployment, the deployments taking turns ...", flush=True)
         first = first_turns(deployments, name, args.first_turns, args.max_tokens, args.pause, args.raw_http, args.equal_answers)
 
-        print(f"{args.turns} turns, four conversations interleaved ...", flush=True)
-        talks = {(label, mode): Conversation(url, name, memory=mode == "memory", max_tokens=args.max_tokens, raw=args.raw_http, servers=servers)
-                 for label, (url, servers) in deployments.items() for mode in ("memory", "replay")}
+        print(f"{args.turns} turns, {4 * args.conversations} conversations interleaved ...", flush=True)
+        held = {(label, mode, k): Conversation(url, name, memory=mode == "memory", max_tokens=args.max_tokens, raw=args.raw_http, servers=servers)
+                for k in range(args.conversations) for label, (url, servers) in deployments.items() for mode in ("memory", "replay")}
         before = upstream_requests(core_url)
         for turn in range(1, args.turns + 1):
-            for (label, mode), conversation in talks.items():  # each deployment's memory turn before its replay turn
-                answer = talks[(label, "memory")].answer[-1] if args.equal_answers and mode == "replay" else None
+            for (label, mode, k), conversation in held.items():  # each deployment's memory turn before its replay turn
+                answer = held[(label, "memory", k)].answer[-1] if args.equal_answers and mode == "replay" else None
                 conversation.turn(message(turn), answer)
                 time.sleep(args.pause)
                 conversation.rested()
         after = upstream_requests(core_url)
+        talks = {(label, mode): Medians([c for (l, m, _), c in held.items() if (l, m) == (label, mode)])
+                 for label in deployments for mode in ("memory", "replay")}
     finally:
         for process in reversed(processes):
             process.terminate()
@@ -255,6 +277,8 @@ def main(argv: list[str] | None = None) -> int:
     client = "plain httpx" if args.raw_http else "the openai SDK"
     if args.equal_answers:
         print("replay answers made exactly as long as the memory answers of the same turn (--equal-answers)")
+    if args.conversations > 1:
+        print(f"each figure: the median over {args.conversations} like conversations (--conversations)")
     print(f"prompt / answer: tokens; ms: request to complete response, as the app sees it; build: the memory conversation's client building (ms, {client})")
     print("       |               two-process: memory vs replay                 |               one-process: memory vs replay                 | 1p/2p")
     print(" turn  | prompt mem  rep | answer mem rep |  ms mem    rep | mem/rep | build | prompt mem  rep | answer mem rep |  ms mem    rep | mem/rep | build | memory")
@@ -263,11 +287,11 @@ def main(argv: list[str] | None = None) -> int:
               f"      {tokens(one_mem.prompt[i])} {tokens(one_rep.prompt[i])} |    {tokens(one_mem.answer[i])}{tokens(one_rep.answer[i])} | {ms(one_mem.latency[i])} {ms(one_rep.latency[i])} |   {ratio(one_mem.latency[i], one_rep.latency[i])} | {ms(one_mem.building[i], 5, 1)} | {ratio(one_mem.latency[i], two_mem.latency[i])}")
 
     print()
-    print(f"upstream requests of the two-process memory conversation, per turn ({args.turns} turns; replay turns are plain generations):")
+    print(f"upstream requests of a two-process memory conversation, per turn ({args.turns} turns; replay turns are plain generations):")
     for action in sorted(set(after) | set(before)):
         delta = after.get(action, 0) - before.get(action, 0)
-        if delta and action != "generate":  # "generate": the replay conversation's plain generations
-            print(f"   {action:10s} {delta / args.turns:5.2f}" + ("   (before the answer)" if action == "query" else ""))
+        if delta and action != "generate":  # "generate": the replay conversations' plain generations
+            print(f"   {action:10s} {delta / args.turns / args.conversations:5.2f}" + ("   (before the answer)" if action == "query" else ""))
 
     print()
     print("targets (issue 18):")
@@ -279,10 +303,11 @@ def main(argv: list[str] | None = None) -> int:
         shown = f"{value:.2f}" if value is not None else "—"
         print(f"   {'met    ' if met else 'NOT met'}  {label}: {shown} (target ≤ {limit})")
 
+    own = "this conversation" if args.conversations == 1 else f"medians of {args.conversations} conversations"
     for label, (mem, rep) in ((k, (talks[(k, "memory")], talks[(k, "replay")])) for k in deployments):
         f_mem, f_rep = median(first[label]["memory"]), median(first[label]["replay"])
         check(f"{label}: memory / replay latency at turn 1 (median of {args.first_turns} fresh sessions)", f_mem / f_rep, 1.1)
-        check(f"{label}: memory / replay latency at turn 1 (this conversation)", _div(mem.latency[0], rep.latency[0]), 1.1)
+        check(f"{label}: memory / replay latency at turn 1 ({own})", _div(mem.latency[0], rep.latency[0]), 1.1)
         if args.turns >= 50:
             check(f"{label}: memory / replay latency at turn 50", _div(mem.latency[49], rep.latency[49]), 0.5)
             check(f"{label}: memory / replay latency, medians of turns 48-52", _div(median(mem.latency[47:52]), median(rep.latency[47:52])), 0.5)
@@ -292,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
         flat = mem.prompt[-1] - mem.prompt[1] if len(mem.prompt) > 1 and None not in (mem.prompt[-1], mem.prompt[1]) else None
         check(f"{label}: memory prompt tokens, turn {args.turns} − turn 2", flat, 5)
     check("one-process / two-process memory latency at turn 1 (medians of fresh sessions)", _div(median(first["one-process"]["memory"]), median(first["two-process"]["memory"])), 0.9)
-    check("one-process / two-process memory latency at turn 1 (this conversation)", _div(one_mem.latency[0], two_mem.latency[0]), 0.9)
+    check(f"one-process / two-process memory latency at turn 1 ({own})", _div(one_mem.latency[0], two_mem.latency[0]), 0.9)
     print(f"\n{sum(checks)} of {len(checks)} met; logs in {work}")
     if args.turns >= 6:
         print()
@@ -323,7 +348,7 @@ def server_work(first: dict, talks: dict, deployments: dict, turns: int) -> None
           f"memory turns 2-{early}: {_shown(_div(mean(talks[('one-process', 'memory')].cpu[1:early]), mean(talks[('two-process', 'memory')].cpu[1:early])))}")
 
 
-def building(label: str, mem: Conversation, turns: int) -> None:
+def building(label: str, mem: Medians, turns: int) -> None:
     """The memory conversation's client building at turn 2 and turn ``turns`` (single turns and medians of five)
     and its latency ratios without it."""
     early, late = mem.building[1:6], mem.building[-5:]
@@ -340,7 +365,7 @@ def building(label: str, mem: Conversation, turns: int) -> None:
               f"without the client building {_shown(_div(_median_at(served, late), _median_at(served, early)))}")
 
 
-def comparable(mem: Conversation, turns: range) -> list[int]:
+def comparable(mem: Medians, turns: range) -> list[int]:
     """Indices of the ``turns`` shaped like turn 2: its prompt within 5 tokens and its answer within 2, so that
     neither a longer answer nor uncommitted earlier turns resent as context (an answer cut at ``--max-tokens``
     is not committed) make the turn slower."""
@@ -382,6 +407,11 @@ def _minus(a: float | None, b: float | None) -> float | None:
 def median(values: list) -> float | None:
     known = [v for v in values if v is not None]
     return statistics.median(known) if known else None
+
+
+def _median_low(values: list) -> int | None:
+    known = [v for v in values if v is not None]
+    return statistics.median_low(known) if known else None
 
 
 def _div(a: float | None, b: float | None) -> float | None:
