@@ -119,8 +119,9 @@ def build_app(args: argparse.Namespace):
         from memt_proxy.embedded import InProcessNativeClient, build_core, core_plan
 
         plan = core_plan(args.model_path, args.core_args)
-        core = build_core(plan)
-        client = InProcessNativeClient(core, api_key=plan.api_key, timeout=args.timeout)
+        core, core_service = build_core(plan)
+        client = InProcessNativeClient(core, service=None if plan.spec_strict else core_service, max_body_bytes=plan.max_request_bytes,
+                                       api_key=plan.api_key, timeout=args.timeout)
     else:
         client = AsyncNativeClient(args.upstream, api_key=args.upstream_api_key, timeout=args.timeout)
     sessions = Sessions(

@@ -2,10 +2,13 @@
 
 The core is built exactly as ``python -m memt_core.launch`` builds it (``plan_launch`` → ``build_app``:
 same validation, engine, protocol and routes), but is never bound to a port: ``InProcessNativeClient``
-is the proxy's ``AsyncNativeClient`` with its transport swapped for a direct call of the core's ASGI app
-in the same event loop. No socket, no HTTP parsing, no second process; the requests, their bodies,
-their errors and the protocol's guarantees are the same as over HTTP. A stream left early tells the
-core the client is gone (``http.disconnect``), which cancels the query, as a dropped connection does.
+is the proxy's ``AsyncNativeClient`` with its transport swapped for calls in the same event loop: control
+actions and plain (not streamed) generations call the core's ``MemTService`` as its routes do, the
+bodies and answers passed as JSON would carry them and its errors turned into the status and body the
+route would send, without the routing around it; streams (and any other request) go through the core's
+ASGI app. No socket, no HTTP parsing, no second process; the requests, their bodies, their errors and the
+protocol's guarantees are the same as over HTTP. A stream left early tells the core the client is gone
+(``http.disconnect``), which cancels the query, as a dropped connection does.
 
 ``embed(proxy_app, core_app)`` makes the core's lifespan (engine start and stop) enclose the proxy's,
 so the proxy finishes its pending commits before the engine stops.
@@ -21,7 +24,11 @@ import logging
 import shlex
 from typing import Any, AsyncIterator
 
+from fastapi.encoders import jsonable_encoder
+
 from memt_core.client.native import AsyncNativeClient, check_response, stream_chunk
+from memt_core.errors import MemTError
+from memt_core.request_body import OFF_LOOP_BYTES, parse_json
 
 log = logging.getLogger("memt.proxy")
 
@@ -38,11 +45,10 @@ def core_plan(model_path: str | None, core_args: str = ""):
 
 
 def build_core(plan):
-    """The core's ASGI app (engine loaded, not yet started: its lifespan starts it)."""
+    """The core's ASGI app and its service (engine loaded, not yet started: the app's lifespan starts it)."""
     from memt_core.launch import build_app
 
-    app, _ = build_app(plan)
-    return app
+    return build_app(plan)
 
 
 def embed(proxy_app, core_app) -> None:
@@ -120,18 +126,43 @@ async def asgi_exchange(app, method: str, path: str, body: bytes, headers: dict[
             task.result()
 
 
-class InProcessNativeClient(AsyncNativeClient):
-    """``AsyncNativeClient`` whose requests go straight to the core's ASGI app in this process."""
+async def _answer(call, data: bytes, stage: str) -> tuple[int, Any]:
+    """(status, body) of a route that calls ``call``: the body parsed as the route parses it, the answer as JSON
+    carries it, an error as the status and body the app sends for it."""
+    try:
+        answer = await call(parse_json(data))
+        text = json.dumps(jsonable_encoder(answer), allow_nan=False)  # as the route's JSON response writes it
+    except MemTError as exc:
+        return exc.status, exc.to_wire()
+    except Exception:  # what the app's server-error handler answers
+        log.exception("the embedded core failed on %s", stage)
+        return 500, "Internal Server Error"
+    return 200, json.loads(text)
 
-    def __init__(self, app, *, api_key: str | None = None, timeout: float = 300):
+
+class InProcessNativeClient(AsyncNativeClient):
+    """``AsyncNativeClient`` whose requests go straight to the core in this process: to its ``service`` where
+    given (control actions, plain generations; see the module docstring), else through its ASGI ``app``.
+
+    ``max_body_bytes``: the core's ``--max-request-bytes``; a larger body goes through the app, which refuses it
+    (as does one the app would parse off the event loop).
+    A core that keeps to the spec's wire format (``--spec-strict``) is called through the app only.
+    """
+
+    def __init__(self, app, *, service=None, max_body_bytes: int | None = None, api_key: str | None = None, timeout: float = 300):
         super().__init__("http://embedded", api_key=api_key, timeout=timeout)
         self.app = app
+        self.max_body_bytes = max_body_bytes
+        self._routes = {"/memt/control": service.control, "/generate": service.generate} if service is not None else {}
 
     async def aclose(self) -> None:
         """Nothing to close: there are no connections."""
 
     async def _send(self, stage: str, method: str, path: str, *, body: dict | None = None, changes_state: bool) -> Any:
         data = json.dumps(body).encode() if body is not None else b""
+        call = self._routes.get(path) if method == "POST" and body is not None and not body.get("stream") else None
+        if call is not None and len(data) <= min(OFF_LOOP_BYTES, self.max_body_bytes or OFF_LOOP_BYTES):
+            return await self._call(call, stage, data, changes_state)
         try:
             async with asgi_exchange(self.app, method, path, data, self.headers) as (status, chunks):
                 text = b"".join([chunk async for chunk in chunks]).decode("utf-8")
@@ -141,6 +172,12 @@ class InProcessNativeClient(AsyncNativeClient):
             answer = json.loads(text)
         except ValueError:
             answer = text
+        return check_response(status, answer, stage, changes_state=changes_state)
+
+    async def _call(self, call, stage: str, data: bytes, changes_state: bool) -> Any:
+        """What the core's route answers to ``data``, from calling the service it wraps. The call is a task of its
+        own that runs to its end even if this request is cancelled, as a route does when its client leaves."""
+        status, answer = await asyncio.shield(asyncio.ensure_future(_answer(call, data, stage)))
         return check_response(status, answer, stage, changes_state=changes_state)
 
     async def _stream(self, body: dict, stage: str) -> AsyncIterator[dict]:
