@@ -26,7 +26,7 @@ from typing import Any, AsyncIterator
 
 from fastapi.encoders import jsonable_encoder
 
-from memt_core.client.native import AsyncNativeClient, check_response, stream_chunk
+from memt_core.client.native import AsyncNativeClient, _json_or_text, check_response, stream_chunk
 from memt_core.errors import MemTError
 from memt_core.request_body import OFF_LOOP_BYTES, parse_json
 
@@ -168,11 +168,7 @@ class InProcessNativeClient(AsyncNativeClient):
                 text = b"".join([chunk async for chunk in chunks]).decode("utf-8")
         except ConnectionResetError as exc:
             raise self._broken(stage, exc, changes_state) from exc
-        try:
-            answer = json.loads(text)
-        except ValueError:
-            answer = text
-        return check_response(status, answer, stage, changes_state=changes_state)
+        return check_response(status, _json_or_text(text), stage, changes_state=changes_state)
 
     async def _call(self, call, stage: str, data: bytes, changes_state: bool) -> Any:
         """What the core's route answers to ``data``, from calling the service it wraps. The call is a task of its
@@ -186,11 +182,7 @@ class InProcessNativeClient(AsyncNativeClient):
             async with asgi_exchange(self.app, "POST", "/generate", data, self.headers) as (status, chunks):
                 if status >= 400:
                     text = b"".join([chunk async for chunk in chunks]).decode("utf-8")
-                    try:
-                        answer = json.loads(text)
-                    except ValueError:
-                        answer = text
-                    check_response(status, answer, stage)
+                    check_response(status, _json_or_text(text), stage)
                 pending = b""
                 async for data in chunks:
                     *lines, pending = (pending + data).split(b"\n")

@@ -22,8 +22,9 @@ answer exactly the length of the memory answer of its turn, so both decode the s
 
 Turn 1 is also measured on ``--first-turns`` fresh sessions per deployment (median), since a single
 first turn is one noisy sample; ``--conversations K`` holds K such memory and replay conversations per
-deployment (all interleaved) and takes each turn's latency as the median over them (K odd, e.g. 3). Printed: per turn, prompt tokens and latencies of both modes and their
-ratio, for both deployments, one-process / two-process, and the memory conversations' client building;
+deployment (all interleaved) and takes each turn's latency as the median over them (K odd, e.g. 3).
+Printed: per turn, prompt tokens and latencies of both modes and their ratio, for both deployments,
+one-process / two-process, and the memory conversations' client building;
 then the upstream requests a memory turn makes (from the two-process core's /metrics), the issue's
 targets, met or not, and the memory turn N / turn 2 ratios without the client building, and between
 turns shaped like turn 2 (prompt and answer of about its length: the demo model's answers that run
@@ -158,7 +159,7 @@ class Medians:
         for name in ("latency", "building", "cpu", "behind"):
             setattr(self, name, [median(list(values)) for values in zip(*(getattr(c, name) for c in conversations))])
         for name in ("prompt", "answer"):
-            setattr(self, name, [_median_low(list(values)) for values in zip(*(getattr(c, name) for c in conversations))])
+            setattr(self, name, [median(list(values), statistics.median_low) for values in zip(*(getattr(c, name) for c in conversations))])
         self._served = [median(list(values)) for values in zip(*(c.served() for c in conversations))]
 
     def served(self) -> list[float | None]:
@@ -404,14 +405,10 @@ def _minus(a: float | None, b: float | None) -> float | None:
     return a - b if a is not None and b is not None else None
 
 
-def median(values: list) -> float | None:
+def median(values: list, of=statistics.median) -> float | None:
+    """``of`` (the median, or e.g. ``statistics.median_low`` for counts) of the known values; None if none is."""
     known = [v for v in values if v is not None]
-    return statistics.median(known) if known else None
-
-
-def _median_low(values: list) -> int | None:
-    known = [v for v in values if v is not None]
-    return statistics.median_low(known) if known else None
+    return of(known) if known else None
 
 
 def _div(a: float | None, b: float | None) -> float | None:
