@@ -22,10 +22,7 @@ answer exactly the length of the memory answer of its turn, so both decode the s
 
 Turn 1 is also measured on ``--first-turns`` fresh sessions per deployment (median), since a single
 first turn is one noisy sample; ``--conversations K`` holds K such memory and replay conversations per
-deployment (all interleaved) and takes each turn's latency as the median over them (K odd, e.g. 3); they start
-``turns``/K turns apart (``--no-stagger``: all at once), so that a turn's median is taken at K times spread over
-the run: the machine's load drifts over minutes, and both deployments' memory turns, interleaved, rise and fall
-together by 20-30 %, which would otherwise pass for a difference between early and late turns.
+deployment (all interleaved) and takes each turn's latency as the median over them (K odd, e.g. 3).
 Printed: per turn, prompt tokens and latencies of both modes and their ratio, for both deployments,
 one-process / two-process, and the memory conversations' client building;
 then the upstream requests a memory turn makes (from the two-process core's /metrics), the issue's
@@ -191,12 +188,6 @@ def first_turns(deployments: dict[str, tuple[str, tuple[int, ...]]], model: str,
     return found
 
 
-def staggered(turns: int, conversations: int) -> list[int]:
-    """The step at which each of ``conversations`` like conversations takes its turn 1: evenly spread over ``turns``
-    steps, so that a turn number's median is taken at that many times of the run, not in one stretch of it."""
-    return [k * turns // conversations for k in range(conversations)]
-
-
 def upstream_requests(core_url: str) -> dict[str, float]:
     """The core's request counters: control actions and generation kinds (successful ones)."""
     text = httpx.get(core_url + "/metrics", timeout=10).text
@@ -227,9 +218,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--first-turns", type=int, default=10, help="fresh sessions on which turn 1 is measured again (median)")
     parser.add_argument("--conversations", type=int, default=1, help="memory and replay conversations per deployment, interleaved; "
                         "each turn's figures are the medians over them (odd numbers: 3 makes the single-turn ratios far less noisy)")
-    parser.add_argument("--stagger", action=argparse.BooleanOptionalAction, default=True,
-                        help="start the K like conversations turns/K turns apart, so that each turn's median is taken at K times "
-                        "spread over the run (the machine's load drifts over minutes; default: on)")
     parser.add_argument("--max-tokens", type=int, default=24, help="longest answer, in tokens")
     parser.add_argument("--model-path", default=None, help="checkpoint (default: the bundled demo model)")
     parser.add_argument("--raw-http", action="store_true", help="send the app's requests with plain httpx instead of the openai SDK (whose request building grows with the transcript)")
@@ -263,17 +251,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"turn 1 on {args.first_turns} fresh sessions per deployment, the deployments taking turns ...", flush=True)
         first = first_turns(deployments, name, args.first_turns, args.max_tokens, args.pause, args.raw_http, args.equal_answers)
 
-        starts = staggered(args.turns, args.conversations) if args.stagger else [0] * args.conversations
-        print(f"{args.turns} turns, {4 * args.conversations} conversations interleaved"
-              + (f", started {args.turns // args.conversations} turns apart" if args.stagger and args.conversations > 1 else "") + " ...", flush=True)
+        print(f"{args.turns} turns, {4 * args.conversations} conversations interleaved ...", flush=True)
         held = {(label, mode, k): Conversation(url, name, memory=mode == "memory", max_tokens=args.max_tokens, raw=args.raw_http, servers=servers)
                 for k in range(args.conversations) for label, (url, servers) in deployments.items() for mode in ("memory", "replay")}
         before = upstream_requests(core_url)
-        for step in range(args.turns + starts[-1]):
+        for turn in range(1, args.turns + 1):
             for (label, mode, k), conversation in held.items():  # each deployment's memory turn before its replay turn
-                turn = step - starts[k] + 1
-                if not 1 <= turn <= args.turns:
-                    continue
                 answer = held[(label, "memory", k)].answer[-1] if args.equal_answers and mode == "replay" else None
                 conversation.turn(message(turn), answer)
                 time.sleep(args.pause)
@@ -296,8 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.equal_answers:
         print("replay answers made exactly as long as the memory answers of the same turn (--equal-answers)")
     if args.conversations > 1:
-        print(f"each figure: the median over {args.conversations} like conversations (--conversations)"
-              + (f", started {args.turns // args.conversations} turns apart (--stagger)" if args.stagger else ""))
+        print(f"each figure: the median over {args.conversations} like conversations (--conversations)")
     print(f"prompt / answer: tokens; ms: request to complete response, as the app sees it; build: the memory conversation's client building (ms, {client})")
     print("       |               two-process: memory vs replay                 |               one-process: memory vs replay                 | 1p/2p")
     print(" turn  | prompt mem  rep | answer mem rep |  ms mem    rep | mem/rep | build | prompt mem  rep | answer mem rep |  ms mem    rep | mem/rep | build | memory")
