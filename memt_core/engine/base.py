@@ -66,7 +66,7 @@ class EngineOptions:
     context_length: int = 32768
     min_kv_tokens: int = 1
     enable_streaming_session: bool = False
-    torch_compile: bool = False  # compile the decode step with torch.compile (engines that can)
+    torch_compile: bool = False  # compile the decode step and short prefills with torch.compile (engines that can)
     threads: int | None = None  # CPU threads of torch's intra-op pool (None: the engine's choice)
     deterministic_communication: bool = False
     state_directory: str | None = None

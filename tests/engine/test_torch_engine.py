@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from memt_core.engine import EngineOptions, TorchEngine
+from memt_core.engine.torch_engine import COMPILED_PREFILL_TOKENS
 from memt_core.inference import commit_tokens, generate
 from memt_core.memory.state import MemoryState
 from memt_core.protocol import effects as fx
@@ -160,9 +161,12 @@ def test_a_row_that_takes_a_finished_rows_place_reads_its_own_memory(nano_model)
 
 def test_compiled_decode_gives_the_eager_answers(nano_model):
     """``--enable-torch-compile``: compiled before serving (one row and several, after prompts of one token and
-    of more), then the same greedy tokens as the eager reference, alone and batched, with rows reading their own
-    memory, another's, or none; no request waits for the compiler."""
+    of more, and short prompts' prefills), then the same greedy tokens as the eager reference, alone and batched,
+    with rows reading their own memory, another's, or none, and for prompts prefilled compiled (4 and 40 tokens)
+    and eager (1 token, and one longer than ``COMPILED_PREFILL_TOKENS``); no request waits for the compiler."""
     prompt, n = [17, 42, 99, 123], 8
+    longer = {size: [(7 * i + 3) % 500 + 5 for i in range(size)] for size in (40, COMPILED_PREFILL_TOKENS[1] + 20)}
+    expected_longer = {size: reference(nano_model, ids, n, TURN_A) for size, ids in longer.items()}
     expected = {name: reference(nano_model, prompt, n, *turns) for name, turns in (("a", [TURN_A]), ("b", [TURN_B]), ("none", []))}
     one_token = {name: reference(nano_model, [17], n, *turns) for name, turns in (("a", [TURN_A]), ("none", []))}
     engine = TorchEngine(nano_model, max_running_requests=16, torch_compile=True)
@@ -185,14 +189,17 @@ def test_compiled_decode_gives_the_eager_answers(nano_model):
             )
             short = [await drain(engine.query("one", [17], greedy(n), session="a"))]
             short += await asyncio.gather(drain(engine.query("one-a", [17], greedy(n), session="a")), drain(engine.query("one-none", [17], greedy(n))))
-            return alone[0], [tokens for tokens, _ in batched], [tokens for tokens, _ in short]
+            long = {size: (await drain(engine.query(f"long-{size}", ids, greedy(n), session="a")))[0] for size, ids in longer.items()}
+            return alone[0], [tokens for tokens, _ in batched], [tokens for tokens, _ in short], long
 
-        alone, batched, short = asyncio.run(main())
+        alone, batched, short, long = asyncio.run(main())
     finally:
         engine.stop()
     assert alone == expected["a"]
     assert batched == [expected["a"], expected["b"], expected["none"]]
     assert short == [one_token["a"], one_token["a"], one_token["none"]]
+    assert long == expected_longer
+    assert engine._prefill_compiled, "short prompts are prefilled by the compiled step"
     assert counters["stats"]["unique_graphs"] == compiled_graphs, "a request waited for the compiler"
     settings = TorchEngine.settings(EngineOptions(torch_compile=True))
     assert settings["torch_compile"] is True and settings["inductor_options"] == {"cpp_wrapper": True}
