@@ -151,7 +151,7 @@ class ResponsesService:
             if head is not None and thread.head != head:
                 return None
             self._plan(request, tenant, items, thread, thread.uncommitted, thread.calls, None)  # a refusal creates nothing upstream
-            await held.start()
+            await held.start(with_answer=True)
             if restore is not None:
                 await held.restore(restore, name=restore)
             state = held.state

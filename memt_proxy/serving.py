@@ -188,7 +188,7 @@ class ChatService:
                     # adopted: the native session already held memory (its record says what, or nobody knows)
                     prepared = await self._prepare_session(request, state, policy, divergence, len(dumped))
             prepared.digest = digest
-            await held.start()
+            await held.start(with_answer=True)
             if request.stream:
                 handed_off = True  # the stream lets the session go when it ends
                 stream = self._stream(request, prepared, held, held_until)

@@ -32,7 +32,7 @@ A request holds a session with ``turn(tenant, session)``::
 
     async with sessions.turn(tenant, session) as held:   # the session's lock (bounded wait → 409)
         ...                                               # decide from held.state; a refusal here creates nothing
-        await held.start()                                # create or adopt, then the session's (kept) lease
+        await held.start(with_answer=True)                # create or adopt, then the session's (kept) lease
         body = await held.query(prompt, sampling)
         held.commit_turn_later(context_ids, turn_ids, committed)   # or: await held.commit_turn(...) now
     # lock released, or handed to the turn's commit; lease kept while the session is active
@@ -40,7 +40,11 @@ A request holds a session with ``turn(tenant, session)``::
 A session's lease outlives the request: it is kept (renewed every third of ``lease_ttl``) while the
 session is active and released once the session has been idle for ``lease_idle`` seconds, when its
 state is dropped from the table, or at shutdown (``aclose``); a leased session's turn then costs one
-round trip before its answer, the query. A completed turn is committed *behind* the answer
+round trip before its answer, the query. A session whose memory is still empty (a new one's first turn) takes
+its lease while its answer is generated (``start(with_answer=True)``): an empty memory reads as none, so the
+answer is a plain generation's, the same tokens a query would give; were the lease held by another client
+(which may have written meanwhile), that generation is dropped and the query made once the lease is ours.
+A completed turn is committed *behind* the answer
 (``held.commit_turn_later``): the request returns, and a task of the session's own writes the turn
 (begin → commit → publish) still holding the session's lock, so the session's next request waits for
 it (a wait that does not count against ``lease_wait``). A commit that fails leaves memory as it was:
@@ -130,6 +134,11 @@ class SessionState:
     users: int = 0  # requests holding or waiting for this state, and its commit: while any, it is never dropped
     last_turn: object = None  # the surface's answer to the last committed turn, for an identical retry
 
+    @property
+    def empty(self) -> bool:
+        """The native session's memory is the empty one it was created with (never published to)."""
+        return self.exists and self.version == 0
+
     def forget(self) -> None:
         """The native session is gone (closed, or the upstream restarted): start over on next use."""
         self.exists, self.version, self.committed, self.pending, self.history_known = False, 0, [], None, True
@@ -204,6 +213,10 @@ class SessionTable:
             429, f"the proxy is serving {self.capacity} sessions at once (--max-sessions); retry when one finishes",
             code="too_many_sessions",
         )
+
+
+class LeaseTaken(Exception):
+    """Another client holds the session's lease (``Sessions.acquire(wait=False)``); handled here, never answered."""
 
 
 class Sessions:
@@ -512,10 +525,11 @@ class Sessions:
             await self.acquire(state)
         return state.lease
 
-    async def acquire(self, state: SessionState) -> str:
-        """A new native lease (waiting up to ``lease_wait`` while another client holds it), kept as the session's
-        and renewed until released, or until the session has been idle for ``lease_idle`` seconds. A session the
-        upstream no longer holds (a server with a snapshot store unloads idle ones) is brought back first."""
+    async def acquire(self, state: SessionState, *, wait: bool = True) -> str:
+        """A new native lease (waiting up to ``lease_wait`` while another client holds it; ``wait=False``: raising
+        ``LeaseTaken`` at once), kept as the session's and renewed until released, or until the session has been idle
+        for ``lease_idle`` seconds. A session the upstream no longer holds (a server with a snapshot store unloads idle
+        ones) is brought back first."""
         state.drop_lease()
         deadline = time.monotonic() + self.lease_wait
         reloaded = False
@@ -528,6 +542,8 @@ class Sessions:
                     reloaded = True
                     await self._reload(state)
                     continue
+                if isinstance(exc.cause, LeaseConflict) and not wait:
+                    raise LeaseTaken(exc.message) from None
                 if not isinstance(exc.cause, LeaseConflict) or time.monotonic() > deadline:
                     raise self.upstream_error(exc) from None
             await asyncio.sleep(0.2)
@@ -774,16 +790,45 @@ class HeldSession:
         self.lease: str | None = None
         self.later: tuple[list[list[int]], list[str]] | None = None  # a commit left for after the request
         self.kept = False  # the lease was kept from an earlier request (it may have lapsed since)
+        self.deferred = False  # the lease is taken while the answer is generated (``start(with_answer=True)``)
 
     async def ensure(self) -> None:
         """Create or adopt the native session (``state.history_known`` says whether its history is known)."""
         await self.sessions.ensure(self.state)
 
-    async def start(self) -> None:
-        """Create or adopt the native session, then take its lease: the one kept from an earlier request, or a new one."""
+    async def start(self, *, with_answer: bool = False) -> None:
+        """Create or adopt the native session, then take its lease: the one kept from an earlier request, or a new one.
+        ``with_answer``: a new lease on a session whose memory is empty is taken by ``query`` while it generates."""
         await self.sessions.ensure(self.state)
         self.kept = self.state.lease is not None
+        if with_answer and not self.kept and self.state.empty:
+            self.deferred = True
+            return
         self.lease = await self.sessions.lease_of(self.state)
+
+    async def _leased(self) -> None:
+        """Take the lease ``start`` left to the answer, for a use that cannot overlap it."""
+        if self.deferred:
+            self.deferred = False
+            self.lease = await self.sessions.lease_of(self.state)
+
+    async def _query_leasing(self, prompt: list[int], sampling: dict) -> dict:
+        """``query`` on the empty memory of a session not yet leased: a plain generation (an empty memory reads as
+        none: the same tokens) while the lease is taken. If another client holds the lease, it may write before
+        letting go: the generation is dropped, and the query made under the lease once it is ours."""
+        self.deferred = False
+        sessions = self.sessions
+        generation = asyncio.ensure_future(sessions.generate(prompt, sampling))
+        try:
+            self.lease = await sessions.acquire(self.state, wait=False)
+        except BaseException as exc:
+            generation.cancel()
+            await asyncio.gather(generation, return_exceptions=True)
+            if not isinstance(exc, LeaseTaken):
+                raise
+            self.lease = await sessions.acquire(self.state)
+            return await self.query(prompt, sampling)
+        return await generation
 
     def _lapsed(self, exc: MemTClientError) -> bool:
         """Whether a query failed only because the lease kept from an earlier request lapsed (then it is retaken, once).
@@ -802,6 +847,8 @@ class HeldSession:
 
     async def query(self, prompt: list[int], sampling: dict) -> dict:
         """Generate from ``prompt`` reading the session's memory."""
+        if self.deferred:
+            return await self._query_leasing(prompt, sampling)
         sessions = self.sessions
         try:
             return await sessions.client.query(self.state.native, self.lease, prompt, sampling_params=sampling)
@@ -814,6 +861,7 @@ class HeldSession:
 
     async def query_stream(self, prompt: list[int], sampling: dict) -> AsyncIterator[dict]:
         """``query`` as cumulative stream bodies; closing the iterator early cancels the upstream query."""
+        await self._leased()
         sessions = self.sessions
         upstream = sessions.client.query_stream(self.state.native, self.lease, prompt, sampling_params=sampling)
         try:
@@ -838,6 +886,7 @@ class HeldSession:
     async def commit_turn(self, context_ids: list[int], turn_ids: list[int], committed: list[str]) -> None:
         """Write a completed turn (after the uncommitted context before it) into memory, which then holds ``committed``."""
         commits = ([context_ids] if context_ids else []) + self.sessions.pieces(turn_ids)
+        await self._leased()
         try:
             await self.sessions.write(self.state, self.lease, commits, committed)
         except ProxyError:
@@ -883,6 +932,7 @@ class HeldSession:
     async def save(self, file: str, *, overwrite: bool = False, name: str) -> None:
         """Export the published memory as the upstream snapshot ``file`` (the client calls it ``name``)."""
         sessions = self.sessions
+        await self._leased()
         try:
             await sessions.client.control("export", self.state.native, lease=self.lease, encoding=sessions.native_encoding, file=file, overwrite=overwrite)
         except MemTClientError as exc:
@@ -891,6 +941,7 @@ class HeldSession:
     async def restore(self, file: str, *, name: str) -> None:
         """Replace memory with the snapshot ``file`` (begin → import → publish): it then holds no transcript message the proxy knows."""
         write = MemoryWrite(new_transaction(), new_nonce=new_nonce, import_file=file, memory_read=True, abort_on_failure=True)
+        await self._leased()
         try:
             await self.sessions.drive(write, self.state, self.lease, [])
         except ProxyError as exc:
@@ -899,6 +950,7 @@ class HeldSession:
     async def close(self) -> None:
         """Delete the native session (the lease goes with it) and its record."""
         sessions, state = self.sessions, self.state
+        await self._leased()
         state.drop_lease()  # the renewal task ends before the session does
         await sessions.call(sessions.client.control, "close", state.native, lease=self.lease)
         self.lease = None

@@ -325,7 +325,8 @@ def main(argv: list[str] | None = None) -> int:
               f"      {tokens(one_mem.prompt[i])} {tokens(one_rep.prompt[i])} |    {tokens(one_mem.answer[i])}{tokens(one_rep.answer[i])} | {ms(one_mem.latency[i])} {ms(one_rep.latency[i])} |   {ratio(one_mem.latency[i], one_rep.latency[i])} | {ms(one_mem.building[i], 5, 1)} | {ratio(one_mem.latency[i], two_mem.latency[i])}")
 
     print()
-    print(f"upstream requests of a two-process memory conversation, per turn ({args.turns} turns; replay turns are plain generations):")
+    print(f"upstream requests of a two-process memory conversation, per turn ({args.turns} turns; replay turns, and a new session's "
+          "first turn, made while its lease is taken, are plain generations):")
     for action in sorted(set(after) | set(before)):
         delta = after.get(action, 0) - before.get(action, 0)
         if delta and action != "generate":  # "generate": the replay conversations' plain generations

@@ -1,0 +1,166 @@
+"""A new session's first turn is answered while its lease is taken (live memt_core server, the real ``openai`` SDK).
+
+In process, the proxy's app runs over ``Recorded``, a native client that sends every request for real and
+records when each began and ended. A session whose memory is still empty holds no lease yet at its first turn:
+its answer is a plain generation (an empty memory reads as none), sent without waiting for the lease, and
+the same tokens a query would give; the turn is then committed under that lease, and the next turn queries
+memory. Were the lease held by another client, which may write before letting go, the generation is dropped
+and the answer is a query made once the lease is the proxy's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+from e2e.proxies import MODEL, STOPS, unique
+
+from memt_core.client.native import AsyncNativeClient, NativeClient
+from memt_proxy.app import create_app
+from memt_proxy.serving import ChatService
+from memt_proxy.sessions import Sessions, native_session_id
+
+pytestmark = pytest.mark.timeout(600)
+
+
+class Recorded(AsyncNativeClient):
+    """A real native client that records ("start" | "end" | "error", kind, session) for each request."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.log: list[tuple[str, str, str | None]] = []
+        self.refused = asyncio.Event()  # an acquire was refused (the lease is another client's)
+
+    async def _recorded(self, kind: str, session: str | None, call):
+        self.log.append(("start", kind, session))
+        try:
+            answer = await call
+        except BaseException:
+            self.log.append(("error", kind, session))
+            if kind == "acquire":
+                self.refused.set()
+            raise
+        self.log.append(("end", kind, session))
+        return answer
+
+    async def control(self, action, session=None, **fields):
+        return await self._recorded(action, session, super().control(action, session, **fields))
+
+    async def query(self, session, lease, input_ids, **kwargs):
+        return await self._recorded("query", session, super().query(session, lease, input_ids, **kwargs))
+
+    async def generate(self, input_ids, **kwargs):
+        return await self._recorded("generate", None, super().generate(input_ids, **kwargs))
+
+    def kinds(self) -> list[str]:
+        """The requests in the order they were sent."""
+        return [kind for event, kind, _ in self.log if event == "start"]
+
+    def at(self, event: str, kind: str) -> int:
+        return self.log.index(next(entry for entry in self.log if entry[:2] == (event, kind)))
+
+
+@pytest.fixture(scope="module")
+def chat(nano_checkpoint):
+    from memt_core.client.chat_format import load_chat_format, load_tokenizer
+
+    return load_chat_format(nano_checkpoint, tokenizer=load_tokenizer(nano_checkpoint))
+
+
+def in_process(client, chat):
+    """The proxy's app over ``client``, and an ``openai.AsyncOpenAI`` talking to it in process."""
+    from openai import AsyncOpenAI
+
+    chat_format, parser = chat
+    sessions = Sessions(client, identity=chat_format.identity)
+    app = create_app(ChatService(sessions, chat_format, parser, model_names=[MODEL]))
+    http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://proxy", timeout=120)
+    return sessions, AsyncOpenAI(base_url="http://proxy/v1", api_key="unused", http_client=http, max_retries=0)
+
+
+async def ask(openai, messages, session: str | None, seed: int, memory: str = "auto"):
+    headers = {"X-MemT-Memory": memory} if session is None else {"X-MemT-Session": session, "X-MemT-Memory": memory}
+    return await openai.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=16, temperature=1.0, seed=seed, stop=STOPS, extra_headers=headers,
+    )
+
+
+async def inspect(openai, session: str) -> dict:
+    response = await openai._client.get(f"http://proxy/v1/memt/sessions/{session}")
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_a_new_sessions_first_turn_is_generated_while_its_lease_is_taken(proxy_upstream, chat):
+    session = unique("first")
+    messages = [{"role": "user", "content": "The code of locker 37 is K53."}]
+
+    async def scenario():
+        client = Recorded(proxy_upstream.url)
+        sessions, openai = in_process(client, chat)
+        try:
+            stateless = {}
+            for seed in range(20):  # a seed whose answer ends with a stop string: a completed turn, committed
+                stateless[seed] = await ask(openai, messages, None, seed, memory="off")
+                if stateless[seed].choices[0].finish_reason == "stop":
+                    break
+            others = {s: await ask(openai, messages, None, s, memory="off") for s in (seed + 1, seed + 2)}
+            client.log.clear()
+            first = await ask(openai, messages, session, seed)
+            first_turn = list(client.log)
+            info = await inspect(openai, session)  # waits for the commit behind the answer
+            fresh = {s: await ask(openai, messages, unique("first"), s) for s in others}
+            client.log.clear()
+            history = messages + [{"role": "assistant", "content": first.choices[0].message.content}, {"role": "user", "content": "What is the code?"}]
+            await ask(openai, history, session, seed)
+            return stateless[seed], first, first_turn, info, others, fresh, list(client.log)
+        finally:
+            await sessions.aclose()
+
+    stateless, first, first_turn, info, others, fresh, second_turn = asyncio.run(scenario())
+    # the same tokens as a query of the empty memory, which reads as none: as the stateless answers
+    assert first.choices[0].finish_reason == "stop"
+    assert first.choices[0].message.content == stateless.choices[0].message.content
+    assert {s: reply.choices[0].message.content for s, reply in fresh.items()} == {s: reply.choices[0].message.content for s, reply in others.items()}
+    kinds = [kind for event, kind, _ in first_turn if event == "start"]
+    assert kinds[:3] == ["create", "acquire", "generate"] and "query" not in kinds, first_turn
+    # sent before the lease was granted, not after it
+    assert first_turn.index(("start", "generate", None)) < first_turn.index(("end", "acquire", native_session_id("default", session)))
+    # the turn was committed under the lease taken meanwhile, and the next turn queries the memory that holds it
+    assert info["native"]["published_version"] == 1 and info["committed_messages"] == 2
+    assert [kind for event, kind, native in second_turn if event == "start" and native == native_session_id("default", session)][:1] == ["query"], second_turn
+
+
+def test_a_first_turn_on_a_lease_another_client_holds_waits_and_queries(proxy_upstream, chat):
+    session = unique("held")
+    native = native_session_id("default", session)
+
+    async def scenario():
+        client = Recorded(proxy_upstream.url)
+        sessions, openai = in_process(client, chat)
+        other = NativeClient(proxy_upstream.url)
+        try:
+            other.control("create", native, memory_read=True)  # made, and leased, by another client of the upstream
+            lease = other.control("acquire", native, ttl=60)["lease"]
+            answer = asyncio.ensure_future(ask(openai, [{"role": "user", "content": "hello there"}], session, 0))
+            await client.refused.wait()  # the proxy found the lease taken
+            # the other client writes, then lets go: the proxy's turn must read that memory
+            other.control("begin", native, lease=lease, transaction="t-other")
+            other.commit(native, lease, "t-other", [5, 6, 7, 8, 9, 10])
+            other.control("publish", native, lease=lease, transaction="t-other", memory_read=True)
+            other.control("release", native, lease=lease)
+            reply = await answer
+            await inspect(openai, session)  # after the commit behind the answer
+            return reply, list(client.log), other.control("inspect", native)
+        finally:
+            other.close()
+            await sessions.aclose()
+
+    reply, log, native_info = asyncio.run(scenario())
+    assert reply.choices[0].message is not None
+    refused = log.index(("error", "acquire", native))
+    granted = log.index(("end", "acquire", native))
+    query = log.index(("start", "query", native))
+    assert refused < granted < query, log  # the answer is a query under the proxy's own lease, made after the write
+    assert native_info["published_version"] == 2  # the other client's write, then the proxy's turn
