@@ -21,6 +21,7 @@ MAX_DIGITS = 64
 MAX_DEPTH = 64
 OFF_LOOP_BYTES = 256 * 1024  # bodies larger than this are parsed in a worker thread
 _SURROGATE = re.compile("[\ud800-\udfff]")
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 async def read_limited(chunks: AsyncIterable[bytes], *, limit: int, declared: str | None = None) -> bytes:
@@ -64,8 +65,30 @@ def parse_json(data: bytes) -> Any:
         raise InvalidRequest(f"request body nests deeper than {MAX_DEPTH} levels") from None
     except ValueError as exc:  # bad JSON or UTF-8
         raise InvalidRequest(f"request body is not valid JSON: {str(exc)[:200]}") from None
-    check_value(value)
+    if _may_hold_surrogates(data) or _deeper_than(value, MAX_DEPTH):
+        check_value(value)  # walks every value, to name where
     return value
+
+
+def _may_hold_surrogates(data: bytes) -> bool:
+    """False when JSON parsed from ``data`` cannot hold a lone surrogate: UTF-8 without a ``\\uD800``-``\\uDFFF`` escape
+    or the byte that starts a surrogate's UTF-8 form (json decodes bytes with "surrogatepass")."""
+    if json.detect_encoding(data) not in ("utf-8", "utf-8-sig"):
+        return True
+    return b"\xed" in data or (b"\\u" in data and _SURROGATE_ESCAPE.search(data) is not None)
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether anything in ``value`` lies deeper than ``limit`` (``check_value``'s bound), walking containers only."""
+    stack: list[tuple[Any, int]] = [(value, 0)] if value and isinstance(value, (dict, list)) else []
+    while stack:
+        item, depth = stack.pop()
+        if depth >= limit:
+            return True  # a container on the bound with something in it
+        for child in item.values() if isinstance(item, dict) else item:
+            if child and isinstance(child, (dict, list)):
+                stack.append((child, depth + 1))
+    return False
 
 
 def check_value(value: Any) -> None:

@@ -38,6 +38,10 @@ def test_bodies_over_the_limit_are_413_declared_or_streamed():
     (b'{"text": "a\\ud800b"}', r"\$\.text holds a lone UTF-16 surrogate"),
     (b'{"messages": [{"content": "\\udfff"}]}', r"\$\.messages\[0\]\.content holds a lone"),
     (b'{"\\ud800": 1}', "a key in \\$ holds a lone"),
+    (b'{"text": "a\xed\xa0\x80b"}', r"\$\.text holds a lone UTF-16 surrogate"),  # the surrogate's UTF-8 form
+    ('{"text": "\\ud800"}'.encode("utf-16"), r"\$\.text holds a lone UTF-16 surrogate"),
+    (b"[" * (MAX_DEPTH + 1) + b"1" + b"]" * (MAX_DEPTH + 1), "nests deeper"),  # a scalar one level too deep
+    (b"[" * (MAX_DEPTH + 2) + b"]" * (MAX_DEPTH + 2), "nests deeper"),
     (b'{"a": 1', "not valid JSON"),
     (b'\xff\xfe', "not valid JSON"),
 ])
@@ -50,6 +54,10 @@ def test_well_formed_bodies_pass_unchanged():
     body = {"text": "héllo 🦐 \u2028", "ids": list(range(100)), "n": -(10**60), "deep": [[[[{"ok": True}]]]]}
     assert parse_json(json.dumps(body).encode()) == body
     assert parse_json(json.dumps(body, ensure_ascii=False).encode()) == body
+    # at the depth bound, and text that only looks like a surrogate escape
+    assert parse_json(b"[" * MAX_DEPTH + b"1" + b"]" * MAX_DEPTH) == json.loads(b"[" * MAX_DEPTH + b"1" + b"]" * MAX_DEPTH)
+    assert parse_json(b"[" * (MAX_DEPTH + 1) + b"]" * (MAX_DEPTH + 1)) == json.loads(b"[" * (MAX_DEPTH + 1) + b"]" * (MAX_DEPTH + 1))
+    assert parse_json(b'{"t": "\\\\ud800", "n": 7}') == {"t": "\\ud800", "n": 7}
 
 
 def test_error_messages_never_echo_huge_input():
