@@ -2,10 +2,11 @@
 """A prompt's prefill, eager against the compiled step ``--enable-torch-compile`` runs it with, side by side.
 
 One ``TorchEngine(torch_compile=True)`` is warmed up as a server's is; then each prompt length is prefilled on a
-fresh cache by the eager model and by the engine's compiled step (``_forward_prompt``), alternating, back to back
-and after a pause (a server's turn comes after the user's pause, when the CPU's caches have gone cold). Prints
-the medians, compiled / eager per length, and the largest difference between their last-token logits. The engine
-prefills lengths within ``COMPILED_PREFILL_TOKENS`` compiled, longer ones eager.
+fresh cache by the eager model and by the engine's compiled step (called directly, so also past the lengths the
+engine sends it), alternating, back to back and after a pause (a server's turn comes after the user's pause, when
+the CPU's caches have gone cold). Prints the medians, compiled / eager per length, and the largest difference
+between their last-token logits. The engine prefills lengths within ``COMPILED_PREFILL_TOKENS`` compiled, longer
+ones eager.
 
     python scripts/bench/prefill.py [--model-path DIR] [--lengths 13,31,200,1000] [--repeats 12] [--pause 0.3]
 """

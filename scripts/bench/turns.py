@@ -329,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
           "first turn, made while its lease is taken, are plain generations):")
     for action in sorted(set(after) | set(before)):
         delta = after.get(action, 0) - before.get(action, 0)
-        if delta and action != "generate":  # "generate": the replay conversations' plain generations
+        if delta and action != "generate":  # "generate": replay turns' and new sessions' first turns' plain generations
             print(f"   {action:10s} {delta / args.turns / args.conversations:5.2f}" + ("   (before the answer)" if action == "query" else ""))
 
     print()
