@@ -65,8 +65,7 @@ def parse_json(data: bytes) -> Any:
         raise InvalidRequest(f"request body nests deeper than {MAX_DEPTH} levels") from None
     except ValueError as exc:  # bad JSON or UTF-8
         raise InvalidRequest(f"request body is not valid JSON: {str(exc)[:200]}") from None
-    if _may_hold_surrogates(data) or _deeper_than(value, MAX_DEPTH):
-        check_value(value)  # walks every value, to name where
+    check_value(value, strings=_may_hold_surrogates(data))
     return value
 
 
@@ -78,33 +77,33 @@ def _may_hold_surrogates(data: bytes) -> bool:
     return b"\xed" in data or (b"\\u" in data and _SURROGATE_ESCAPE.search(data) is not None)
 
 
-def _deeper_than(value: Any, limit: int) -> bool:
-    """Whether anything in ``value`` lies deeper than ``limit`` (``check_value``'s bound), walking containers only."""
-    stack: list[tuple[Any, int]] = [(value, 0)] if value and isinstance(value, (dict, list)) else []
+def check_value(value: Any, *, strings: bool = True) -> None:
+    """Refuse nesting deeper than ``MAX_DEPTH`` and (``strings``) strings holding lone surrogates, naming where.
+    One walk over the containers; a place's name is built only for the refusal."""
+    if isinstance(value, str):
+        if strings and _SURROGATE.search(value):
+            raise InvalidRequest("$ holds a lone UTF-16 surrogate; strings must be valid Unicode")
+        return
+    stack: list[tuple[Any, int, tuple | None]] = [(value, 0, None)] if isinstance(value, (dict, list)) else []
     while stack:
-        item, depth = stack.pop()
-        if depth >= limit:
-            return True  # a container on the bound with something in it
-        for child in item.values() if isinstance(item, dict) else item:
-            if child and isinstance(child, (dict, list)):
-                stack.append((child, depth + 1))
-    return False
+        item, depth, trail = stack.pop()  # trail: (the parent's trail, key) links, "$" at None
+        keyed = isinstance(item, dict)
+        for key, child in item.items() if keyed else enumerate(item):
+            if depth >= MAX_DEPTH:
+                raise InvalidRequest(f"request body nests deeper than {MAX_DEPTH} levels (at {_place((trail, key))[:200]})")
+            if isinstance(child, str):
+                if strings and _SURROGATE.search(child):
+                    raise InvalidRequest(f"{_place((trail, key))[:200]} holds a lone UTF-16 surrogate; strings must be valid Unicode")
+            elif isinstance(child, (dict, list)):
+                stack.append((child, depth + 1, (trail, key)))
+            if keyed and strings and _SURROGATE.search(key):
+                raise InvalidRequest(f"a key in {_place(trail)[:200]} holds a lone UTF-16 surrogate; strings must be valid Unicode")
 
 
-def check_value(value: Any) -> None:
-    """Refuse nesting deeper than ``MAX_DEPTH`` and strings holding lone surrogates, naming where."""
-    stack: list[tuple[Any, str, int]] = [(value, "$", 0)]
-    while stack:
-        item, where, depth = stack.pop()
-        if depth > MAX_DEPTH:
-            raise InvalidRequest(f"request body nests deeper than {MAX_DEPTH} levels (at {where[:200]})")
-        if isinstance(item, str):
-            if _SURROGATE.search(item):
-                raise InvalidRequest(f"{where[:200]} holds a lone UTF-16 surrogate; strings must be valid Unicode")
-        elif isinstance(item, dict):
-            for key, child in item.items():
-                if _SURROGATE.search(key):
-                    raise InvalidRequest(f"a key in {where[:200]} holds a lone UTF-16 surrogate; strings must be valid Unicode")
-                stack.append((child, f"{where}.{key}", depth + 1))
-        elif isinstance(item, list):
-            stack.extend((child, f"{where}[{i}]", depth + 1) for i, child in enumerate(item))
+def _place(trail: tuple | None) -> str:
+    """``$``, then ``.key`` for an object's member and ``[i]`` for an array's item, from a walk's trail."""
+    keys = []
+    while trail is not None:
+        trail, key = trail
+        keys.append(f"[{key}]" if isinstance(key, int) else f".{key}")
+    return "$" + "".join(reversed(keys))

@@ -42,6 +42,7 @@ def test_bodies_over_the_limit_are_413_declared_or_streamed():
     ('{"text": "\\ud800"}'.encode("utf-16"), r"\$\.text holds a lone UTF-16 surrogate"),
     (b"[" * (MAX_DEPTH + 1) + b"1" + b"]" * (MAX_DEPTH + 1), "nests deeper"),  # a scalar one level too deep
     (b"[" * (MAX_DEPTH + 2) + b"]" * (MAX_DEPTH + 2), "nests deeper"),
+    (b'{"k": ' + b"[" * MAX_DEPTH + b'{"v": 1}' + b"]" * MAX_DEPTH + b"}", r"nests deeper than 64 levels \(at \$\.k(\[0\]){64}\)"),
     (b'{"a": 1', "not valid JSON"),
     (b'\xff\xfe', "not valid JSON"),
 ])
