@@ -30,7 +30,7 @@ from memt_core.client.chat_format import ChatFormat
 from memt_core.client.parsers import Delta, OutputParser, hold_partial
 from memt_proxy.errors import ProxyError
 from memt_proxy.protocol import ChatCompletionRequest, NamedToolChoice, Usage, choice, chunk_body, completion_id, logprobs_content, logprobs_sampling, response_body
-from memt_proxy.sessions import HeldSession, PendingTurn, Sessions, SessionState
+from memt_proxy.sessions import HeldSession, MemoryFound, PendingTurn, Sessions, SessionState
 from memt_proxy.structured import structure
 from memt_proxy.transcript import Split, as_dict, check_tool_rounds, message_hash, split_transcript
 
@@ -182,19 +182,24 @@ class ChatService:
                 return replayed
             # prepared before the native session exists, so a refused request never creates one
             prepared = await self._prepare_session(request, state, policy, divergence, len(dumped))
-            if not state.exists:
-                await held.ensure()
-                if state.committed or not state.history_known or state.pending:
-                    # adopted: the native session already held memory (its record says what, or nobody knows)
-                    prepared = await self._prepare_session(request, state, policy, divergence, len(dumped))
+            blank = not state.exists
+            # a new session is created beside its (non-streamed) answer, like its lease
+            await held.start(with_answer=True, create=not request.stream)
+            if blank and state.exists and not state.blank:
+                # adopted: the native session already held memory (its record says what, or nobody knows)
+                prepared = await self._prepare_session(request, state, policy, divergence, len(dumped))
             prepared.digest = digest
-            await held.start(with_answer=True)
             if request.stream:
                 handed_off = True  # the stream lets the session go when it ends
                 stream = self._stream(request, prepared, held, held_until)
                 asyncio.get_running_loop().call_later(STREAM_START_TIMEOUT, self._unstarted, prepared, held_until)
                 return stream
-            return await self._run(request, prepared, held)
+            try:
+                return await self._run(request, prepared, held)
+            except MemoryFound:  # the same, found only once the answer was under way
+                prepared = await self._prepare_session(request, state, policy, divergence, len(dumped))
+                prepared.digest = digest
+                return await self._run(request, prepared, held)
         finally:
             if not handed_off:
                 await held_until.aclose()

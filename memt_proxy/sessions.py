@@ -33,6 +33,7 @@ A request holds a session with ``turn(tenant, session)``::
     async with sessions.turn(tenant, session) as held:   # the session's lock (bounded wait → 409)
         ...                                               # decide from held.state; a refusal here creates nothing
         await held.start(with_answer=True)                # create or adopt, then the session's (kept) lease
+                                                          # (create=True: both beside the answer, see below)
         body = await held.query(prompt, sampling)
         held.commit_turn_later(context_ids, turn_ids, committed)   # or: await held.commit_turn(...) now
     # lock released, or handed to the turn's commit; lease kept while the session is active
@@ -41,9 +42,11 @@ A session's lease outlives the request: it is kept (renewed every third of ``lea
 session is active and released once the session has been idle for ``lease_idle`` seconds, when its
 state is dropped from the table, or at shutdown (``aclose``); a leased session's turn then costs one
 round trip before its answer, the query. A session whose memory is still empty (a new one's first turn) takes
-its lease while its answer is generated (``start(with_answer=True)``): an empty memory reads as none, so the
-answer is a plain generation's, the same tokens a query would give; were the lease held by another client
-(which may have written meanwhile), that generation is dropped and the query made once the lease is ours.
+its lease while its answer is generated (``start(with_answer=True)``), and a session the proxy knows nothing of
+is created then too (``create=True``): an empty memory reads as none, so the answer is a plain generation's, the
+same tokens a query would give; were the lease held by another client (which may have written meanwhile), or the
+session found to hold memory already (``MemoryFound``: its prompt is prepared again), that generation is dropped
+and the query made once the lease is ours.
 A completed turn is committed *behind* the answer
 (``held.commit_turn_later``): the request returns, and a task of the session's own writes the turn
 (begin → commit → publish) still holding the session's lock, so the session's next request waits for
@@ -139,6 +142,12 @@ class SessionState:
         """The native session's memory is the empty one it was created with (never published to)."""
         return self.exists and self.version == 0
 
+    @property
+    def blank(self) -> bool:
+        """Nothing is known to be in memory and no turn waits for tool results: what a prompt prepared
+        before the native session was created or adopted assumed."""
+        return not self.committed and self.history_known and self.pending is None
+
     def forget(self) -> None:
         """The native session is gone (closed, or the upstream restarted): start over on next use."""
         self.exists, self.version, self.committed, self.pending, self.history_known = False, 0, [], None, True
@@ -217,6 +226,11 @@ class SessionTable:
 
 class LeaseTaken(Exception):
     """Another client holds the session's lease (``Sessions.acquire(wait=False)``); handled here, never answered."""
+
+
+class MemoryFound(Exception):
+    """``HeldSession.query``, creating a session beside its answer, adopted one that holds memory: the prompt,
+    prepared for an empty one, must be prepared again (the lease is taken by then); never answered."""
 
 
 class Sessions:
@@ -791,42 +805,56 @@ class HeldSession:
         self.later: tuple[list[list[int]], list[str]] | None = None  # a commit left for after the request
         self.kept = False  # the lease was kept from an earlier request (it may have lapsed since)
         self.deferred = False  # the lease is taken while the answer is generated (``start(with_answer=True)``)
+        self.creating = False  # the native session too (``start(create=True)``)
 
-    async def ensure(self) -> None:
-        """Create or adopt the native session (``state.history_known`` says whether its history is known)."""
-        await self.sessions.ensure(self.state)
-
-    async def start(self, *, with_answer: bool = False) -> None:
+    async def start(self, *, with_answer: bool = False, create: bool = False) -> None:
         """Create or adopt the native session, then take its lease: the one kept from an earlier request, or a new one.
-        ``with_answer``: a new lease on a session whose memory is empty is taken by ``query`` while it generates."""
-        await self.sessions.ensure(self.state)
-        self.kept = self.state.lease is not None
-        if with_answer and not self.kept and self.state.empty:
+        ``with_answer``: a new lease on a session whose memory is empty is taken by ``query`` while it generates;
+        ``create`` as well: a session of which nothing is known or recorded is created (or adopted) by ``query`` too,
+        which raises ``MemoryFound`` if it turns out to hold memory (e.g. after a restart without records)."""
+        state = self.state
+        if with_answer and create and not state.exists and state.blank and not self.sessions.records.known(state.native):
+            self.deferred = self.creating = True
+            return
+        await self.sessions.ensure(state)
+        self.kept = state.lease is not None
+        if with_answer and not self.kept and state.empty:
             self.deferred = True
             return
-        self.lease = await self.sessions.lease_of(self.state)
+        self.lease = await self.sessions.lease_of(state)
 
     async def _leased(self) -> None:
-        """Take the lease ``start`` left to the answer, for a use that cannot overlap it."""
+        """Take the lease (and create the session) as ``start`` left to the answer, for a use that cannot overlap it."""
         if self.deferred:
             self.deferred = False
+            if self.creating:
+                self.creating = False
+                await self.sessions.ensure(self.state)
             self.lease = await self.sessions.lease_of(self.state)
 
     async def _query_leasing(self, prompt: list[int], sampling: dict) -> dict:
-        """``query`` on the empty memory of a session not yet leased: a plain generation (an empty memory reads as
-        none: the same tokens) while the lease is taken. If another client holds the lease, it may write before
-        letting go: the generation is dropped, and the query made under the lease once it is ours."""
+        """``query`` on the empty memory of a session not yet leased (or not yet created): a plain generation (an
+        empty memory reads as none: the same tokens) while the session is created and leased. If the session turns
+        out to hold memory, or another client holds the lease (it may write before letting go), the generation is
+        dropped and the query made under the lease once it is ours (after ``MemoryFound``, by the caller)."""
         self.deferred = False
-        sessions = self.sessions
+        sessions, state = self.sessions, self.state
         generation = asyncio.ensure_future(sessions.generate(prompt, sampling))
         try:
-            self.lease = await sessions.acquire(self.state, wait=False)
+            if self.creating:
+                self.creating = False
+                await sessions.ensure(state)
+                if not (state.blank and state.empty):
+                    raise MemoryFound(state.native)
+            self.lease = await sessions.acquire(state, wait=False)
         except BaseException as exc:
             generation.cancel()
             await asyncio.gather(generation, return_exceptions=True)
-            if not isinstance(exc, LeaseTaken):
+            if not isinstance(exc, (LeaseTaken, MemoryFound)):
                 raise
-            self.lease = await sessions.acquire(self.state)
+            self.lease = await sessions.lease_of(state)
+            if isinstance(exc, MemoryFound) and not state.blank:
+                raise
             return await self.query(prompt, sampling)
         return await generation
 

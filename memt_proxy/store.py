@@ -54,6 +54,12 @@ class SessionRecordStore:
         """Whether the shared records hold this session: another node served it (its memory is in the store)."""
         return self.shared and self._read(native) is not None
 
+    def known(self, native: str) -> bool:
+        """Whether a record of this session is kept (a per-session or an offload record): its memory may hold something."""
+        if self.records_directory is not None and self._path(native).exists():
+            return True
+        return self.load_offload(native) is not None
+
     def _path(self, native: str, suffix: str = ".json") -> Path:
         # native ids are [A-Za-z0-9_.-]: safe file names
         return (self.records_directory if suffix == ".json" else self.directory) / f"{native}{suffix}"

@@ -195,9 +195,9 @@ class Conversation:
             try:
                 return self.turn(text), refused
             except openai.APIStatusError as exc:
-                # 409: still owned by the lost node; SMG's 500 call_upstream_*: sent to (or running on) the dead
-                # node before its health check failed; 502-504: the router or proxy saw it die
-                lost = exc.status_code == 500 and "'code': 'call_upstream_" in str(exc)
+                # 409: still owned by the lost node; SMG's 500 call_upstream_* or read_response_body_failed: sent to
+                # (or answered by) the dead node before its health check failed; 502-504: the router or proxy saw it die
+                lost = exc.status_code == 500 and any(f"'code': '{code}" in str(exc) for code in ("call_upstream_", "read_response_body_failed"))
                 assert exc.status_code in (409, 502, 503, 504) or lost, exc
                 refused.append(exc.status_code)
             except openai.APIConnectionError:

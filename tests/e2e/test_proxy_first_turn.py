@@ -1,11 +1,12 @@
 """A new session's first turn is answered while its lease is taken (live memt_core server, the real ``openai`` SDK).
 
 In process, the proxy's app runs over ``Recorded``, a native client that sends every request for real and
-records when each began and ended. A session whose memory is still empty holds no lease yet at its first turn:
-its answer is a plain generation (an empty memory reads as none), sent without waiting for the lease, and
+records when each began and ended. A new session's first turn does not wait for the native session to be
+made, nor for its lease: its answer is a plain generation (an empty memory reads as none), sent first, and
 the same tokens a query would give; the turn is then committed under that lease, and the next turn queries
-memory. Were the lease held by another client, which may write before letting go, the generation is dropped
-and the answer is a query made once the lease is the proxy's.
+memory. Were the lease held by another client, which may write before letting go, or the native session
+found to hold memory already (made by someone else), the generation is dropped and the answer is a query
+made once the lease is the proxy's, with the prompt prepared for what memory holds.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from memt_core.client.native import AsyncNativeClient, NativeClient
 from memt_proxy.app import create_app
 from memt_proxy.serving import ChatService
 from memt_proxy.sessions import Sessions, native_session_id
+from memt_proxy.store import SessionRecordStore
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -68,12 +70,12 @@ def chat(nano_checkpoint):
     return load_chat_format(nano_checkpoint, tokenizer=load_tokenizer(nano_checkpoint))
 
 
-def in_process(client, chat):
-    """The proxy's app over ``client``, and an ``openai.AsyncOpenAI`` talking to it in process."""
+def in_process(client, chat, records=None):
+    """The proxy's app over ``client`` (its session records in ``records``), and an ``openai.AsyncOpenAI`` talking to it in process."""
     from openai import AsyncOpenAI
 
     chat_format, parser = chat
-    sessions = Sessions(client, identity=chat_format.identity)
+    sessions = Sessions(client, identity=chat_format.identity, records=SessionRecordStore(records))
     app = create_app(ChatService(sessions, chat_format, parser, model_names=[MODEL]))
     http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://proxy", timeout=120)
     return sessions, AsyncOpenAI(base_url="http://proxy/v1", api_key="unused", http_client=http, max_retries=0)
@@ -124,9 +126,9 @@ def test_a_new_sessions_first_turn_is_generated_while_its_lease_is_taken(proxy_u
     assert first.choices[0].message.content == stateless.choices[0].message.content
     assert {s: reply.choices[0].message.content for s, reply in fresh.items()} == {s: reply.choices[0].message.content for s, reply in others.items()}
     kinds = [kind for event, kind, _ in first_turn if event == "start"]
-    assert kinds[:3] == ["create", "acquire", "generate"] and "query" not in kinds, first_turn
-    # sent before the lease was granted, not after it
-    assert first_turn.index(("start", "generate", None)) < first_turn.index(("end", "acquire", native_session_id("default", session)))
+    assert sorted(kinds[:3]) == ["acquire", "create", "generate"] and "query" not in kinds, first_turn
+    # sent before the session was made, not after it
+    assert first_turn.index(("start", "generate", None)) < first_turn.index(("end", "create", native_session_id("default", session)))
     # the turn was committed under the lease taken meanwhile, and the next turn queries the memory that holds it
     assert info["native"]["published_version"] == 1 and info["committed_messages"] == 2
     assert [kind for event, kind, native in second_turn if event == "start" and native == native_session_id("default", session)][:1] == ["query"], second_turn
@@ -164,3 +166,68 @@ def test_a_first_turn_on_a_lease_another_client_holds_waits_and_queries(proxy_up
     query = log.index(("start", "query", native))
     assert refused < granted < query, log  # the answer is a query under the proxy's own lease, made after the write
     assert native_info["published_version"] == 2  # the other client's write, then the proxy's turn
+
+
+def test_a_first_turn_on_a_session_that_already_holds_memory_reads_it(proxy_upstream, chat):
+    session, edited = unique("found"), unique("found")
+    natives = {name: native_session_id("default", name) for name in (session, edited)}
+
+    async def scenario():
+        client = Recorded(proxy_upstream.url)
+        sessions, openai = in_process(client, chat)
+        other = NativeClient(proxy_upstream.url)
+        try:
+            for native in natives.values():  # made and written by another client of the upstream, then let go
+                other.control("create", native, memory_read=True)
+                lease = other.control("acquire", native, ttl=60)["lease"]
+                other.control("begin", native, lease=lease, transaction="t-other")
+                other.commit(native, lease, "t-other", [5, 6, 7, 8, 9, 10])
+                other.control("publish", native, lease=lease, transaction="t-other", memory_read=True)
+                other.control("release", native, lease=lease)
+            reply = await ask(openai, [{"role": "user", "content": "hello there"}], session, 0)
+            await inspect(openai, session)  # after the commit behind the answer
+            log = list(client.log)
+            # a transcript with earlier messages cannot continue a memory whose history the proxy never saw
+            transcript = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}, {"role": "user", "content": "and now?"}]
+            with pytest.raises(Exception) as refused:
+                await ask(openai, transcript, edited, 0)
+            return reply, log, refused.value, {name: other.control("inspect", native) for name, native in natives.items()}
+        finally:
+            other.close()
+            await sessions.aclose()
+
+    reply, log, refused, infos = asyncio.run(scenario())
+    assert reply.choices[0].message is not None
+    native = natives[session]
+    # the generation started before the session was found to hold memory; the answer is a query of that memory
+    assert log.index(("start", "generate", None)) < log.index(("error", "create", native)), log  # it exists already
+    assert ("start", "query", native) in log and log.index(("start", "generate", None)) < log.index(("start", "query", native)), log
+    assert infos[session]["published_version"] == 2  # the other client's write, then the proxy's turn
+    assert getattr(refused, "status_code", None) == 409 and "transcript_diverged" in str(refused), refused
+    assert infos[edited]["published_version"] == 1  # refused: nothing written
+
+
+def test_a_recorded_session_is_adopted_before_its_answer(proxy_upstream, chat, tmp_path):
+    """A session the proxy has a record of (here: written before a restart) may hold memory: it is adopted
+    first, and its turn is a query, with no generation spent on a prompt prepared for an empty memory."""
+    session = unique("recorded")
+    native = native_session_id("default", session)
+    messages = [{"role": "user", "content": "The code of locker 37 is K53."}]
+
+    async def scenario():
+        for life in range(2):  # the same records, a proxy before and after a restart
+            client = Recorded(proxy_upstream.url)
+            sessions, openai = in_process(client, chat, records=tmp_path)
+            try:
+                reply = await ask(openai, messages, session, 0)
+                messages.extend([{"role": "assistant", "content": reply.choices[0].message.content}, {"role": "user", "content": "What is the code?"}])
+                info = await inspect(openai, session)
+            finally:
+                await sessions.aclose()
+        return list(client.log), info
+
+    log, info = asyncio.run(scenario())
+    kinds = [kind for event, kind, _ in log if event == "start"]
+    assert ("error", "create", native) in log and "generate" not in kinds and "query" in kinds, log
+    assert log.index(("error", "create", native)) < log.index(("start", "query", native))
+    assert info["history_known"] and info["native"]["published_version"] >= 1

@@ -132,3 +132,18 @@ def test_offload_records_in_memory_are_bounded(monkeypatch):
     assert [store.load_offload(f"p-{n}") is not None for n in range(5)] == [False, False, True, True, True]
     store.forget_offload("p-4")
     assert store.load_offload("p-4") is None
+
+
+def test_a_session_is_known_by_its_record_or_its_offload_record(tmp_path):
+    """``known``: a session's memory may hold something (so it is made before its first answer here)."""
+    store, shared = SessionRecordStore(tmp_path / "state"), SessionRecordStore(tmp_path / "state2", tmp_path / "records")
+    assert not store.known("p-a") and not shared.known("p-a")
+    store.save("p-a", 0, [], [A])
+    store.save_offload("p-b", "sha256-" + "0" * 64 + ".safetensors", None, None)
+    shared.save("p-c", 0, [], [A])  # by another proxy of a cluster
+    assert store.known("p-a") and store.known("p-b") and SessionRecordStore(tmp_path / "x", tmp_path / "records").known("p-c")
+    store.delete("p-a")
+    assert not store.known("p-a")
+    memory = SessionRecordStore(None)
+    memory.save_offload("p-d", "sha256-" + "0" * 64 + ".safetensors", [], None)
+    assert memory.known("p-d") and not memory.known("p-a")
