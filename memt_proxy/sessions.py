@@ -889,6 +889,10 @@ class HeldSession:
 
     async def query_stream(self, prompt: list[int], sampling: dict) -> AsyncIterator[dict]:
         """``query`` as cumulative stream bodies; closing the iterator early cancels the upstream query."""
+        if self.deferred and not self.creating:
+            async for body in self._query_stream_leasing(prompt, sampling):
+                yield body
+            return
         await self._leased()
         sessions = self.sessions
         upstream = sessions.client.query_stream(self.state.native, self.lease, prompt, sampling_params=sampling)
@@ -910,6 +914,33 @@ class HeldSession:
         yield first
         async for body in sessions.stream(upstream):
             yield body
+
+    async def _query_stream_leasing(self, prompt: list[int], sampling: dict) -> AsyncIterator[dict]:
+        """``query_stream`` as ``_query_leasing`` makes ``query``: a plain generation's stream, started while the lease
+        is taken and passed on only once the lease is ours; were it another client's, dropped for a query under it."""
+        self.deferred = False
+        sessions = self.sessions
+        upstream = sessions.generate_stream(prompt, sampling)
+        first = asyncio.ensure_future(anext(upstream, None))
+        try:
+            try:
+                self.lease = await sessions.acquire(self.state, wait=False)
+            except LeaseTaken:
+                taken = True
+            else:
+                taken = False
+                body = await first
+                while body is not None:
+                    yield body
+                    body = await anext(upstream, None)
+        finally:
+            first.cancel()
+            await asyncio.gather(first, return_exceptions=True)
+            await upstream.aclose()
+        if taken:
+            self.lease = await sessions.lease_of(self.state)
+            async for body in self.query_stream(prompt, sampling):
+                yield body
 
     async def commit_turn(self, context_ids: list[int], turn_ids: list[int], committed: list[str]) -> None:
         """Write a completed turn (after the uncommitted context before it) into memory, which then holds ``committed``."""

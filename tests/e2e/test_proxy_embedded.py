@@ -9,7 +9,7 @@ embedded core (the session's read log shows it stopped short) and frees the sess
 from __future__ import annotations
 
 import pytest
-from e2e.proxies import KEY_A, LONG_TOKENS, MODEL, STOPS, ProxyServer, ask, assistant, leave_stream_early, unique
+from e2e.proxies import KEY_A, LONG_TOKENS, MODEL, STOPS, ProxyServer, ask, assistant, completed_turn, leave_stream_early, unique
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -58,6 +58,8 @@ def test_a_stream_in_one_process(embedded, proxy):
 
 def test_leaving_a_stream_cancels_the_embedded_query(embedded, long_seed):
     session = unique("one-gone")
+    # memory first, so that the stream is a query (a new session's first turn is a plain generation)
+    completed_turn(embedded.openai("unused"), session, [{"role": "user", "content": "hello"}])
     leave_stream_early(embedded, session, long_seed, key=None)
     native = embedded.inspect(session, None)["native"]  # waits until the request let the session go
     assert native["in_flight"] == [] and native["transaction"] is None

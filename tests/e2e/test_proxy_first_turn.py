@@ -55,6 +55,18 @@ class Recorded(AsyncNativeClient):
     async def generate(self, input_ids, **kwargs):
         return await self._recorded("generate", None, super().generate(input_ids, **kwargs))
 
+    async def generate_stream(self, input_ids, **kwargs):
+        self.log.append(("start", "generate_stream", None))
+        async for body in super().generate_stream(input_ids, **kwargs):
+            yield body
+        self.log.append(("end", "generate_stream", None))
+
+    async def query_stream(self, session, lease, input_ids, **kwargs):
+        self.log.append(("start", "query_stream", session))
+        async for body in super().query_stream(session, lease, input_ids, **kwargs):
+            yield body
+        self.log.append(("end", "query_stream", session))
+
     def kinds(self) -> list[str]:
         """The requests in the order they were sent."""
         return [kind for event, kind, _ in self.log if event == "start"]
@@ -86,6 +98,15 @@ async def ask(openai, messages, session: str | None, seed: int, memory: str = "a
     return await openai.chat.completions.create(
         model=MODEL, messages=messages, max_tokens=16, temperature=1.0, seed=seed, stop=STOPS, extra_headers=headers,
     )
+
+
+async def ask_streaming(openai, messages, session: str | None, seed: int, memory: str = "auto") -> str:
+    """The streamed answer's text."""
+    headers = {"X-MemT-Memory": memory} if session is None else {"X-MemT-Session": session, "X-MemT-Memory": memory}
+    stream = await openai.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=16, temperature=1.0, seed=seed, stop=STOPS, extra_headers=headers, stream=True,
+    )
+    return "".join([chunk.choices[0].delta.content or "" async for chunk in stream if chunk.choices])
 
 
 async def inspect(openai, session: str) -> dict:
@@ -231,3 +252,51 @@ def test_a_recorded_session_is_adopted_before_its_answer(proxy_upstream, chat, t
     assert ("error", "create", native) in log and "generate" not in kinds and "query" in kinds, log
     assert log.index(("error", "create", native)) < log.index(("start", "query", native))
     assert info["history_known"] and info["native"]["published_version"] >= 1
+
+
+def test_a_streamed_first_turn_is_generated_while_its_lease_is_taken(proxy_upstream, chat):
+    """Streamed, the session is made first and its lease taken beside the answer, which is passed on once the
+    lease is the proxy's; a lease another client holds makes it a query under the proxy's lease, after that
+    client's write."""
+    session, held = unique("streamed"), unique("streamed")
+    natives = {name: native_session_id("default", name) for name in (session, held)}
+    messages = [{"role": "user", "content": "The code of locker 37 is K53."}]
+
+    async def scenario():
+        client = Recorded(proxy_upstream.url)
+        sessions, openai = in_process(client, chat)
+        other = NativeClient(proxy_upstream.url)
+        try:
+            stateless = await ask_streaming(openai, messages, None, 3, memory="off")
+            client.log.clear()
+            first = await ask_streaming(openai, messages, session, 3)
+            first_turn = list(client.log)
+            info = await inspect(openai, session)
+            native = natives[held]
+            other.control("create", native, memory_read=True)
+            lease = other.control("acquire", native, ttl=60)["lease"]
+            client.log.clear()
+            answer = asyncio.ensure_future(ask_streaming(openai, messages, held, 3))
+            await client.refused.wait()
+            other.control("begin", native, lease=lease, transaction="t-other")
+            other.commit(native, lease, "t-other", [5, 6, 7, 8, 9, 10])
+            other.control("publish", native, lease=lease, transaction="t-other", memory_read=True)
+            other.control("release", native, lease=lease)
+            await answer
+            held_turn = list(client.log)
+            return stateless, first, first_turn, info, held_turn
+        finally:
+            other.close()
+            await sessions.aclose()
+
+    stateless, first, first_turn, info, held_turn = asyncio.run(scenario())
+    native = natives[session]
+    assert first == stateless  # an empty memory reads as none
+    kinds = [kind for event, kind, _ in first_turn if event == "start"]
+    assert kinds[0] == "create" and "generate_stream" in kinds and "query_stream" not in kinds, first_turn
+    assert first_turn.index(("start", "generate_stream", None)) < first_turn.index(("end", "acquire", native)), first_turn
+    # committed under that lease when the answer ended with a stop string
+    assert (info["native"]["published_version"], info["committed_messages"]) in ((1, 2), (0, 0)), info
+    refused = held_turn.index(("error", "acquire", natives[held]))
+    granted = held_turn.index(("end", "acquire", natives[held]))
+    assert refused < granted < held_turn.index(("start", "query_stream", natives[held])), held_turn
