@@ -326,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
 
     print()
     print(f"upstream requests of a two-process memory conversation, per turn ({args.turns} turns; replay turns, and a new session's "
-          "first turn, made while its lease is taken, are plain generations):")
+          "first turn, made while the session is created and leased, are plain generations):")
     for action in sorted(set(after) | set(before)):
         delta = after.get(action, 0) - before.get(action, 0)
         if delta and action != "generate":  # "generate": replay turns' and new sessions' first turns' plain generations
