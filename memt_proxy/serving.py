@@ -180,15 +180,20 @@ class ChatService:
             replayed = self._replay(request, state, digest)
             if replayed is not None:
                 return replayed
+
+            async def prepare() -> Prepared:
+                prepared = await self._prepare_session(request, state, policy, divergence, len(dumped))
+                prepared.digest = digest
+                return prepared
+
             # prepared before the native session exists, so a refused request never creates one
-            prepared = await self._prepare_session(request, state, policy, divergence, len(dumped))
-            blank = not state.exists
+            prepared = await prepare()
+            missing = not state.exists
             # a new session is created beside its (non-streamed) answer, like its lease
             await held.start(with_answer=True, create=not request.stream)
-            if blank and state.exists and not state.blank:
+            if missing and state.exists and not state.blank:
                 # adopted: the native session already held memory (its record says what, or nobody knows)
-                prepared = await self._prepare_session(request, state, policy, divergence, len(dumped))
-            prepared.digest = digest
+                prepared = await prepare()
             if request.stream:
                 handed_off = True  # the stream lets the session go when it ends
                 stream = self._stream(request, prepared, held, held_until)
@@ -197,9 +202,7 @@ class ChatService:
             try:
                 return await self._run(request, prepared, held)
             except MemoryFound:  # the same, found only once the answer was under way
-                prepared = await self._prepare_session(request, state, policy, divergence, len(dumped))
-                prepared.digest = digest
-                return await self._run(request, prepared, held)
+                return await self._run(request, await prepare(), held)
         finally:
             if not handed_off:
                 await held_until.aclose()
