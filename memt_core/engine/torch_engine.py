@@ -10,11 +10,13 @@ Results flow back to the asyncio side through per-request queues and futures.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import os
 import queue
 import threading
 import time
+import weakref
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
@@ -40,6 +42,11 @@ log = logging.getLogger("memt.engine")
 #: 200 in 0.85-0.9x, while from several hundred tokens the eager pass is the faster. Shorter prompts are shapes of
 #: their own to the compiler, and stay eager.
 COMPILED_PREFILL_TOKENS = (3, 256)
+
+#: The compiled step's guards leave out the model's own modules (``_compiled``): graphs compiled for one model are
+#: taken for another of the same class, so a process compiles models of one architecture only (model → its
+#: architecture, while the model lives). Their weights are the graphs' inputs, read at every call.
+_COMPILED_ARCHITECTURES: "weakref.WeakKeyDictionary[MemTForCausalLM, str]" = weakref.WeakKeyDictionary()
 
 
 @dataclass(eq=False)
@@ -101,6 +108,17 @@ def inductor_options(device: torch.device) -> dict:
     mostly the cost of calling its kernels: inductor's C++ wrapper calls them from generated C++ instead of
     generated Python, a demo-model step in about 0.75x the time (scripts/bench/compile.py); elsewhere, the defaults."""
     return {"cpp_wrapper": True} if torch.device(device).type == "cpu" else {}
+
+
+def architecture(model: MemTForCausalLM) -> str:
+    """A digest of what a compiled graph of ``model`` takes from its modules rather than from its inputs: the
+    checkpoint's identity, the configuration (with private fields such as the attention and experts
+    implementations), every module's type and hooks, and the parameters' shapes, dtypes and devices."""
+    parts = [model.checkpoint.identity(), repr(sorted(vars(model.config).items()))]
+    parts += [f"{name} {type(module).__qualname__} {len(module._forward_hooks)} {len(module._forward_pre_hooks)}"
+              for name, module in model.named_modules()]
+    parts += [f"{name} {tuple(p.shape)} {p.dtype} {p.device}" for name, p in model.named_parameters()]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
 class TorchEngine(Engine):
@@ -178,6 +196,7 @@ class TorchEngine(Engine):
         max_commit_batch: int = 4,
         torch_compile: bool = False,
         compile_options: dict | None = None,
+        module_guards: bool = False,
         threads: int | None = None,
     ):
         self.model = model
@@ -189,7 +208,8 @@ class TorchEngine(Engine):
         self.compiled = torch_compile
         self._prefill_compiled = False
         self.compile_options = inductor_options(self.device) if compile_options is None else dict(compile_options)
-        self._decoder = torch.compile(model, dynamic=True, options=self.compile_options) if torch_compile else model
+        self.module_guards = module_guards  # keep the compiled step's guards on the model's modules (``_compiled``)
+        self._decoder = self._compiled(model) if torch_compile else model
         memory = self.checkpoint.memory
         self.store = MemoryStore(
             identity=self.checkpoint.identity(),
@@ -227,12 +247,36 @@ class TorchEngine(Engine):
         self._thread.start()
         return self
 
+    def _compiled(self, model: MemTForCausalLM):
+        """``model`` compiled for the decode step and short prefills. Its guards (the checks run before every call
+        that the graph still fits) leave out those on the model's modules: thousands of attribute checks that no call
+        can fail (nothing changes a loaded model), which cost a compiled demo-model turn 10-30 % of its time on the CPU
+        (scripts/bench/guards.py); those on the step's inputs and on global state stay. ``module_guards`` keeps them
+        all (to measure them)."""
+        options = dict(self.compile_options)
+        if not self.module_guards:
+            options["guard_filter_fn"] = torch.compiler.skip_guard_on_all_nn_modules_unsafe
+        return torch.compile(model, dynamic=True, options=options)
+
+    def _claim_architecture(self) -> None:
+        """Refuse to compile a model whose architecture differs from another compiled model's in this process
+        (see ``_COMPILED_ARCHITECTURES``): their graphs would be taken for each other's."""
+        mine = architecture(self.model)
+        if any(theirs != mine for model, theirs in _COMPILED_ARCHITECTURES.items() if model is not self.model):
+            raise RuntimeError(
+                "this process already serves a compiled model of another architecture (modules, configuration or "
+                "parameter shapes): torch.compile's graphs of one would be taken for the other's; compile one "
+                "architecture per process (or leave out --enable-torch-compile)"
+            )
+        _COMPILED_ARCHITECTURES[self.model] = mine
+
     def _warm_up(self) -> None:
         """Compile the decode step for one row and for several, after prompts of one token and of more (a size
         of 1 is a shape of its own to the compiler), then the prefill of short prompts (``COMPILED_PREFILL_TOKENS``)
         and a decode step after it, so no request waits for the compiler."""
         started = time.monotonic()
         log.info("compiling the decode step and short prefills (torch.compile; about a minute on a CPU, less with a warm cache)")
+        claimed = False
         with torch.no_grad():  # the worker thread's grad mode: the compiled code is guarded on it
             for lengths in ((5,), (5, 7), (1,), (1, 1)):  # unusual lengths beyond 1, so that no size is taken for another
                 rows, cache, mask = len(lengths), None, None
@@ -242,6 +286,9 @@ class TorchEngine(Engine):
                     if not kv.batchable(out.past_key_values):
                         log.info("this model's caches decode one row at a time, uncompiled: nothing to compile")
                         return
+                    if not claimed:  # before anything is compiled for it
+                        self._claim_architecture()
+                        claimed = True
                     own = torch.ones(1, length, dtype=torch.long, device=self.device)
                     cache, mask = (out.past_key_values, own) if cache is None else kv.join(cache, mask, out.past_key_values, own)
                 ids = torch.zeros(rows, 1, dtype=torch.long, device=self.device)

@@ -1,17 +1,16 @@
 #!/usr/bin/env python
 """The torch engine with and without ``--enable-torch-compile``: a memory turn's latency, side by side.
 
-Four engines on the same weights: eager; compiled (its decode step; ``TorchEngine(torch_compile=True)``);
-compiled with inductor's Python wrapper (the kernels called from generated Python, where the engine has
-them called from generated C++ on the CPU: ``cpp_wrapper``, see ``memt_core.engine.torch_engine.inductor_options``);
-and compiled with transformers' default MoE experts implementation (``grouped_mm``, which inside a compiled
-graph with FP32 weights falls back to a per-expert Python loop; the families build backbones whose
-compiled decode uses ``batched_mm`` instead, see ``memt_core.models.kernels.experts_forward``). Each has
-sessions whose memory holds a told fact. A turn is a question answered with exactly ``--tokens`` greedy
-tokens (end-of-sequence skipped) while 1 and then ``--sessions`` sessions ask at once; repetitions
-alternate between the engines, so a busy machine slows all alike. Prints the compile time, each engine's
-median turn latency, compiled / eager, compiled / compiled with the Python wrapper, compiled / compiled with
-grouped_mm, and whether all gave the same tokens.
+Three engines on the same weights: eager; compiled (its decode step; ``TorchEngine(torch_compile=True)``);
+and compiled with inductor's Python wrapper (the kernels called from generated Python, where the engine has
+them called from generated C++ on the CPU: ``cpp_wrapper``, see ``memt_core.engine.torch_engine.inductor_options``).
+Each has sessions whose memory holds a told fact. A turn is a question answered with exactly ``--tokens`` greedy
+tokens (end-of-sequence skipped) while 1 and then ``--sessions`` sessions ask at once; repetitions alternate
+between the engines, so a busy machine slows all alike. Prints the compile time, each engine's median turn
+latency, compiled / eager, compiled / compiled with the Python wrapper, and whether all gave the same tokens.
+(A variant that differs in what its graphs take from the model's modules, such as transformers' ``grouped_mm``
+experts, cannot share a process with these: see ``TorchEngine._compiled``. The guards the engine leaves out are
+measured by ``scripts/bench/guards.py``, each engine in a process of its own.)
 
     python scripts/bench/compile.py [--model-path DIR] [--tokens 24] [--sessions 4] [--repeats 15]
 """
@@ -78,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     from memt_core.sampling import SamplingParams
 
     torch.set_num_threads(args.threads)
-    # the compiled engines' graphs are all entries of the one forward's cache (four shape classes each)
+    # the compiled engines' graphs are all entries of the one forward's cache (several shape classes each)
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 32)
     model = load_model(args.model_path)
     fmt = DemoChatFormat(PreTrainedTokenizerFast.from_pretrained(str(args.model_path)))
@@ -90,11 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     compiled = TorchEngine(model, torch_compile=True).start()
     compile_seconds = time.perf_counter() - started
-    default_experts = load_model(args.model_path)
-    default_experts.backbone.set_experts_implementation("grouped_mm")
     engines = {"eager": eager, "compiled": compiled,
-               "python wrapper": TorchEngine(load_model(args.model_path), torch_compile=True, compile_options={}).start(),
-               "grouped_mm": TorchEngine(default_experts, torch_compile=True).start()}
+               "python wrapper": TorchEngine(load_model(args.model_path), torch_compile=True, compile_options={}).start()}
     loop, serial = asyncio.new_event_loop(), [0]
     try:
         names = [f"s{i}" for i in range(max(1, args.sessions))]
@@ -103,8 +99,8 @@ def main(argv: list[str] | None = None) -> int:
                 loop.run_until_complete(new_session(engine, name, told))
         print(f"{args.model_path.name}: {args.tokens}-token answers reading memory, {args.threads} thread(s), "
               f"median of {args.repeats} alternating turns; compiling took {compile_seconds:.0f} s; torch {torch.__version__}")
-        header = (f"{'sessions asking':>16}  {'eager s':>8}  {'compiled s':>10}  {'Python wrapper s':>16}  {'grouped_mm s':>12}"
-                  f"  {'compiled/eager':>14}  {'compiled/Python wrapper':>23}  {'compiled/grouped_mm':>19}  same answers")
+        header = (f"{'sessions asking':>16}  {'eager s':>8}  {'compiled s':>10}  {'Python wrapper s':>16}"
+                  f"  {'compiled/eager':>14}  {'compiled/Python wrapper':>23}  same answers")
         print(header)
         print("-" * len(header))
         for sessions in (names[:1], names):
@@ -115,9 +111,9 @@ def main(argv: list[str] | None = None) -> int:
                     seconds, answers[name] = loop.run_until_complete(turns(engine, sessions, prompt, params, serial))
                     if repeat:
                         times[name].append(seconds)
-            e, c, p, g = (statistics.median(times[name]) for name in engines)
+            e, c, p = (statistics.median(times[name]) for name in engines)
             same = all(answers[name] == answers["eager"] for name in engines)
-            print(f"{len(sessions):>16}  {e:>8.3f}  {c:>10.3f}  {p:>16.3f}  {g:>12.3f}  {c / e:>13.2f}×  {c / p:>22.2f}×  {c / g:>18.2f}×  {same}", flush=True)
+            print(f"{len(sessions):>16}  {e:>8.3f}  {c:>10.3f}  {p:>16.3f}  {c / e:>13.2f}×  {c / p:>22.2f}×  {same}", flush=True)
     finally:
         for engine in engines.values():
             engine.stop()

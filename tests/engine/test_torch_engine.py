@@ -206,6 +206,52 @@ def test_compiled_decode_gives_the_eager_answers(nano_model):
     assert TorchEngine.settings(EngineOptions())["inductor_options"] is None
 
 
+def test_compiled_models_of_one_architecture_share_its_graphs_each_with_its_own_weights(nano_model, tmp_path):
+    """The compiled step's guards leave out the model's modules, so a second model of the same architecture (other
+    weights) is served by the graphs already compiled: with its own weights (its eager answers, not the first's),
+    and nothing compiled again. A model of another architecture (another configuration, or the same one with
+    another experts implementation) is refused before anything is compiled for it."""
+    from memt_core.families import NANO
+    from memt_core.models.weights import load_model
+    from memt_core.tiny import make_tiny_checkpoint
+    from torch._dynamo.utils import counters
+
+    other = load_model(make_tiny_checkpoint(tmp_path / "other", NANO, seed=1))
+    assert other.checkpoint.identity() == nano_model.checkpoint.identity()
+    prompt, n = [17, 42, 99, 123], 8
+    expected = {model: (reference(model, prompt, n, TURN_A), reference(model, prompt, n)) for model in (nano_model, other)}
+    assert expected[nano_model] != expected[other], "the weights must change the answers for this test to tell them apart"
+
+    first = TorchEngine(nano_model, torch_compile=True).start()
+    compiled_graphs = counters["stats"]["unique_graphs"]
+    second = TorchEngine(other, torch_compile=True).start()
+    try:
+        assert counters["stats"]["unique_graphs"] == compiled_graphs, "the second model's warm-up compiled again"
+
+        async def answers(engine):
+            await new_session(engine, "a", TURN_A)
+            read, _ = await drain(engine.query("read", prompt, greedy(n), session="a"))
+            plain, _ = await drain(engine.query("plain", prompt, greedy(n)))
+            return read, plain
+
+        async def main():
+            return await asyncio.gather(answers(first), answers(second))
+
+        found = asyncio.run(main())
+    finally:
+        first.stop()
+        second.stop()
+    assert found == [expected[nano_model], expected[other]]
+
+    another = load_model(make_tiny_checkpoint(tmp_path / "another", NANO, chunk_tokens=16))
+    assert another.checkpoint.identity() != nano_model.checkpoint.identity()
+    other.backbone.set_experts_implementation("grouped_mm")  # the same checkpoint, another code path
+    for refused in (another, other):
+        with pytest.raises(RuntimeError, match="another architecture"):
+            TorchEngine(refused, torch_compile=True).start()
+    assert counters["stats"]["unique_graphs"] == compiled_graphs
+
+
 def test_compiling_a_model_whose_rows_decode_alone_changes_nothing(flash_model):
     """Flash's caches are not batched: its one-row decode stays eager, and the engine starts and answers as before."""
     prompt, n = [17, 42, 99, 123], 6
