@@ -208,8 +208,7 @@ class TorchEngine(Engine):
         self.compiled = torch_compile
         self._prefill_compiled = False
         self.compile_options = inductor_options(self.device) if compile_options is None else dict(compile_options)
-        self.module_guards = module_guards  # keep the compiled step's guards on the model's modules (``_compiled``)
-        self._decoder = self._compiled(model) if torch_compile else model
+        self._decoder = self._compiled(model, module_guards) if torch_compile else model
         memory = self.checkpoint.memory
         self.store = MemoryStore(
             identity=self.checkpoint.identity(),
@@ -247,14 +246,14 @@ class TorchEngine(Engine):
         self._thread.start()
         return self
 
-    def _compiled(self, model: MemTForCausalLM):
+    def _compiled(self, model: MemTForCausalLM, module_guards: bool):
         """``model`` compiled for the decode step and short prefills. Its guards (the checks run before every call
         that the graph still fits) leave out those on the model's modules: thousands of attribute checks that no call
         can fail (nothing changes a loaded model), which cost a compiled demo-model turn 10-30 % of its time on the CPU
         (scripts/bench/guards.py); those on the step's inputs and on global state stay. ``module_guards`` keeps them
         all (to measure them)."""
         options = dict(self.compile_options)
-        if not self.module_guards:
+        if not module_guards:
             options["guard_filter_fn"] = torch.compiler.skip_guard_on_all_nn_modules_unsafe
         return torch.compile(model, dynamic=True, options=options)
 

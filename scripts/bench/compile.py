@@ -41,6 +41,20 @@ async def new_session(engine, name: str, ids: list[int]) -> None:
     await engine.apply(fx.PublishCandidate(name, transaction="t"))
 
 
+def memory_turn(model_path: Path, tokens: int) -> tuple[list[int], list[int], object]:
+    """The benches' memory turn on ``model_path``'s demo format: the told fact's tokens (a commit), the question's
+    prompt, and greedy sampling of exactly ``tokens`` tokens."""
+    from transformers import PreTrainedTokenizerFast
+
+    from memt_core.demo.format import DemoChatFormat
+    from memt_core.sampling import SamplingParams
+
+    fmt = DemoChatFormat(PreTrainedTokenizerFast.from_pretrained(str(model_path)))
+    told = fmt.turn_prompt("I have a kitten named Belkavo who loves small shrimp.") + fmt.reply("Got it! I will remember that your kitten is called Belkavo.")
+    prompt = fmt.prompt([{"role": "user", "content": "What is my kitten's name?"}])
+    return told, prompt, SamplingParams(temperature=0, max_new_tokens=tokens, skip_eos=True)
+
+
 async def turns(engine, sessions: list[str], prompt: list[int], params, serial: list[int]) -> tuple[float, list[list[int]]]:
     """Every session asks at once; (seconds until the last answer is complete, the answers)."""
 
@@ -69,21 +83,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     import torch
-    from transformers import PreTrainedTokenizerFast
 
-    from memt_core.demo.format import DemoChatFormat
     from memt_core.engine import TorchEngine
     from memt_core.models.weights import load_model
-    from memt_core.sampling import SamplingParams
 
     torch.set_num_threads(args.threads)
     # the compiled engines' graphs are all entries of the one forward's cache (several shape classes each)
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 32)
     model = load_model(args.model_path)
-    fmt = DemoChatFormat(PreTrainedTokenizerFast.from_pretrained(str(args.model_path)))
-    told = fmt.turn_prompt("I have a kitten named Belkavo who loves small shrimp.") + fmt.reply("Got it! I will remember that your kitten is called Belkavo.")
-    prompt = fmt.prompt([{"role": "user", "content": "What is my kitten's name?"}])
-    params = SamplingParams(temperature=0, max_new_tokens=args.tokens, skip_eos=True)
+    told, prompt, params = memory_turn(args.model_path, args.tokens)
 
     eager = TorchEngine(model).start()
     started = time.perf_counter()

@@ -35,19 +35,13 @@ from memt_core.bundled import BUNDLED_MODEL  # noqa: E402
 def child(model_path: Path, tokens: int, module_guards: bool) -> None:
     """Serve turns on stdin's commands ("turn" or "unguarded"), answering each with its seconds and tokens."""
     import torch
-    from transformers import PreTrainedTokenizerFast
 
-    from compile import new_session, turns
-    from memt_core.demo.format import DemoChatFormat
+    from compile import memory_turn, new_session, turns
     from memt_core.engine import TorchEngine
     from memt_core.models.weights import load_model
-    from memt_core.sampling import SamplingParams
 
     torch.set_num_threads(1)
-    fmt = DemoChatFormat(PreTrainedTokenizerFast.from_pretrained(str(model_path)))
-    told = fmt.turn_prompt("I have a kitten named Belkavo who loves small shrimp.") + fmt.reply("Got it! I will remember that your kitten is called Belkavo.")
-    prompt = fmt.prompt([{"role": "user", "content": "What is my kitten's name?"}])
-    params = SamplingParams(temperature=0, max_new_tokens=tokens, skip_eos=True)
+    told, prompt, params = memory_turn(model_path, tokens)
     engine = TorchEngine(load_model(model_path), torch_compile=True, module_guards=module_guards).start()
     loop, serial = asyncio.new_event_loop(), [0]
     loop.run_until_complete(new_session(engine, "s", told))
