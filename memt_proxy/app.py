@@ -35,7 +35,7 @@ from memt_proxy.metrics import CONTENT_TYPE, CountRequests, ProxyMetrics
 from memt_proxy.protocol import ChatCompletionRequest
 from memt_proxy.responses import ResponsesService
 from memt_proxy.responses_routes import add_responses_routes
-from memt_proxy.serving import ChatService
+from memt_proxy.serving import DIVERGENCE, ChatService
 
 log = logging.getLogger("memt.proxy")
 SESSION_HEADER = "X-MemT-Session"
@@ -201,8 +201,8 @@ def create_app(
     ):
         tenant = tenant_of(request)
         completion = await model_body(request, ChatCompletionRequest)
-        if x_memt_on_divergence not in (None, "reject", "reset"):
-            raise ProxyError(400, f"{DIVERGENCE_HEADER} must be 'reject' or 'reset'", param=DIVERGENCE_HEADER)
+        if x_memt_on_divergence not in (None, *DIVERGENCE):
+            raise ProxyError(400, f"{DIVERGENCE_HEADER} must be one of {', '.join(DIVERGENCE)}", param=DIVERGENCE_HEADER)
         result = await service.complete(
             completion, tenant=tenant, session=session_of(x_memt_session), memory=x_memt_memory, on_divergence=x_memt_on_divergence
         )

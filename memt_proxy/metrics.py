@@ -10,7 +10,9 @@ sessions, and errors of the upstream MemT server by kind.
   ``ChatService.on_usage``, once per finished chat completion; ``memory`` is "true" when memory was read.
 * ``memt_proxy_sessions`` (states the proxy keeps), ``memt_proxy_sessions_in_use``,
   ``memt_proxy_sessions_leased``, and ``memt_proxy_session_offloads_total`` / ``…_restores_total`` /
-  ``…_dropped_total`` — read from the session layer at scrape time.
+  ``…_dropped_total``, ``memt_proxy_memory_writes_total`` (memory changes published: commits, restores,
+  resets), ``memt_proxy_memory_states`` (header-less branches whose state can be resumed) and
+  ``memt_proxy_memory_states_closed_total`` — read from the session layer at scrape time.
 * ``memt_proxy_upstream_errors_total{kind}`` — errors that came from the upstream (unavailable, timed out,
   invalid answer, its conflicts and rate limits), by their OpenAI error ``code``, whether answered as an
   HTTP error or as an error frame of a stream.
@@ -49,10 +51,13 @@ class _SessionCollector:
         yield GaugeMetricFamily("memt_proxy_sessions", "Session states the proxy keeps", value=len(states))
         yield GaugeMetricFamily("memt_proxy_sessions_in_use", "Sessions a request holds or waits for", value=sum(s.users > 0 for s in states))
         yield GaugeMetricFamily("memt_proxy_sessions_leased", "Sessions holding an upstream lease", value=sum(s.lease is not None for s in states))
+        yield GaugeMetricFamily("memt_proxy_memory_states", "Header-less branches whose memory state a resent transcript can resume", value=len(sessions.prefixes))
         for name, value, text in (
             ("session_offloads", sessions.offloads, "Upstream sessions offloaded to make room"),
             ("session_restores", sessions.restores, "Offloaded sessions restored"),
             ("session_states_dropped", sessions.table.dropped, "Idle session states dropped to make room"),
+            ("memory_writes", sessions.writes, "Memory changes published upstream (commits, restores, resets)"),
+            ("memory_states_closed", sessions.branches_closed, "Header-less branches closed to make room"),
         ):
             yield CounterMetricFamily(f"memt_proxy_{name}", text, value=value)
 

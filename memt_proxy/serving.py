@@ -28,7 +28,9 @@ from typing import Any, AsyncIterator
 
 from memt_core.client.chat_format import ChatFormat
 from memt_core.client.parsers import Delta, OutputParser, hold_partial
+from memt_proxy.branches import BRANCH_TRIES, new_branch_name, plan_headerless, resumable
 from memt_proxy.errors import ProxyError
+from memt_proxy.prefix_index import extend
 from memt_proxy.protocol import ChatCompletionRequest, NamedToolChoice, Usage, choice, chunk_body, completion_id, logprobs_content, logprobs_sampling, response_body
 from memt_proxy.sessions import HeldSession, MemoryFound, PendingTurn, Sessions, SessionState
 from memt_proxy.structured import structure
@@ -37,6 +39,8 @@ from memt_proxy.transcript import Split, as_dict, check_tool_rounds, message_has
 log = logging.getLogger("memt.proxy")
 
 POLICIES = ("auto", "read", "off")
+DIVERGENCE = ("branch", "error", "reset", "reject")  # reset: the old name of branch; reject: of error
+STRICT = ("error", "reject")
 STREAM_START_TIMEOUT = 60.0
 #: requests with more text than this are templated and tokenized in a worker thread, off the event loop
 OFF_LOOP_CHARS = 64 * 1024
@@ -92,6 +96,8 @@ class Prepared:
     raw: bool = False  # the answer is structured JSON, returned as it is (no markup to parse)
     saved: int = 0  # prompt tokens memory spared this request (``MemoryTokens``)
     kept: str | None = None  # the answer's text as it may be committed (``Parsed.text``; set by ``_message``)
+    answered_from: str | None = None  # header-less: the chain of the conversation sent (``memt_proxy.branches``)
+    branch_head: str | None = None  # header-less: the chain of the earlier messages, the branch's head once committed
 
 
 @dataclass
@@ -128,7 +134,8 @@ class ChatService:
         model_names: list[str],
         default_memory: str = "auto",
         default_thinking: bool = False,
-        on_divergence: str = "reject",
+        on_divergence: str = "branch",
+        headerless: bool = True,
     ):
         self.sessions = sessions
         self.chat_format = chat_format
@@ -137,6 +144,7 @@ class ChatService:
         self.default_memory = default_memory
         self.default_thinking = default_thinking
         self.on_divergence = on_divergence
+        self.headerless = headerless  # requests without X-MemT-Session get memory too (``memt_proxy.branches``)
         # one thread: tokenizer and templates are used from one worker at a time, off the event loop
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memt-prepare")
         self.on_usage = no_usage
@@ -165,27 +173,36 @@ class ChatService:
             )
         await self.sessions.check_upstream()
         dumped = request.model_dump_json()  # once: the size that decides where preparing runs, and the retry digest
-        if session is None or policy == "off":
+        if policy == "off" or session is None and ((request.n or 1) > 1 or not self.headerless):
             prepared = await self._off_loop(len(dumped), self._prepare_stateless, request)
             if request.stream:
                 return self._stream(request, prepared, None, None)
             return await self._run(request, prepared, None)
+        if session is None:
+            return await self._headerless(request, tenant, policy, len(dumped))
         held_until = contextlib.AsyncExitStack()  # the session is held until this closes
         held = await held_until.enter_async_context(self.sessions.turn(tenant, session))
+        state = held.state
+        divergence = on_divergence or self.on_divergence
+        digest = request_digest(dumped)
+        replayed = self._replay(request, state, digest)
+        if replayed is not None:
+            await held_until.aclose()  # nothing above awaits: the session cannot be left held
+            return replayed
+
+        async def prepare() -> Prepared:
+            prepared = await self._prepare_session(request, state, policy, divergence, len(dumped))
+            prepared.digest = digest
+            return prepared
+
+        return await self._answer(request, held, held_until, prepare)
+
+    async def _answer(self, request: ChatCompletionRequest, held: HeldSession, held_until: contextlib.AsyncExitStack, prepare) -> dict | AsyncIterator[dict]:
+        """Answer on a held session with the prompt ``prepare()`` makes; the session is let go when the answer
+        (or its stream) ends."""
         handed_off = False
         try:
             state = held.state
-            divergence = on_divergence or self.on_divergence
-            digest = request_digest(dumped)
-            replayed = self._replay(request, state, digest)
-            if replayed is not None:
-                return replayed
-
-            async def prepare() -> Prepared:
-                prepared = await self._prepare_session(request, state, policy, divergence, len(dumped))
-                prepared.digest = digest
-                return prepared
-
             # prepared before the native session exists, so a refused request never creates one
             prepared = await prepare()
             missing = not state.exists
@@ -206,6 +223,38 @@ class ChatService:
         finally:
             if not handed_off:
                 await held_until.aclose()
+
+    async def _headerless(self, request: ChatCompletionRequest, tenant: str, policy: str, size: int) -> dict | AsyncIterator[dict]:
+        """A conversation without X-MemT-Session, identified by its transcript (``memt_proxy.branches``): resumed
+        from the deepest kept state its earlier messages reach, which then commits them behind the answer; with
+        none, a new branch when the conversation is worth keeping, else a plain generation."""
+        for _ in range(BRANCH_TRIES):
+            plan = await self._off_loop(size, plan_headerless, request.messages, tenant, self.sessions.prefixes)
+            if plan.found is None and not (policy == "auto" and plan.worth_keeping):
+                prepared = await self._off_loop(size, self._prepare_stateless, request)
+                prepared.answered_from = plan.link
+                if request.stream:
+                    return self._stream(request, prepared, None, None)
+                return await self._run(request, prepared, None)
+            name = plan.found.branch if plan.found is not None else new_branch_name()
+            held_until = contextlib.AsyncExitStack()
+            held = await held_until.enter_async_context(self.sessions.turn(tenant, name))
+            try:
+                moved = plan.found is not None and not await resumable(self.sessions, held.state, plan)
+            except BaseException:
+                await held_until.aclose()
+                raise
+            if moved:
+                await held_until.aclose()  # the branch moved on (another conversation continued it): look again
+                continue
+
+            async def prepare() -> Prepared:
+                prepared = await self._off_loop(size, self._prepare_split, request, held.state, policy)
+                prepared.answered_from, prepared.branch_head = plan.link, plan.head
+                return prepared
+
+            return await self._answer(request, held, held_until, prepare)
+        raise ProxyError(503, "the conversation's memory kept changing under this request; retry", code="memory_busy")
 
     def _options(self, request: ChatCompletionRequest) -> tuple[bool, list | None, str, bool]:
         thinking = self.default_thinking
@@ -272,8 +321,10 @@ class ChatService:
         try:
             return await self._off_loop(size, self._prepare_split, request, state, policy)
         except ProxyError as exc:
-            if exc.code != "transcript_diverged" or on_divergence != "reset":
+            if exc.code != "transcript_diverged" or on_divergence in STRICT:
                 raise
+        # a branch: the versions between the deepest shared message and the head are gone, so memory starts
+        # over and the request's history is committed again (no trace of what the edit took out)
         await self.sessions.reset(state)
         return await self._off_loop(size, self._prepare_split, request, state, policy)
 
@@ -387,7 +438,19 @@ class ChatService:
             log.exception("on_usage failed")
 
     async def _after(self, prepared: Prepared, held: HeldSession | None, output_ids: list[int], message: dict, finish: str) -> None:
-        """Record a pending tool round, or commit the completed turn (policy auto)."""
+        """Record a pending tool round, or commit the completed turn (policy auto); header-less, commit the
+        history the request resumed with (``memt_proxy.branches``)."""
+        if prepared.answered_from is not None:
+            self.sessions.prefixes.answered(extend(prepared.answered_from, message_hash(message)))
+            if held is not None and prepared.policy == "auto" and prepared.context_ids:
+                state = held.state
+                committed = state.committed + [message_hash(as_dict(m)) for m in prepared.split.context]
+                held.write_later(self.sessions.pieces(prepared.context_ids), committed)
+                # found at once by the conversation's next request, which then waits for this write (a failed one
+                # leaves the head to be corrected when a request finds it: ``branches.resumable``)
+                self.sessions.prefixes.move(state.name, prepared.branch_head)
+                self.memory_tokens.wrote(state, len(committed), len(prepared.context_ids))
+            return
         if held is None:
             return
         state = held.state

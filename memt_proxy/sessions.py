@@ -76,6 +76,7 @@ from memt_core.client.turns import AbortStep, BeginStep, CommitStep, ImportStep,
 from memt_core.errors import Conflict, EpochMismatch, InvalidRequest, LeaseConflict, SessionBusy, SessionExists, UnknownSession
 from memt_core.names import check_snapshot_name
 from memt_proxy.errors import ProxyError, from_native
+from memt_proxy.prefix_index import PrefixIndex
 from memt_proxy.store import SessionRecordStore
 
 log = logging.getLogger("memt.proxy")
@@ -90,6 +91,7 @@ RELEASE_WAIT = 10.0  # seconds a release retries while a cancelled query is stil
 #: same time may each take the slot another one freed, so one request may need several
 OFFLOAD_TRIES = 16
 SNAPSHOT_NAME_LIMIT = 207  # the native snapshot-name grammar's longest name
+BRANCH_PREFIX = "~"  # header-less branches' session names start with it: no X-MemT-Session can
 
 
 def native_session_id(tenant: str, session: str) -> str:
@@ -123,6 +125,8 @@ class SessionState:
     """What the proxy knows of one session; read and changed only by the holder of ``lock``."""
 
     native: str
+    tenant: str = ""
+    name: str = ""  # the session's name: a client's X-MemT-Session, or a header-less branch's (``memt_proxy.branches``)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     committed: list[str] = field(default_factory=list)  # hashes of committed messages, in order
     history_known: bool = True  # False when we adopted a native session whose history we never saw
@@ -136,6 +140,11 @@ class SessionState:
     committing: asyncio.Task | None = None  # the commit of the previous turn, while under way
     users: int = 0  # requests holding or waiting for this state, and its commit: while any, it is never dropped
     last_turn: object = None  # the surface's answer to the last committed turn, for an identical retry
+
+    @property
+    def branch(self) -> bool:
+        """A header-less conversation's state (its name is the proxy's, outside the client's grammar)."""
+        return self.name.startswith(BRANCH_PREFIX)
 
     @property
     def empty(self) -> bool:
@@ -194,7 +203,7 @@ class SessionTable:
         state = self._states.get(key)
         if state is None:
             self._make_room()
-            state = self._states[key] = SessionState(native=native_session_id(tenant, session))
+            state = self._states[key] = SessionState(native=native_session_id(tenant, session), tenant=tenant, name=session)
         self._states.move_to_end(key)
         return state
 
@@ -215,7 +224,7 @@ class SessionTable:
         for key in sorted(idle, key=lambda key: self._states[key].exists):
             state = self._states.pop(key)
             self.dropped += 1
-            if state.lease is not None:
+            if state.lease is not None or state.branch and state.exists:  # a branch's native session is closed with it
                 self.evicted.append(state)
             return
         raise ProxyError(
@@ -264,6 +273,9 @@ class Sessions:
         self._upstream_checked = False
         self.offloads = 0  # native sessions offloaded to make room, since start
         self.restores = 0  # offloaded sessions restored, since start
+        self.writes = 0  # memory writes published, since start
+        self.prefixes = PrefixIndex()  # header-less branches' heads (``memt_proxy.branches``)
+        self.branches_closed = 0  # header-less branches closed to make room, since start
 
     # ------------------------------------------------------------------ upstream
 
@@ -376,12 +388,30 @@ class Sessions:
             state.nudge.set()
 
     async def release_evicted(self) -> None:
-        """Release the leases of states dropped from the table to make room."""
+        """Release the leases of states dropped from the table to make room; close dropped branches."""
         while self.table.evicted:
             state = self.table.evicted.pop()
+            if state.branch:
+                await self.close_branch(state)
+                continue
             lease = state.drop_lease()
             if lease is not None:
                 await self.release(state, lease)
+
+    async def close_branch(self, state: SessionState, lease: str | None = None) -> None:
+        """Close a header-less branch nobody holds (its lease, or ``lease``, taken if need be): a dropped branch
+        costs only a longer prompt when its conversation comes back (its messages are then sent again)."""
+        self.prefixes.drop(state.name)
+        lease = state.drop_lease() or lease
+        try:
+            if lease is None:
+                lease = (await self.client.control("acquire", state.native, ttl=self.lease_ttl))["lease"]
+            await self.client.control("close", state.native, lease=lease)
+        except MemTClientError as exc:
+            log.info("closing branch %s: %s", state.native, exc.message)
+        self.records.delete(state.native)
+        state.forget()
+        self.branches_closed += 1
 
     def _commit_behind(self, state: SessionState, commits: tuple[list[list[int]], list[str]]) -> None:
         """Write a turn's commits in a task of the session's own, which holds the lock (taken over from the
@@ -476,6 +506,9 @@ class Sessions:
                 lease = state.drop_lease() or (await self.client.control("acquire", state.native, ttl=self.lease_ttl))["lease"]
             except MemTClientError:
                 return False  # leased by another client, or gone: not ours to offload now
+            if state.branch:
+                await self.close_branch(state, lease)
+                return True
             try:
                 exported = await self.client.control("export", state.native, lease=lease, encoding=self.native_encoding)
                 file = exported["file"]
@@ -667,6 +700,7 @@ class Sessions:
     def changed(self, state: SessionState, committed: list[str]) -> None:
         """The change recorded by ``changing`` was published (which ends any turn waiting for tool results)."""
         state.committed, state.version, state.history_known, state.pending = committed, state.version + 1, True, None
+        self.writes += 1
 
     def _record(self, state: SessionState, save, *fields) -> None:
         """Write the session's record with ``save`` (a SessionRecordStore method) after its version and committed history."""
@@ -956,7 +990,11 @@ class HeldSession:
     def commit_turn_later(self, context_ids: list[int], turn_ids: list[int], committed: list[str]) -> None:
         """``commit_turn``, done once the request lets the session go (its answer is out by then); the session's
         next request waits for it. If it fails, memory stays as it was (see the module docstring)."""
-        self.later = (([context_ids] if context_ids else []) + self.sessions.pieces(turn_ids), committed)
+        self.write_later(([context_ids] if context_ids else []) + self.sessions.pieces(turn_ids), committed)
+
+    def write_later(self, commits: list[list[int]], committed: list[str]) -> None:
+        """Write ``commits`` (one transaction) once the request lets the session go; memory then holds ``committed``."""
+        self.later = (commits, committed)
 
     async def find(self, session: str) -> dict | None:
         """Adopt the session if it exists upstream; bring it back if its memory is kept elsewhere — offloaded by

@@ -1,0 +1,70 @@
+"""Header-less memory: a conversation without ``X-MemT-Session`` is identified by its own transcript.
+
+Each request is planned against the tenant's ``PrefixIndex`` (``plan_headerless``): the chain of its earlier
+messages (those before its last user message; system/developer messages excluded) finds the deepest kept
+state, the head of a *branch* — a native session the proxy made, named ``~<nonce>`` (outside the client's
+name grammar, so no header can name one). The surface then holds that branch as it holds any session
+(``Sessions.turn``), checks under its lock that the branch still holds a prefix of the transcript
+(``resumable``: a conversation that shares the opening may have moved it on meanwhile; then the request
+looks again), and answers from memory plus the rest. Behind the answer it commits the rest's history (never
+the turn just answered: that is committed only if a later request carries it), so a regenerate commits nothing
+and an edited or forked transcript resumes from the deepest state it still matches. With no kept state, a
+request that is worth keeping (``PrefixIndex.worth_keeping``) starts a new branch; any other is a plain
+generation that commits nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from memt_core.client.native import new_nonce
+from memt_proxy.prefix_index import Found, PrefixIndex, chain, root
+from memt_proxy.protocol import Message
+from memt_proxy.sessions import BRANCH_PREFIX, Sessions, SessionState
+from memt_proxy.transcript import message_hash
+
+BRANCH_TRIES = 4  # lookups of one request, each after a branch it found had moved on
+
+
+@dataclass
+class HeaderlessPlan:
+    """Where a header-less request resumes: its earlier messages' hashes and chain, the deepest kept state."""
+
+    hashes: list[str]  # the earlier messages' hashes
+    found: Found | None
+    worth_keeping: bool  # with no kept state: start a branch (else a plain generation)
+    link: str  # the chain of the whole conversation sent (the answer extends it)
+    head: str | None = None  # the chain of the earlier messages: the branch's head once they are committed
+
+
+def new_branch_name() -> str:
+    return BRANCH_PREFIX + new_nonce()
+
+
+def plan_headerless(messages: list[Message], tenant: str, prefixes: PrefixIndex) -> HeaderlessPlan:
+    """Plan a request (see the module docstring). A transcript that is no session turn (no user message, or
+    ending with the assistant) finds nothing and is not worth keeping: it is answered as stateless chat."""
+    conversation = [m for m in messages if m.role not in ("system", "developer")]
+    hashes = [message_hash(m) for m in conversation]
+    links = chain(tenant, hashes)
+    link = links[-1] if links else root(tenant)
+    last_user = max((i for i, m in enumerate(conversation) if m.role == "user"), default=None)
+    if last_user is None or conversation[-1].role == "assistant":
+        return HeaderlessPlan([], None, False, link)
+    earlier = links[:last_user]
+    users = sum(m.role == "user" for m in conversation[:last_user])
+    found = prefixes.find(earlier)
+    worth = found is None and bool(earlier) and prefixes.worth_keeping(earlier, users)
+    return HeaderlessPlan(hashes[:last_user], found, worth, link, earlier[-1] if earlier else None)
+
+
+async def resumable(sessions: Sessions, state: SessionState, plan: HeaderlessPlan) -> bool:
+    """Whether the held branch ``state`` still holds a prefix of the request's earlier messages (adopting its
+    native session first, e.g. after a proxy restart). If not, the index is told what it holds now."""
+    if not state.exists:
+        await sessions.ensure(state)
+    held = state.committed
+    if state.history_known and held and held == plan.hashes[: len(held)]:
+        return True
+    sessions.prefixes.move(state.name, chain(state.tenant, held)[-1] if state.history_known and held else None)
+    return False

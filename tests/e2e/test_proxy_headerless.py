@@ -1,0 +1,155 @@
+"""Header-less memory (issue 37), live through the openai SDK: a conversation without X-MemT-Session is
+identified by its transcript. Checked on the random tiny model by exact prompt sizes: which messages the
+model was sent, so which ones memory held (``expected_prompt``), and by the proxy's write counter.
+
+Each test runs its own proxy (the upstream is shared), so that its ``memt_proxy_memory_writes_total`` moves
+only by what the test did; tests wait for a commit behind an answer by polling that counter (state, not sleep).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from e2e.proxies import KEY_A, KEY_B, KEYS, MODEL, STOPS, ProxyServer, assistant, expected_prompt, unique
+
+pytestmark = pytest.mark.timeout(600)
+
+
+@pytest.fixture
+def fresh_proxy(proxy_upstream, nano_checkpoint, tmp_path):
+    keys = tmp_path / "keys.json"
+    keys.write_text(json.dumps(KEYS))
+    with ProxyServer(proxy_upstream.url, nano_checkpoint, args=["--api-keys-file", str(keys)]) as server:
+        yield server
+
+
+def metric(proxy: ProxyServer, name: str) -> float:
+    with proxy.http() as http:
+        text = http.get("/metrics").text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + " "))
+
+
+def writes_reach(proxy: ProxyServer, count: int) -> float:
+    """The write counter once it reaches ``count`` (commits land behind answers), polled up to 60 s."""
+    deadline = time.monotonic() + 60
+    while (value := metric(proxy, "memt_proxy_memory_writes_total")) < count and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return value
+
+
+def chat(client, messages, *, seed=0, **extra):
+    return client.chat.completions.create(model=MODEL, messages=messages, max_tokens=12, temperature=1.0, seed=seed, stop=STOPS, **extra)
+
+
+def conversation_turn(client, history: list[dict], text: str, *, seed: int) -> int:
+    """Append ``text`` and the answer to ``history``; the request's prompt tokens."""
+    history.append({"role": "user", "content": text})
+    response = chat(client, history, seed=seed)
+    history.append(assistant(response.choices[0].message))
+    return response.usage.prompt_tokens
+
+
+def test_a_resent_history_resumes_from_memory_and_commits_one_exchange_per_turn(fresh_proxy, proxy_chat_format):
+    """No header, 30 turns: turn 1 is plain chat and commits nothing; from turn 2 on the prompt holds only the
+    last exchange (memory the rest: committed one exchange behind each answer) — constant, unlike replay."""
+    client = fresh_proxy.openai()
+    history = [{"role": "system", "content": "Be brief."}]
+    prompts = []
+    for turn in range(1, 31):
+        sent = conversation_turn(client, history, f"Message number {turn}.", seed=turn)
+        prompt = history[:-1]
+        held = None if turn == 1 else 2 * (turn - 2)  # messages memory holds when the request is answered (None: plain chat)
+        assert sent == len(expected_prompt(proxy_chat_format, prompt, held)), (turn, sent)
+        assert writes_reach(fresh_proxy, turn - 1) == turn - 1  # turn 1: none; then one per turn
+        prompts.append(sent)
+    replay = len(expected_prompt(proxy_chat_format, history + [{"role": "user", "content": "Again."}], None))
+    assert max(prompts) < replay / 4, (prompts, replay)
+    assert metric(fresh_proxy, "memt_proxy_memory_states") == 1
+
+
+def test_one_shot_requests_commit_nothing(fresh_proxy, proxy_chat_format):
+    """Single questions, a few-shot request with one example exchange, a stream: answered, 0 writes, 0 states."""
+    client = fresh_proxy.openai()
+    for n in range(4):
+        chat(client, [{"role": "user", "content": f"One question, number {n}."}], seed=n)
+    few_shot = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}, {"role": "user", "content": "3+3?"}]
+    response = chat(client, few_shot, seed=1)
+    assert response.usage.prompt_tokens == len(expected_prompt(proxy_chat_format, few_shot, None))
+    list(chat(client, [{"role": "user", "content": "Streamed."}], stream=True))
+    assert metric(fresh_proxy, "memt_proxy_memory_writes_total") == 0
+    assert metric(fresh_proxy, "memt_proxy_memory_states") == 0
+
+
+def test_regenerate_commits_nothing_and_an_edit_branches(fresh_proxy, proxy_chat_format):
+    """Regenerating the last answer: the same request again, resumed from the same state, no write, no 409.
+    Editing the first message at turn 10: no 409, all of the edited history sent as text (no state holds it),
+    committed behind the answer, so the turn after holds only the last exchange again."""
+    client = fresh_proxy.openai()
+    history: list[dict] = []
+    for turn in range(1, 10):
+        conversation_turn(client, history, f"Fact number {turn}.", seed=turn)
+    writes = writes_reach(fresh_proxy, 8)
+    assert writes == 8
+    history.append({"role": "user", "content": "Fact number 10."})
+    first = chat(client, history, seed=10)
+    assert writes_reach(fresh_proxy, 9) == 9
+    again = chat(client, history, seed=11)  # regenerate: the app drops the answer and asks again
+    assert again.usage.prompt_tokens < first.usage.prompt_tokens  # the exchange before it is memory's now
+    assert again.usage.prompt_tokens == len(expected_prompt(proxy_chat_format, history, len(history) - 1))
+    assert metric(fresh_proxy, "memt_proxy_memory_writes_total") == 9  # nothing new to commit
+    history.append(assistant(again.choices[0].message))
+
+    edited = [{"role": "user", "content": "An edited first message."}, *history[1:]]
+    edited.append({"role": "user", "content": "Fact number 11."})
+    response = chat(client, edited, seed=12)  # no 409
+    assert response.usage.prompt_tokens == len(expected_prompt(proxy_chat_format, edited, 0))
+    assert writes_reach(fresh_proxy, 10) == 10
+    edited.append(assistant(response.choices[0].message))
+    after = conversation_turn(client, edited, "Fact number 12.", seed=13)
+    assert after == len(expected_prompt(proxy_chat_format, edited[:-1], len(edited) - 4))
+    assert metric(fresh_proxy, "memt_proxy_memory_states") == 2  # the original line and the edited one
+
+
+def test_conversations_with_one_opening_and_tenants_never_share_a_state(fresh_proxy, proxy_chat_format):
+    """Two conversations of a tenant open alike (same question, same seed: same answer) and then differ: once
+    one has moved the shared state on, the other is answered from the text of its history, not from it; the
+    same transcript of another tenant finds nothing of the first's."""
+    alpha = fresh_proxy.openai(KEY_A)
+    x: list[dict] = []
+    conversation_turn(alpha, x, "Hello there.", seed=3)
+    y = [dict(m) for m in x]
+    conversation_turn(alpha, x, "My dog is Rex.", seed=4)  # keeps x's opening in a branch
+    writes_reach(fresh_proxy, 1)
+    conversation_turn(alpha, y, "My cat is Tom.", seed=5)  # resumes that branch: nothing to commit
+    sent = conversation_turn(alpha, x, "And his age?", seed=6)  # commits x's second exchange into the branch
+    assert sent == len(expected_prompt(proxy_chat_format, x[:-1], 2))
+    writes_reach(fresh_proxy, 2)
+    sent = conversation_turn(alpha, y, "And her age?", seed=7)
+    assert sent == len(expected_prompt(proxy_chat_format, y[:-1], 0))  # not x's memory: all of y as text
+
+    beta = fresh_proxy.openai(KEY_B)
+    z: list[dict] = []
+    for message in x[:4]:
+        z.append(message)
+    sent = conversation_turn(beta, z, "And his age?", seed=6)  # alpha's transcript, beta's key
+    assert sent == len(expected_prompt(proxy_chat_format, z[:-1], 0))  # none of alpha's states: all of it as text
+
+
+def test_header_and_strict_divergence(fresh_proxy, proxy_chat_format):
+    """With X-MemT-Session an edited history branches by default (memory starts over from the request);
+    X-MemT-On-Divergence: error keeps the 409."""
+    client = fresh_proxy.openai()
+    session = {"X-MemT-Session": unique("headed-edit")}
+    history: list[dict] = []
+    for turn in range(3):
+        history.append({"role": "user", "content": f"Turn {turn}."})
+        history.append(assistant(chat(client, history, seed=turn, extra_headers=session).choices[0].message))
+    edited = [{"role": "user", "content": "Edited."}, *history[1:], {"role": "user", "content": "Next."}]
+    with fresh_proxy.http() as http:
+        refused = http.post("/v1/chat/completions", json={"model": MODEL, "messages": edited, "max_tokens": 4},
+                            headers={**session, "X-MemT-On-Divergence": "error"})
+    assert refused.status_code == 409 and refused.json()["error"]["code"] == "transcript_diverged"
+    response = chat(client, edited, seed=9, extra_headers=session)
+    assert response.usage.prompt_tokens == len(expected_prompt(proxy_chat_format, edited, 0))
