@@ -19,7 +19,8 @@ class NoSessions:
     """The session layer's public figures, all empty (no upstream needed to count errors)."""
 
     table: list = []
-    offloads = restores = 0
+    offloads = restores = writes = branches_closed = 0
+    prefixes: list = []
 
 
 NoSessions.table = type("Table", (list,), {"dropped": 0})()
