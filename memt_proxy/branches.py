@@ -66,5 +66,5 @@ async def resumable(sessions: Sessions, state: SessionState, plan: HeaderlessPla
     held = state.committed
     if state.history_known and held and held == plan.hashes[: len(held)]:
         return True
-    sessions.prefixes.move(state.name, chain(state.tenant, held)[-1] if state.history_known and held else None)
+    sessions.move_head(state, chain(state.tenant, held)[-1] if state.history_known and held else None)
     return False

@@ -448,7 +448,7 @@ class ChatService:
                 held.write_later(self.sessions.pieces(prepared.context_ids), committed)
                 # found at once by the conversation's next request, which then waits for this write (a failed one
                 # leaves the head to be corrected when a request finds it: ``branches.resumable``)
-                self.sessions.prefixes.move(state.name, prepared.branch_head)
+                self.sessions.move_head(state, prepared.branch_head)
                 self.memory_tokens.wrote(state, len(committed), len(prepared.context_ids))
             return
         if held is None:

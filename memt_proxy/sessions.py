@@ -274,7 +274,9 @@ class Sessions:
         self.offloads = 0  # native sessions offloaded to make room, since start
         self.restores = 0  # offloaded sessions restored, since start
         self.writes = 0  # memory writes published, since start
-        self.prefixes = PrefixIndex()  # header-less branches' heads (``memt_proxy.branches``)
+        self.prefixes = PrefixIndex()  # header-less branches' heads (``memt_proxy.branches``), as recorded
+        for branch in self.records.branches():
+            self.prefixes.move(branch["name"], branch["head"])
         self.branches_closed = 0  # header-less branches closed to make room, since start
 
     # ------------------------------------------------------------------ upstream
@@ -397,6 +399,14 @@ class Sessions:
             lease = state.drop_lease()
             if lease is not None:
                 await self.release(state, lease)
+
+    def move_head(self, state: SessionState, head: str | None) -> None:
+        """A header-less branch now holds (or is about to hold) the state named ``head``: index and record it."""
+        self.prefixes.move(state.name, head)
+        try:
+            self.records.save_branch(state.native, state.tenant, state.name, head)
+        except OSError:
+            log.warning("could not record branch %s", state.native, exc_info=True)
 
     async def close_branch(self, state: SessionState, lease: str | None = None) -> None:
         """Close a header-less branch nobody holds (its lease, or ``lease``, taken if need be): a dropped branch

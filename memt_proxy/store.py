@@ -34,6 +34,7 @@ from memt_core.names import SNAPSHOT_NAME
 
 log = logging.getLogger("memt.proxy")
 
+BRANCHES = "branches"  # the records' subdirectory of header-less branches
 MEMORY_OFFLOADS = 65536  # offload records kept in memory without a directory (about 100 bytes each, plus hashes)
 
 
@@ -119,7 +120,7 @@ class SessionRecordStore:
         self._write(native, record)
 
     def _write(self, native: str, record: dict, suffix: str = ".json") -> None:
-        fd, temporary = tempfile.mkstemp(dir=self._path(native, suffix).parent, prefix=f".{native}.", suffix=".tmp")
+        fd, temporary = tempfile.mkstemp(dir=self._path(native, suffix).parent, prefix=f".{Path(native).name}.", suffix=".tmp")
         try:
             with os.fdopen(fd, "w") as out:
                 json.dump(record, out)
@@ -180,3 +181,23 @@ class SessionRecordStore:
     def delete(self, native: str) -> None:
         if self.records_directory is not None:
             self._path(native).unlink(missing_ok=True)
+            (self.records_directory / BRANCHES / f"{native}.json").unlink(missing_ok=True)
+
+    def save_branch(self, native: str, tenant: str, name: str, head: str | None) -> None:
+        """Record a header-less branch's name and head (``memt_proxy.branches``), so that a restarted proxy
+        finds it again; what its memory holds is its per-session record's, checked on use."""
+        if self.records_directory is not None:
+            (self.records_directory / BRANCHES).mkdir(exist_ok=True)
+            self._write(f"{BRANCHES}/{native}", {"tenant": tenant, "name": name, "head": head})
+
+    def branches(self) -> list[dict]:
+        """The recorded branches, each ``{"tenant", "name", "head"}`` (unreadable ones skipped)."""
+        place = self.records_directory / BRANCHES if self.records_directory is not None else None
+        if place is None or not place.is_dir():
+            return []
+        found = []
+        for path in sorted(place.glob("*.json")):
+            record = self._read(f"{BRANCHES}/{path.stem}")
+            if record is not None and all(isinstance(record.get(key), str) for key in ("tenant", "name")) and isinstance(record.get("head"), (str, type(None))):
+                found.append({key: record[key] for key in ("tenant", "name", "head")})
+        return found

@@ -153,3 +153,19 @@ def test_header_and_strict_divergence(fresh_proxy, proxy_chat_format):
     assert refused.status_code == 409 and refused.json()["error"]["code"] == "transcript_diverged"
     response = chat(client, edited, seed=9, extra_headers=session)
     assert response.usage.prompt_tokens == len(expected_prompt(proxy_chat_format, edited, 0))
+
+
+def test_a_restarted_proxy_with_a_state_directory_resumes_a_conversation(proxy_upstream, nano_checkpoint, proxy_chat_format, tmp_path):
+    """Branches and what they hold are recorded in --state-directory: after a restart the next turn of a
+    header-less conversation still sends only its last exchange."""
+    server = ProxyServer(proxy_upstream.url, nano_checkpoint, args=["--state-directory", str(tmp_path / "state")])
+    history: list[dict] = []
+    with server:
+        client = server.openai()
+        for turn in range(1, 5):
+            conversation_turn(client, history, f"Before the restart, {turn}.", seed=turn)
+        writes_reach(server, 3)
+    with server:  # the same directory, a new process
+        sent = conversation_turn(server.openai(), history, "After the restart.", seed=9)
+        assert sent == len(expected_prompt(proxy_chat_format, history[:-1], len(history) - 4))
+        assert writes_reach(server, 1) == 1
