@@ -12,7 +12,8 @@ held-out values and held-out phrasings that training never sees.
 Skills: (1) personal facts said in one turn and asked about later, several facts per turn and several
 turns; (2) a document ingested through memory and questions about it; (3) tool calls for
 ``get_weather``, ``add`` and ``multiply`` and answers from the tool's result, given as JSON or as plain
-text; (4) repeating or typing a text exactly. :class:`EpisodeSampler` mixes them; :class:`Mix` says in what proportions, with a
+text; (4) repeating or typing a text exactly; (5) long conversations: facts kept through many turns of
+neutrally answered chatter (:mod:`memt_core.demo.chatter`). :class:`EpisodeSampler` mixes them; :class:`Mix` says in what proportions, with a
 curriculum from a warm-up on single facts to the full mix with many facts and distractor commits.
 Turning an episode into token ids is :mod:`memt_core.demo.format`'s job.
 """
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Callable, Union
 
-from memt_core.demo import pools, values
+from memt_core.demo import chatter, pools, values
 from memt_core.demo.values import DemoRandom, phrasing
 
 # --------------------------------------------------------------------------------------------------
@@ -531,6 +532,17 @@ def _casual_text(template: str, lowered: bool) -> str:
     return template.lower() if lowered else template
 
 
+@lru_cache(maxsize=None)
+def _held_statements() -> tuple[str, ...]:
+    """Every attribute's held-out statements: no training statement may become one (see ``values.phrasing``)."""
+    return tuple(h for a in ATTRIBUTES.values() for h in values.template_split(a.statements)[1])
+
+
+@lru_cache(maxsize=None)
+def _held_questions() -> tuple[str, ...]:
+    return tuple(h for a in ATTRIBUTES.values() for h in values.template_split(a.questions)[1])
+
+
 def statement_message(rng: random.Random, facts: list[Fact]) -> str:
     """A user message telling ``facts``, e.g. "Hi, my name is Alice and I live in Lisbon. I'm a chef."
 
@@ -538,7 +550,7 @@ def statement_message(rng: random.Random, facts: list[Fact]) -> str:
     written exactly as given (a value may start a fragment: "{v} is my name").
     """
     low = casual(rng)
-    templates = [_casual_text(phrasing(rng, ATTRIBUTES[f.attribute].statements, composed(f.attribute)[0]), low)
+    templates = [_casual_text(phrasing(rng, ATTRIBUTES[f.attribute].statements, composed(f.attribute)[0], _held_statements()), low)
                  for f in facts]
     sentences, i = [], 0
     while i < len(templates):
@@ -573,7 +585,7 @@ QUESTION_ENDINGS = ("", "", "", "", "", "", "", " Thanks!", " Thank you.", " Ple
 def question_message(rng: random.Random, asked: list[Fact]) -> str:
     """A question about the facts ``asked`` (a ``Fact`` with an empty value asks about an untold one)."""
     low = casual(rng)
-    templates = [_casual_text(phrasing(rng, ATTRIBUTES[f.attribute].questions, composed(f.attribute)[1]), low)
+    templates = [_casual_text(phrasing(rng, ATTRIBUTES[f.attribute].questions, composed(f.attribute)[1], _held_questions()), low)
                  for f in asked]
     questions = [_fill_fact(t, f) for t, f in zip(templates, asked)]
     text = questions[0]
@@ -975,6 +987,17 @@ def repeat_turn(rng: random.Random, text: str | None = None) -> EpisodeTurn:
     return EpisodeTurn(phrasing(rng, REPEAT_REQUESTS, REPEAT_COMPOSED).replace("{t}", text), text)
 
 
+def chatter_turn(rng: random.Random) -> EpisodeTurn:
+    """Small talk of a long conversation (:mod:`memt_core.demo.chatter`), answered neutrally: no fact about the user."""
+    user, reply, copied = chatter.chatter(rng)
+    return EpisodeTurn(user, reply, copied)
+
+
+def recall_turn(rng: random.Random, fact: Fact) -> EpisodeTurn:
+    """A question about a told fact in the middle of a conversation, answered (and committed like any turn)."""
+    return EpisodeTurn(question_message(rng, [fact]), fact_answer([fact]), (fact.value,))
+
+
 # --------------------------------------------------------------------------------------------------
 # Episodes
 
@@ -1013,6 +1036,9 @@ class Mix:
     statement: float = 0.04
     context: float = 0.05
     small_talk: float = 0.02
+    long: float = 0.2  # long conversations: facts told early, many turns of chatter, a fact asked late
+    min_chatter: int = 5  # turns between the facts and the question in a long conversation
+    max_chatter: int = 40
     max_facts: int = 5  # facts told in one episode
     max_turns: int = 3  # turns they are spread over
     max_distractors: int = 3  # distractor commits (small talk, tools, documents, repeats)
@@ -1034,7 +1060,7 @@ class Mix:
         """
         return cls(
             facts=0.8, unknown=0.0, document=0.0, tool_call=0.0, tool_answer=0.0, repeat=0.05, statement=0.05,
-            context=0.1, small_talk=0.0, max_facts=1, max_turns=1, max_distractors=1, distractor_p=0.0,
+            context=0.1, small_talk=0.0, long=0.0, max_facts=1, max_turns=1, max_distractors=1, distractor_p=0.0,
             merge=0.0, system=0.0, thinking=0.0, extra_tools=0.0,
         )
 
@@ -1218,7 +1244,30 @@ class EpisodeSampler:
         turn = small_talk_turn(rng)
         return self._finish("small_talk", items, EpisodeQuestion(_system(rng, mix.system) + [_user(turn.user)], turn.reply), mix)
 
-    KINDS = ("facts", "unknown", "document", "tool_call", "tool_answer", "repeat", "statement", "context", "small_talk")
+    def long(self, mix: Mix) -> Episode:
+        """A long conversation: 1-4 facts told in the first turns, then ``min_chatter``-``max_chatter`` turns of
+        chatter (70 %), questions about a told fact (10 %) and distractors (small talk, repeats, tools,
+        documents); the query asks one told fact (the others never, some asked twice)."""
+        rng = self.rng
+        count = rng.randint(1, min(4, mix.max_facts))
+        facts, items = self._fact_turns(mix, count, rng.randint(1, min(count, 2)), set())
+        if rng.random() < 0.3:
+            items.insert(0, chatter_turn(rng))
+        home = next((f.value for f in facts if f.attribute == "city"), None)
+        for _ in range(rng.randint(mix.min_chatter, mix.max_chatter)):
+            r = rng.random()
+            if r < 0.7:
+                items.append(chatter_turn(rng))
+            elif r < 0.8:
+                items.append(recall_turn(rng, rng.choice(facts)))
+            else:
+                items.append(self.distractor(mix, home_city=home))
+        asked = rng.choice(facts)
+        query = EpisodeQuestion(_system(rng, mix.system) + [_user(question_message(rng, [asked]))], fact_answer([asked]),
+                                values=(asked.value,), meta={"facts": facts, "asked": [asked]})
+        return self._finish("long", items, query, mix)
+
+    KINDS = ("facts", "unknown", "document", "tool_call", "tool_answer", "repeat", "statement", "context", "small_talk", "long")
 
     def sample(self, mix: Mix) -> Episode:
         if not self.rng.heldout_templates:

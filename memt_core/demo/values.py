@@ -55,12 +55,14 @@ def template_split(templates: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[s
     return tuple(t for t in templates if t not in held), tuple(t for t in templates if t in held)
 
 
-def phrasing(rng: random.Random, templates: tuple[str, ...], extra: tuple[str, ...] = ()) -> str:
+def phrasing(rng: random.Random, templates: tuple[str, ...], extra: tuple[str, ...] = (), forbid: tuple[str, ...] = ()) -> str:
     """One template from the split ``rng`` draws from (a tuple of < 3 templates is shared by both).
 
     A training draw comes from ``extra`` (composed phrasings, training only) with probability
     ``rng.composition``, leaving out any that is, or contains, one of ``templates``' held-out phrasings;
-    it is then perturbed by :func:`vary` with probability ``rng.variation`` (both 0 unless set).
+    it is then perturbed by :func:`vary` with probability ``rng.variation`` (both 0 unless set). ``forbid``:
+    held-out phrasings of sibling tuples that a training draw must not become either (a varied "What's my
+    pet's name?" that drops "pet's" is another attribute's held-out "What's my name?").
     """
     train, held = template_split(templates)
     if getattr(rng, "heldout_templates", False) and held:
@@ -73,7 +75,7 @@ def phrasing(rng: random.Random, templates: tuple[str, ...], extra: tuple[str, .
     template = template or rng.choice(train)
     variation = getattr(rng, "variation", 0.0)
     if variation and rng.random() < variation:
-        return vary(rng, template, held)
+        return vary(rng, template, held + forbid)
     return template
 
 

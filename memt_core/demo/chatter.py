@@ -1,0 +1,128 @@
+"""Chatter for long conversations: small talk that tells nothing about the user, answered neutrally.
+
+A long conversation tells facts early, then goes on for many turns of chatter ("Tell me something,
+number 3.", "Do you like old films?") before a fact is asked. Every chatter turn is committed to memory
+like any other, so its reply must not restate or invent a fact about the user ("Got it! I will remember
+that ..."): replies here are neutral. The split follows :mod:`memt_core.demo.values`: about a fifth of
+:data:`CHATTER` (by :func:`values.template_split`) and of :data:`TOPICS` is held out, and held-out draws
+(``rng.heldout_templates`` / ``rng.heldout_values``) take only those, with numbers from
+:data:`HELDOUT_NUMBERS`; names and cities come from the generators of :mod:`memt_core.demo.values`,
+which hold out their own share.
+"""
+
+from __future__ import annotations
+
+import random
+
+from memt_core.demo import values
+
+#: User message → neutral reply. Slots: {n} a number, {t} a topic ({T} capitalised), {p} a person's name
+#: (not the user's), {c} a city (not the user's), {trivia} a sentence of :data:`TRIVIA`.
+CHATTER: dict[str, str] = {
+    "Tell me something, number {n}.": "Here is something: {trivia}",
+    "Say something interesting.": "{trivia}",
+    "Tell me a fun fact.": "Here is a fun fact: {trivia}",
+    "Give me fact number {n}.": "Fact {n}: {trivia}",
+    "Any fun facts today?": "Sure! {trivia}",
+    "Surprise me with something.": "{trivia}",
+    "What do you think about {t}?": "{T} is an interesting topic. What do you like about it?",
+    "I was thinking about {t} today.": "That sounds interesting. Tell me more if you like.",
+    "Do you like {t}?": "I don't have favourites, but {t} sounds nice.",
+    "I read an article about {t}.": "Nice! What was it about?",
+    "Let's talk about {t}.": "Sure, let's talk about {t}.",
+    "I might try {t} this weekend.": "Have fun with it!",
+    "Is {t} fun?": "Many people think so!",
+    "{T} is nice, isn't it?": "Many people enjoy {t}.",
+    "My friend {p} loves {t}.": "That's nice for {p}!",
+    "I saw {p} at the shop today.": "Nice! I hope {p} is well.",
+    "{p} called me this morning.": "That's nice. I hope it was a good call.",
+    "Do you know {p}?": "No, I have not met {p}.",
+    "My cousin is travelling to {c}.": "I hope the trip to {c} goes well.",
+    "Have you ever heard of {c}?": "I have heard the name {c}. Why do you ask?",
+    "There was a festival in {c} on the news.": "That sounds lively!",
+    "It is raining again.": "Oh no! Stay dry.",
+    "What a long day.": "I hope you can rest soon.",
+    "Ha ha, that's funny.": "I'm glad you liked it!",
+    "Okay.": "Okay! Anything else?",
+    "Hmm, let me think.": "Take your time.",
+    "Are you still there?": "Yes, I am here.",
+    "Round {n}: keep chatting with me.": "Happy to chat! What's on your mind?",
+    "Question {n}: how are you today?": "I am fine, thank you!",
+    "Just saying hi again.": "Hi again!",
+    "Do you ever get bored?": "Not really. I like our chats.",
+    "What's new?": "Not much. What would you like to talk about?",
+    "Tell me a story.": "Once upon a time, a small robot learned to listen. The end!",
+    "Sing me a song.": "La la la! I am better at chatting than singing.",
+    "Nothing much to say today.": "That's fine. I'm here if you need me.",
+    "I'm bored.": "Let's chat then! What would you like to talk about?",
+    "Give me a number.": "How about {n}?",
+    "Is {n} a big number?": "It depends on what you count!",
+    "Let's play a game.": "Sure! You choose the game.",
+    "What time is it?": "I can't see a clock, sorry.",
+    "Pick a number between 1 and {n}.": "I pick 1. Simple!",
+    "Step {n}, still here.": "Still here too!",
+    "Good talk so far.": "I agree, thank you!",
+    "Can we just chat for a bit?": "Of course, let's chat.",
+    "I'm not sure what to ask next.": "No problem. Ask anything you like.",
+}
+
+#: Things chatter is about. None is a value of a personal fact (not in :mod:`memt_core.demo.pools`).
+TOPICS = (
+    "old films", "the ocean", "board games", "space travel", "jazz", "thunderstorms", "trains", "volcanoes",
+    "lighthouses", "comic books", "street art", "the moon", "crossword puzzles", "bridges", "rainbows",
+    "castles", "dinosaurs", "seashells", "poetry", "mountains", "deserts", "museums", "fireworks", "waterfalls",
+    "the circus", "magic tricks", "hot air balloons", "submarines", "ancient Rome", "clocks", "maps",
+    "autumn leaves", "snowmen", "campfires", "bees", "windmills", "sunsets", "long walks", "rainy days",
+    "quiet mornings",
+)
+
+TRIVIA = (
+    "Octopuses have three hearts.", "Honey never spoils.", "Bananas are berries, but strawberries are not.",
+    "A group of crows is called a murder.", "Sharks are older than trees.", "The Eiffel Tower grows in summer.",
+    "Sloths can hold their breath for a long time.", "A day on Venus is longer than its year.",
+    "Some turtles can breathe through their tails.", "Snails can sleep for a very long time.",
+    "Lightning is hotter than the surface of the sun.", "Cows have best friends.",
+)
+
+TRAINING_NUMBERS = range(1, 60)
+HELDOUT_NUMBERS = range(60, 100)
+
+
+def _capitalise(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
+def topic(rng: random.Random) -> str:
+    train, held = values.template_split(TOPICS)
+    return rng.choice(held if getattr(rng, "heldout_values", False) else train)
+
+
+def number(rng: random.Random) -> str:
+    return str(rng.choice(HELDOUT_NUMBERS if getattr(rng, "heldout_values", False) else TRAINING_NUMBERS))
+
+
+def chatter(rng: random.Random) -> tuple[str, str, tuple[str, ...]]:
+    """One chatter turn: ``(user message, neutral reply, values the reply copies)``, from ``rng``'s side of the split.
+
+    A training message is perturbed by :func:`values.vary` like other training phrasings (``rng.variation``).
+    """
+    train, held = values.template_split(tuple(CHATTER))
+    heldout = getattr(rng, "heldout_templates", False)
+    template = rng.choice(held if heldout else train)
+    user, reply = template, CHATTER[template]
+    variation = getattr(rng, "variation", 0.0)
+    if not heldout and variation and rng.random() < variation:
+        user = values.vary(rng, template, held)
+    slots = {"{n}": number(rng), "{p}": values.person_name(rng), "{c}": values.city(rng), "{trivia}": rng.choice(TRIVIA)}
+    slots["{t}"] = topic(rng)
+    slots["{T}"] = _capitalise(slots["{t}"])
+    for key, value in slots.items():
+        user, reply = user.replace(key, value), reply.replace(key, value)
+    copied = tuple(v for k, v in slots.items() if k in ("{p}", "{c}", "{n}") and v in reply)
+    return user, reply, copied
+
+
+def is_fact_shaped(reply: str) -> bool:
+    """A reply that confirms a fact about the user, as a statement's acknowledgement does (chatter must not)."""
+    lowered = reply.lower()
+    return "i will remember" in lowered or "nice to meet you" in lowered or lowered.startswith("got it")
