@@ -137,6 +137,7 @@ def build_app(args: argparse.Namespace):
     records = ResponseRecords(Path(kept) / "responses" if kept else None, shared=args.records_directory is not None)
     responses = ResponsesService(
         sessions, chat_format, parser, records, model_names=names, default_thinking=args.thinking == "on", snapshots_per_chain=args.response_snapshots,
+        headerless=args.headerless_memory == "on",
     )
     app = create_app(
         service, api_keys=load_api_keys(args.api_key, args.api_keys_file), max_request_bytes=args.max_request_bytes, body_timeout=args.body_timeout,

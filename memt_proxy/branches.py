@@ -41,18 +41,23 @@ def new_branch_name() -> str:
     return BRANCH_PREFIX + new_nonce()
 
 
-def plan_headerless(messages: list[Message], tenant: str, prefixes: PrefixIndex) -> HeaderlessPlan:
-    """Plan a request (see the module docstring). A transcript that is no session turn (no user message, or
-    ending with the assistant) finds nothing and is not worth keeping: it is answered as stateless chat."""
-    conversation = [m for m in messages if m.role not in ("system", "developer")]
+def _role(message: Message | dict) -> str:
+    return message.role if isinstance(message, Message) else message["role"]
+
+
+def plan_headerless(messages: list[Message] | list[dict], tenant: str, prefixes: PrefixIndex) -> HeaderlessPlan:
+    """Plan a request (see the module docstring); ``messages``: a Chat request's, or a Responses input's as
+    chat messages. A transcript that is no session turn (no user message, or ending with the assistant)
+    finds nothing and is not worth keeping: it is answered as stateless chat."""
+    conversation = [m for m in messages if _role(m) not in ("system", "developer")]
     hashes = [message_hash(m) for m in conversation]
     links = chain(tenant, hashes)
     link = links[-1] if links else root(tenant)
-    last_user = max((i for i, m in enumerate(conversation) if m.role == "user"), default=None)
-    if last_user is None or conversation[-1].role == "assistant":
+    last_user = max((i for i, m in enumerate(conversation) if _role(m) == "user"), default=None)
+    if last_user is None or _role(conversation[-1]) == "assistant":
         return HeaderlessPlan([], None, False, link)
     earlier = links[:last_user]
-    users = sum(m.role == "user" for m in conversation[:last_user])
+    users = sum(_role(m) == "user" for m in conversation[:last_user])
     found = prefixes.find(earlier)
     worth = found is None and bool(earlier) and prefixes.worth_keeping(earlier, users)
     return HeaderlessPlan(hashes[:last_user], found, worth, link, earlier[-1] if earlier else None)

@@ -35,8 +35,10 @@ from typing import AsyncIterator
 
 from memt_core.client.chat_format import ChatFormat
 from memt_core.client.parsers import OutputParser
+from memt_proxy.branches import BRANCH_TRIES, new_branch_name, plan_headerless, resumable
 from memt_proxy.conversations import SNAPSHOTS_PER_CHAIN, ResponseRecord, ResponseRecords, Thread, session_name
 from memt_proxy.errors import ProxyError
+from memt_proxy.prefix_index import extend
 from memt_proxy.protocol import logprobs_content, logprobs_sampling
 from memt_proxy.responses_protocol import (
     ConversationRequest, Events, InputItems, ResponseRequest, conversation_object, function_call_item, item_list,
@@ -72,6 +74,8 @@ class Plan:
     raw: bool = False  # the answer is structured JSON, returned as it is (no markup to parse)
     saved: int = 0  # prompt tokens memory spared this request
     started: bool = False  # streams: the response began
+    answered_from: str | None = None  # header-less: the chain of the input's messages (``memt_proxy.branches``)
+    branch_head: str | None = None  # header-less: the chain of its earlier messages, the branch's head once committed
 
 
 class ResponsesService:
@@ -79,7 +83,7 @@ class ResponsesService:
 
     def __init__(
         self, sessions: Sessions, chat_format: ChatFormat, parser: OutputParser, records: ResponseRecords, *,
-        model_names: list[str], default_thinking: bool = False, snapshots_per_chain: int = SNAPSHOTS_PER_CHAIN,
+        model_names: list[str], default_thinking: bool = False, snapshots_per_chain: int = SNAPSHOTS_PER_CHAIN, headerless: bool = True,
     ):
         self.sessions = sessions
         self.chat_format = chat_format
@@ -88,13 +92,15 @@ class ResponsesService:
         self.model_names = model_names
         self.default_thinking = default_thinking
         self.snapshots_per_chain = snapshots_per_chain
+        self.headerless = headerless  # an input carrying its history resumes from memory (``memt_proxy.branches``)
         self.on_usage = no_usage  # as ChatService.on_usage: once per finished response
         self.memory_tokens = MemoryTokens()
 
     # ------------------------------------------------------------------ POST /v1/responses
 
-    async def create(self, request: ResponseRequest, *, tenant: str) -> dict | AsyncIterator[dict]:
-        """A response object, or (``stream``) an iterator of Responses stream events."""
+    async def create(self, request: ResponseRequest, *, tenant: str, stateless: bool = False) -> dict | AsyncIterator[dict]:
+        """A response object, or (``stream``) an iterator of Responses stream events; ``stateless`` (X-MemT-Memory:
+        off): an input without conversation or previous_response_id is answered without memory."""
         ignored = request.checked()
         if ignored:
             log.info("ignoring request field(s): %s", ", ".join(ignored))
@@ -109,8 +115,39 @@ class ResponsesService:
             return await self._in_thread(request, items, tenant, thread, None)
         if request.previous_response_id is not None:
             return await self._continue(request, items, tenant, self._previous(request, tenant))
+        if self.headerless and not stateless:
+            return await self._headerless(request, items, tenant)
         plan = self._plan(request, tenant, items, None, [], [], None)
         return self._stream(plan, None, None) if request.stream else await self._run(plan, None)
+
+    async def _headerless(self, request: ResponseRequest, items: list[dict], tenant: str):
+        """An input with neither conversation nor previous_response_id, as a header-less chat request: resumed
+        from the deepest kept state of the history it carries (``memt_proxy.branches``)."""
+        messages = item_messages(items)
+        for _ in range(BRANCH_TRIES):
+            found = plan_headerless(messages, tenant, self.sessions.prefixes)
+            if found.found is None and not found.worth_keeping or any(m["role"] in ("system", "developer") for m in messages):
+                plan = self._plan(request, tenant, items, None, [], [], None)
+                plan.answered_from = found.link
+                return self._stream(plan, None, None) if request.stream else await self._run(plan, None)
+            hold = contextlib.AsyncExitStack()
+            held = await hold.enter_async_context(self.sessions.turn(tenant, found.found.branch if found.found else new_branch_name()))
+            handed_off = False
+            try:
+                if found.found is not None and not await resumable(self.sessions, held.state, found):
+                    continue  # the branch moved on: look again
+                plan = self._plan(request, tenant, items, None, [], [], None, held=len(held.state.committed))
+                await held.start(with_answer=True)
+                plan.answered_from, plan.branch_head, plan.saved = found.link, found.head, self.memory_tokens.held(held.state)
+                if request.stream:
+                    handed_off = True
+                    asyncio.get_running_loop().call_later(STREAM_START_TIMEOUT, self._unstarted, plan, hold)
+                    return self._stream(plan, held, hold)
+                return await self._run(plan, held)
+            finally:
+                if not handed_off:
+                    await hold.aclose()
+        raise ProxyError(503, "the conversation's memory kept changing under this request; retry", code="memory_busy")
 
     def _previous(self, request: ResponseRequest, tenant: str) -> ResponseRecord:
         previous = self.records.response(tenant, request.previous_response_id)
@@ -192,8 +229,9 @@ class ResponsesService:
 
     # ------------------------------------------------------------------ the prompt
 
-    def _plan(self, request: ResponseRequest, tenant: str, items: list[dict], thread: Thread | None, uncommitted: list[dict], calls: list[str], pending: PendingTurn | None) -> Plan:
-        """Decide the prompt: the system block, the context memory lacks, and the open turn."""
+    def _plan(self, request: ResponseRequest, tenant: str, items: list[dict], thread: Thread | None, uncommitted: list[dict], calls: list[str], pending: PendingTurn | None, *, held: int = 0) -> Plan:
+        """Decide the prompt: the system block, the context memory lacks, and the open turn (``held``: the
+        number of leading messages memory holds already, header-less)."""
         plan = Plan(request, tenant, items, thread)
         tools = request.chat_tools()
         plan.thinking = self._thinking(request)
@@ -213,7 +251,7 @@ class ResponsesService:
         answered = {m["tool_call_id"] for m in new if m["role"] == "tool"}
         if calls and not set(calls) <= answered:
             raise ProxyError(400, f"the previous response called functions and waits for their results: send a function_call_output item for each of call_id(s) {sorted(set(calls) - answered)} first", param="input", code="tool_results_missing")
-        messages = list(uncommitted) + new
+        messages = (list(uncommitted) + new)[held:]
         last_user = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=None)
         if last_user is None:
             raise ProxyError(400, "input must hold a user message (or function_call_output items answering the previous response's function calls)", param="input", code="invalid_input")
@@ -321,6 +359,7 @@ class ResponsesService:
         messages = plan.context + plan.turn + item_messages(output)
         if thread is None:
             uncommitted, version, snapshot_of = messages, 0, None
+            self._headerless_after(plan, held, output)
         else:
             await self._advance(plan, held, thread, response_id, messages, calls, output, output_ids, incomplete)
             uncommitted, version, snapshot_of = list(thread.uncommitted), thread.version, thread.snapshot_of
@@ -331,6 +370,21 @@ class ResponsesService:
         if request.stored:
             self.records.save(ResponseRecord(response_id, plan.tenant, body, plan.items, thread.id if thread else None, version, snapshot_of, uncommitted, calls if not incomplete else []))
         return body
+
+    def _headerless_after(self, plan: Plan, held: HeldSession | None, output: list[dict]) -> None:
+        """Header-less: remember the answered transcript; commit the history the input resumed with behind the answer."""
+        if plan.answered_from is None:
+            return
+        link = plan.answered_from
+        for message in item_messages(output):
+            link = extend(link, message_hash(message))
+        self.sessions.prefixes.answered(link)
+        if held is not None and plan.context_ids:
+            state = held.state
+            committed = state.committed + [message_hash(m) for m in plan.context]
+            held.write_later(self.sessions.pieces(plan.context_ids), committed)
+            self.memory_tokens.wrote(state, len(committed), len(plan.context_ids))
+            self.sessions.move_head(state, plan.branch_head)
 
     def _reply_ids(self, plan: Plan, output_ids: list[int]) -> list[int]:
         """The answer as committed (``ChatFormat.reply_ids``): without the stray or malformed markup the

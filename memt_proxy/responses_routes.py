@@ -33,7 +33,10 @@ def add_responses_routes(
     async def create(request: Request):
         tenant = tenant_of(request)
         body = await model_body(request, ResponseRequest)
-        result = await service.create(body, tenant=tenant)
+        memory = request.headers.get("x-memt-memory")
+        if memory is not None and memory.lower() not in ("auto", "read", "off"):
+            raise ProxyError(400, "X-MemT-Memory must be one of auto, read, off", param="X-MemT-Memory")
+        result = await service.create(body, tenant=tenant, stateless=memory is not None and memory.lower() == "off")
         if isinstance(result, dict):
             return result
         return EventSourceResponse(_sse(result), sep="\n", ping=15)

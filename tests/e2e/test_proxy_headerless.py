@@ -169,3 +169,21 @@ def test_a_restarted_proxy_with_a_state_directory_resumes_a_conversation(proxy_u
         sent = conversation_turn(server.openai(), history, "After the restart.", seed=9)
         assert sent == len(expected_prompt(proxy_chat_format, history[:-1], len(history) - 4))
         assert writes_reach(server, 1) == 1
+
+
+def test_responses_input_carrying_its_history_resumes_from_memory(fresh_proxy):
+    """The Responses API without conversation or previous_response_id (store false), its input the whole
+    history: turn 1 commits nothing; from then on the input's usage holds the last exchange, not all of it."""
+    client = fresh_proxy.openai()
+    history: list[dict] = []
+    sizes = []
+    for turn in range(1, 7):
+        history.append({"role": "user", "content": f"Responses turn {turn}."})
+        response = client.responses.create(model=MODEL, input=history, store=False, max_output_tokens=8, temperature=1.0)
+        history.append({"role": "assistant", "content": response.output_text})
+        sizes.append(response.usage.input_tokens)
+        assert writes_reach(fresh_proxy, turn - 1) == turn - 1
+    stateless = client.responses.create(model=MODEL, input=history + [{"role": "user", "content": "Again."}], store=False, max_output_tokens=1,
+                                        extra_headers={"X-MemT-Memory": "off"})
+    assert max(sizes[2:]) < stateless.usage.input_tokens / 2, (sizes, stateless.usage.input_tokens)
+    assert max(sizes[2:]) - min(sizes[2:]) <= 12, sizes  # the last exchange: its answer at most 8 tokens longer
