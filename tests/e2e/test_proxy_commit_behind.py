@@ -67,7 +67,7 @@ def in_process(client, chat, **options):
 
     chat_format, parser = chat
     sessions = Sessions(client, identity=chat_format.identity, **options)
-    app = create_app(ChatService(sessions, chat_format, parser, model_names=[MODEL]))
+    app = create_app(ChatService(sessions, chat_format, parser, model_names=[MODEL], on_divergence="error"))
     http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://proxy", timeout=120)
     return sessions, AsyncOpenAI(base_url="http://proxy/v1", api_key="unused", http_client=http, max_retries=0)
 
@@ -247,10 +247,10 @@ def test_a_proxy_killed_right_after_an_answer(proxy_upstream, nano_checkpoint, p
     assert landed in (0, 1)
     with ProxyServer(proxy_upstream.url, nano_checkpoint, args=args) as second:
         if landed == 1 and not records:
-            # memory holds the turn but nobody knows which: a restart without records refuses the resent history (documented)
+            # memory holds the turn but nobody knows which: a restart without records refuses the resent history in strict mode
             with second.http(None) as http:
                 response = http.post("/v1/chat/completions", json={"model": MODEL, "messages": history, "max_tokens": 4},
-                                     headers={"X-MemT-Session": session})
+                                     headers={"X-MemT-Session": session, "X-MemT-On-Divergence": "error"})
             assert response.status_code == 409 and response.json()["error"]["code"] == "transcript_diverged"
             return
         again = ask_once(second, session, history, seed=1)

@@ -3,7 +3,7 @@ server, driven by the ``openai`` SDK. Talking to a third session drops the least
 the proxy's memory; its native session (and memory) stays upstream, unleased. When the dropped session
 comes back, the proxy adopts it again: with ``--state-directory`` it re-reads the session's record and
 still trims the resent transcript; without, the history is unknown and the resent transcript is
-refused as edited (409 ``transcript_diverged``), while new messages alone continue the same memory.
+an edited one (409 ``transcript_diverged`` in strict mode), while new messages alone continue the same memory.
 Last, 5,000 distinct sessions through the session layer (create, lease, release on a live upstream
 with room for them all) leave at most ``max_sessions`` states in the proxy's memory and no lease held.
 """
@@ -71,7 +71,7 @@ def test_without_a_state_directory_an_evicted_session_has_an_unknown_history(pro
         with proxy.http(None) as http:
             resent = history + [{"role": "user", "content": "second question"}]
             response = http.post("/v1/chat/completions", json={"model": MODEL, "messages": resent, "max_tokens": 4},
-                                 headers={"X-MemT-Session": a})
+                                 headers={"X-MemT-Session": a, "X-MemT-On-Divergence": "error"})
             assert_openai_error(response, 409, code="transcript_diverged")
         info = proxy.inspect(a, None)
         assert info["history_known"] is False and info["native"]["published_version"] == 1  # adopted, memory intact

@@ -88,7 +88,7 @@ def in_process(client, chat, records=None):
 
     chat_format, parser = chat
     sessions = Sessions(client, identity=chat_format.identity, records=SessionRecordStore(records))
-    app = create_app(ChatService(sessions, chat_format, parser, model_names=[MODEL]))
+    app = create_app(ChatService(sessions, chat_format, parser, model_names=[MODEL], on_divergence="error"))
     http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://proxy", timeout=120)
     return sessions, AsyncOpenAI(base_url="http://proxy/v1", api_key="unused", http_client=http, max_retries=0)
 

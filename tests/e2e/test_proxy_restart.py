@@ -2,8 +2,8 @@
 
 With ``--state-directory`` the new proxy reads each session's record and still trims the resent
 transcript to the new message, and continues a turn that was waiting for tool results; without it the
-history is unknown and a resent transcript is refused as an edited history (409
-``transcript_diverged``), the documented behaviour, never silently re-committed.
+history is unknown and a resent transcript is an edited history: refused (409 ``transcript_diverged``)
+with ``X-MemT-On-Divergence: error``, never silently mixed with the memory it does not know.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def test_restarted_proxy_without_records_refuses_the_unknown_history(proxy_upstr
         with second.http(None) as http:
             history.append({"role": "user", "content": "second question"})
             response = http.post("/v1/chat/completions", json={"model": MODEL, "messages": history, "max_tokens": 4},
-                                 headers={"X-MemT-Session": session})
+                                 headers={"X-MemT-Session": session, "X-MemT-On-Divergence": "error"})
             assert_openai_error(response, 409, code="transcript_diverged")
             assert second.inspect(session, None)["history_known"] is False
             assert http.delete(f"/v1/memt/sessions/{session}").status_code == 200

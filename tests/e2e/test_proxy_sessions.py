@@ -245,16 +245,17 @@ def test_edited_history_diverges(proxy, client, proxy_chat_format):
     edited = [{"role": "user", "content": "The code word is banana."}, history[1], {"role": "user", "content": "What is the code word?"}]
     with proxy.http() as http:
         body = {"model": MODEL, "messages": edited, "max_tokens": 4, "temperature": 1.0, "seed": 1}
-        error = assert_openai_error(http.post("/v1/chat/completions", json=body, headers={"X-MemT-Session": session}), 409,
+        strict = {"X-MemT-Session": session, "X-MemT-On-Divergence": "error"}
+        error = assert_openai_error(http.post("/v1/chat/completions", json=body, headers=strict), 409,
                                     type="conflict", code="transcript_diverged", param="messages")
         assert "reset" in error["message"]
         assert_openai_error(http.post("/v1/chat/completions", json=body, headers={"X-MemT-Session": session, "X-MemT-On-Divergence": "maybe"}), 400,
                             param="X-MemT-On-Divergence")
     with pytest.raises(openai.ConflictError):
-        ask(client, edited, session)
+        ask(client, edited, session, headers={"X-MemT-On-Divergence": "reject"})  # the old name of error
     assert proxy.inspect(session)["committed_messages"] == 2  # nothing changed
-    # X-MemT-On-Divergence: reset clears the session and takes the edited transcript as context
-    response = ask(client, edited, session, seed=2, headers={"X-MemT-On-Divergence": "reset"})
+    # by default the edit branches: memory starts over and takes the edited transcript as context
+    response = ask(client, edited, session, seed=2)
     assert response.usage.prompt_tokens == len(expected_prompt(proxy_chat_format, edited, 0))
     info = proxy.inspect(session)
     assert info["committed_messages"] == (4 if response.choices[0].finish_reason == "stop" else 0)
