@@ -1,6 +1,6 @@
 """The OpenAI-compatible proxy over a live memt_core server, driven by the official ``openai`` SDK:
 /v1/models, chat with and without streaming, usage, stop, seeds, and per-turn prompt size over a
-20-turn conversation that resends its whole history (with memory: bounded; without: growing).
+20-turn conversation that resends its whole history (with memory: bounded; with memory off: growing).
 
 The tiny checkpoint is random: greedy decoding tends to emit the end token at once, sampled text
 rarely does. Turns are therefore ended honestly with the ``stop`` parameter (a stop string ends a
@@ -149,11 +149,12 @@ def test_twenty_turns_prompt_stays_bounded_with_memory(client, proxy, proxy_chat
     assert max(prompt_tokens) <= bound, prompt_tokens
     assert max(prompt_tokens[10:]) <= max(prompt_tokens[:10]) * 1.5, prompt_tokens
 
-    # the same conversation without a session header: the whole history every time
+    # the same conversation without memory (X-MemT-Memory: off): the whole history every time
     stateless, plain_history = [], []
     for turn in range(20):
         plain_history.append(history[2 * turn])
-        response = client.chat.completions.create(model=MODEL, messages=plain_history, max_tokens=24, temperature=1.0, seed=turn, stop=STOPS)
+        response = client.chat.completions.create(model=MODEL, messages=plain_history, max_tokens=24, temperature=1.0, seed=turn, stop=STOPS,
+                                                  extra_headers={"X-MemT-Memory": "off"})
         assert response.usage.prompt_tokens == len(expected_prompt(proxy_chat_format, plain_history, None))
         stateless.append(response.usage.prompt_tokens)
         plain_history.append(history[2 * turn + 1])
