@@ -12,7 +12,10 @@ held-out syllables/letters, real names and cities absent from training, the held
 skill's phrasings; see ``memt_core/demo/values.py``). The issue's targets are checked on the held-out
 split: 1 fact ≥ 90 %, 3 facts + distractor ≥ 80 %, held-out phrasings ≥ 80 %, documents ≥ 85 %, tool
 calls and answers from JSON / plain-text results ≥ 90 %, city from memory as a tool argument ≥ 70 %,
-exact repetition ≥ 90 %, recall after a memory reset ≤ 5 %, identical answers after snapshot save/load.
+exact repetition ≥ 90 %, recall after a memory reset ≤ 5 %, identical answers after snapshot save/load,
+and (issue #41, ``long_chat``: two facts told, then chatter whose replies are generated and committed) a
+fact recalled after 10 turns of chatter ≥ 80 % and after 30 turns ≥ 70 %; on the held-out split the
+chatter's templates, topics and numbers are ones training never saw.
 Exit status 0 when every checked target is met.
 """
 

@@ -20,7 +20,12 @@ in-distribution values, statement and questions phrased from the split's templat
 split this isolates new phrasings), ``document`` (a company profile ingested piece by piece, asked for
 its city, founder or code), ``tools`` (tool call with the right name and
 arguments; final answers from a JSON and from a plain-text result), ``tool_from_memory`` (weather "where
-I live" after the city was told) and ``repeat`` (repeat / type a text exactly).
+I live" after the city was told), ``repeat`` (repeat / type a text exactly) and ``long_chat`` (two facts told,
+then turns of the split's chatter — on the held-out split templates, topics and numbers training never
+saw — each reply generated and committed; both facts asked after 10 and after 30 turns: ``long10``,
+``long30``; ``long_chat_neutral`` is the share of chatter replies that do not confirm a fact). ``long_chat``
+draws from its own random stream (seed + 41), so adding or leaving out other cases does not change its
+episodes, nor it theirs.
 
 Each recall figure has a diagnostic ``*_opening_given`` beside it: the share recalled when a wrong answer is
 asked again with its opening words given ("You live in"), which tells a question the model did not map to
@@ -37,6 +42,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from memt_core.demo import chatter
 from memt_core.demo import episodes as ep
 from memt_core.demo import values
 from memt_core.demo.format import DemoChatFormat
@@ -65,7 +71,11 @@ TARGETS = (
     ("repeat_exact", "min", 0.90),
     ("fact1_loaded_identical", "min", 1.0),
     ("facts3_loaded_identical", "min", 1.0),
+    ("long10", "min", 0.80),
+    ("long30", "min", 0.70),
 )
+#: ``long_chat``: turns of chatter after which the told facts are asked (issue #41).
+LONG_CHAT_TURNS = (10, 30)
 TOOL_CALL = re.compile(r"^<tool_call>\n(\{.*\})\n</tool_call>$", re.S)
 
 
@@ -132,6 +142,7 @@ class Evaluator:
         self.greedy = SamplingParams(temperature=0, max_new_tokens=64)
         self.chunk = self.runtime.checkpoint.memory.chunk_tokens
         self.scratch = Path(tempfile.mkdtemp(prefix="memt-eval-"))
+        self.long_rng = values.DemoRandom(self.seed + 41, heldout_values=self.heldout, heldout_templates=self.heldout)
 
     # -- helpers ---------------------------------------------------------------------------------
 
@@ -309,6 +320,29 @@ class Evaluator:
         self.tally("tool_from_memory", ok)
         self.example("tool_from_memory" if ok else "tool_from_memory_wrong", f"{question!r} → {generated!r} (city {facts[0].value})")
 
+    def long_chat(self) -> None:
+        """Issue #41: two facts told, then chatter (replies generated and committed); both asked after 10 and 30 turns.
+
+        The questions are not committed, so the later one measures the memory after chatter alone.
+        """
+        main, self.rng = self.rng, self.long_rng
+        try:
+            session = self.runtime.open_session()
+            facts = ep.sample_facts(self.rng, 2, exclude=CLOSED_ATTRIBUTES)
+            self._told(session, facts, "long_chat")
+            turns = 0
+            for after in LONG_CHAT_TURNS:
+                while turns < after:
+                    user = chatter.chatter(self.rng)[0]
+                    reply = self.tell(session, ep.EpisodeTurn(user, ""))
+                    self.tally("long_chat_neutral", not chatter.is_fact_shaped(reply))
+                    if chatter.is_fact_shaped(reply):
+                        self.example("long_chat_invented", f"{user!r} → {reply!r}")
+                    turns += 1
+                self._recall(f"long{after}", session, facts, controls=False)
+        finally:
+            self.rng = main
+
     def repeat(self) -> None:
         session = self.runtime.open_session()
         turn = ep.repeat_turn(self.rng)
@@ -336,7 +370,7 @@ class Evaluator:
 
 def default_cases(episodes: int) -> dict[str, int]:
     return {"fact1": episodes, "fact1_values": episodes, "facts3": episodes // 2, "phrasing": episodes // 2, "document": episodes // 2,
-            "tools": episodes // 2, "tool_from_memory": episodes // 2, "repeat": episodes // 2}
+            "tools": episodes // 2, "tool_from_memory": episodes // 2, "repeat": episodes // 2, "long_chat": max(1, episodes // 5)}
 
 
 def evaluate(model_path: str | Path, episodes: int = 200, seed: int = 1234, *, cases: dict[str, int] | None = None,
@@ -404,6 +438,13 @@ LABELS = {
     "tool_answer_text": "final answer uses a plain-text tool result",
     "tool_from_memory": "weather 'where I live': city argument from memory",
     "repeat_exact": "text repeated / typed exactly",
+    "long10": "2 facts, asked after 10 turns of chatter",
+    "long10_exact": "after 10 turns of chatter, exact expected answer",
+    "long10_opening_given": "after 10 turns of chatter, answer's opening given",
+    "long30": "2 facts, asked after 30 turns of chatter",
+    "long30_exact": "after 30 turns of chatter, exact expected answer",
+    "long30_opening_given": "after 30 turns of chatter, answer's opening given",
+    "long_chat_neutral": "chatter replies that confirm no fact (neutral)",
 }
 
 
