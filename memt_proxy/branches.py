@@ -11,17 +11,30 @@ the turn just answered: that is committed only if a later request carries it), s
 and an edited or forked transcript resumes from the deepest state it still matches. With no kept state, a
 request that is worth keeping (``PrefixIndex.worth_keeping``) starts a new branch; any other is a plain
 generation that commits nothing.
+
+A new branch is made behind the answer (``keep``): the answer is a plain generation over the transcript (an
+empty memory reads as none, so the same tokens), and a task then creates the native session and commits the
+earlier messages. Were the upstream full with nothing idle to close, the conversation is simply not kept:
+a header-less request is never refused for room.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from dataclasses import dataclass
+from typing import Awaitable, Callable
 
+from memt_core.client.errors import MemTClientError
 from memt_core.client.native import new_nonce
+from memt_core.errors import UnknownSession
+from memt_proxy.errors import ProxyError
 from memt_proxy.prefix_index import Found, PrefixIndex, chain, root
 from memt_proxy.protocol import Message
 from memt_proxy.sessions import BRANCH_PREFIX, Sessions, SessionState
 from memt_proxy.transcript import message_hash
+
+log = logging.getLogger("memt.proxy")
 
 BRANCH_TRIES = 4  # lookups of one request, each after a branch it found had moved on
 
@@ -65,11 +78,45 @@ def plan_headerless(messages: list[Message] | list[dict], tenant: str, prefixes:
 
 async def resumable(sessions: Sessions, state: SessionState, plan: HeaderlessPlan) -> bool:
     """Whether the held branch ``state`` still holds a prefix of the request's earlier messages (adopting its
-    native session first, e.g. after a proxy restart). If not, the index is told what it holds now."""
+    native session first, e.g. after a proxy restart; one that is gone, e.g. closed to make room since the
+    request found it, is not made again). If not, the index is told what it holds now."""
     if not state.exists:
-        await sessions.ensure(state)
+        try:
+            sessions.adopt(state, await sessions.client.control("inspect", state.native))
+        except MemTClientError as exc:
+            if not isinstance(exc.cause, UnknownSession):
+                raise sessions.upstream_error(exc) from None
+            sessions.move_head(state, None)
+            return False
     held = state.committed
     if state.history_known and held and held == plan.hashes[: len(held)]:
         return True
     sessions.move_head(state, chain(state.tenant, held)[-1] if state.history_known and held else None)
     return False
+
+
+def keep(sessions: Sessions, tenant: str, plan: HeaderlessPlan, history_ids: Callable[[], Awaitable[list[int]]]) -> None:
+    """Start a new branch holding the request's earlier messages (``history_ids()``: their tokens), behind the
+    answer, in a task of its own that the proxy's shutdown waits for (see the module docstring)."""
+    task = asyncio.get_running_loop().create_task(_keep(sessions, tenant, plan, history_ids))
+    sessions.behind.add(task)
+    task.add_done_callback(sessions.behind.discard)
+
+
+async def _keep(sessions: Sessions, tenant: str, plan: HeaderlessPlan, history_ids: Callable[[], Awaitable[list[int]]]) -> None:
+    try:
+        async with sessions.turn(tenant, new_branch_name()) as held:
+            state = held.state
+            sessions.move_head(state, plan.head)  # found from now on: the conversation's next request waits for this
+            try:
+                await held.start()
+                await sessions.write(state, held.lease, sessions.pieces(await history_ids()), plan.hashes)
+            except ProxyError as exc:
+                log.info("a header-less conversation is not kept (%s)", exc.message)
+                sessions.move_head(state, None)
+                if state.exists:
+                    await sessions.close_branch(state, held.lease)
+    except ProxyError as exc:  # e.g. every session state of the proxy in use
+        log.info("a header-less conversation is not kept (%s)", exc.message)
+    except Exception:
+        log.exception("keeping a header-less conversation failed")

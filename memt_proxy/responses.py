@@ -28,14 +28,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 from memt_core.client.chat_format import ChatFormat
 from memt_core.client.parsers import OutputParser
-from memt_proxy.branches import BRANCH_TRIES, new_branch_name, plan_headerless, resumable
+from memt_proxy.branches import BRANCH_TRIES, keep, plan_headerless, resumable
 from memt_proxy.conversations import SNAPSHOTS_PER_CHAIN, ResponseRecord, ResponseRecords, Thread, session_name
 from memt_proxy.errors import ProxyError
 from memt_proxy.prefix_index import extend
@@ -76,6 +77,7 @@ class Plan:
     started: bool = False  # streams: the response began
     answered_from: str | None = None  # header-less: the chain of the input's messages (``memt_proxy.branches``)
     branch_head: str | None = None  # header-less: the chain of its earlier messages, the branch's head once committed
+    keep: Callable[[], None] | None = None  # header-less, no kept state: starts a new branch behind the answer
 
 
 class ResponsesService:
@@ -126,16 +128,25 @@ class ResponsesService:
         messages = item_messages(items)
         for _ in range(BRANCH_TRIES):
             found = plan_headerless(messages, tenant, self.sessions.prefixes)
-            if found.found is None and not found.worth_keeping or any(m["role"] in ("system", "developer") for m in messages):
-                plan = self._plan(request, tenant, items, None, [], [], None)
-                plan.answered_from = found.link
-                return self._stream(plan, None, None) if request.stream else await self._run(plan, None)
             hold = contextlib.AsyncExitStack()
-            held = await hold.enter_async_context(self.sessions.turn(tenant, found.found.branch if found.found else new_branch_name()))
             handed_off = False
             try:
-                if found.found is not None and not await resumable(self.sessions, held.state, found):
-                    continue  # the branch moved on: look again
+                held = None
+                if found.found is not None and not any(m["role"] in ("system", "developer") for m in messages):
+                    try:
+                        held = await hold.enter_async_context(self.sessions.turn(tenant, found.found.branch))
+                        if not await resumable(self.sessions, held.state, found):
+                            continue  # the branch moved on: look again
+                    except ProxyError as exc:
+                        if exc.status != 429:
+                            raise
+                        held = None  # no room for the branch now: answered without memory
+                if held is None:
+                    plan = self._plan(request, tenant, items, None, [], [], None)
+                    plan.answered_from = found.link
+                    if found.worth_keeping and not any(m["role"] in ("system", "developer") for m in messages):
+                        plan.keep = functools.partial(keep, self.sessions, tenant, found, functools.partial(self._history_ids, messages[: len(found.hashes)]))
+                    return self._stream(plan, None, None) if request.stream else await self._run(plan, None)
                 plan = self._plan(request, tenant, items, None, [], [], None, held=len(held.state.committed))
                 await held.start(with_answer=True)
                 plan.answered_from, plan.branch_head, plan.saved = found.link, found.head, self.memory_tokens.held(held.state)
@@ -371,6 +382,9 @@ class ResponsesService:
             self.records.save(ResponseRecord(response_id, plan.tenant, body, plan.items, thread.id if thread else None, version, snapshot_of, uncommitted, calls if not incomplete else []))
         return body
 
+    async def _history_ids(self, messages: list[dict]) -> list[int]:
+        return self.chat_format.history_ids(messages)  # on the loop, as every prompt of this surface is made
+
     def _headerless_after(self, plan: Plan, held: HeldSession | None, output: list[dict]) -> None:
         """Header-less: remember the answered transcript; commit the history the input resumed with behind the answer."""
         if plan.answered_from is None:
@@ -379,6 +393,9 @@ class ResponsesService:
         for message in item_messages(output):
             link = extend(link, message_hash(message))
         self.sessions.prefixes.answered(link)
+        if plan.keep is not None:
+            plan.keep()  # a new branch, made behind the answer (``branches.keep``)
+            plan.keep = None
         if held is not None and plan.context_ids:
             state = held.state
             committed = state.committed + [message_hash(m) for m in plan.context]

@@ -19,16 +19,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 from memt_core.client.chat_format import ChatFormat
 from memt_core.client.parsers import Delta, OutputParser, hold_partial
-from memt_proxy.branches import BRANCH_TRIES, new_branch_name, plan_headerless, resumable
+from memt_proxy.branches import BRANCH_TRIES, keep, plan_headerless, resumable
 from memt_proxy.errors import ProxyError
 from memt_proxy.prefix_index import extend
 from memt_proxy.protocol import ChatCompletionRequest, NamedToolChoice, Usage, choice, chunk_body, completion_id, logprobs_content, logprobs_sampling, response_body
@@ -98,6 +99,7 @@ class Prepared:
     kept: str | None = None  # the answer's text as it may be committed (``Parsed.text``; set by ``_message``)
     answered_from: str | None = None  # header-less: the chain of the conversation sent (``memt_proxy.branches``)
     branch_head: str | None = None  # header-less: the chain of the earlier messages, the branch's head once committed
+    keep: Callable[[], None] | None = None  # header-less, no kept state: starts a new branch behind the answer
 
 
 @dataclass
@@ -230,23 +232,30 @@ class ChatService:
         none, a new branch when the conversation is worth keeping, else a plain generation."""
         for _ in range(BRANCH_TRIES):
             plan = await self._off_loop(size, plan_headerless, request.messages, tenant, self.sessions.prefixes)
-            if plan.found is None and not (policy == "auto" and plan.worth_keeping):
-                prepared = await self._off_loop(size, self._prepare_stateless, request)
-                prepared.answered_from = plan.link
-                if request.stream:
-                    return self._stream(request, prepared, None, None)
-                return await self._run(request, prepared, None)
-            name = plan.found.branch if plan.found is not None else new_branch_name()
             held_until = contextlib.AsyncExitStack()
-            held = await held_until.enter_async_context(self.sessions.turn(tenant, name))
             try:
-                moved = plan.found is not None and not await resumable(self.sessions, held.state, plan)
+                held = None if plan.found is None else await held_until.enter_async_context(self.sessions.turn(tenant, plan.found.branch))
+                if held is not None and not await resumable(self.sessions, held.state, plan):
+                    await held_until.aclose()  # the branch moved on (another conversation continued it): look again
+                    continue
+            except ProxyError as exc:
+                await held_until.aclose()
+                if exc.status != 429:
+                    raise
+                held = None  # no room for the branch now (every state in use): answered without memory
+                plan.found = None
             except BaseException:
                 await held_until.aclose()
                 raise
-            if moved:
-                await held_until.aclose()  # the branch moved on (another conversation continued it): look again
-                continue
+            if held is None:
+                prepared = await self._off_loop(size, self._prepare_stateless, request)
+                prepared.answered_from = plan.link
+                if policy == "auto" and plan.worth_keeping:
+                    earlier = [as_dict(m) for m in request.messages if m.role not in ("system", "developer")][: len(plan.hashes)]
+                    prepared.keep = functools.partial(keep, self.sessions, tenant, plan, lambda: self._off_loop(size, self.chat_format.history_ids, earlier))
+                if request.stream:
+                    return self._stream(request, prepared, None, None)
+                return await self._run(request, prepared, None)
 
             async def prepare() -> Prepared:
                 prepared = await self._off_loop(size, self._prepare_split, request, held.state, policy)
@@ -442,6 +451,8 @@ class ChatService:
         history the request resumed with (``memt_proxy.branches``)."""
         if prepared.answered_from is not None:
             self.sessions.prefixes.answered(extend(prepared.answered_from, message_hash(message)))
+            if prepared.keep is not None:
+                prepared.keep()  # a new branch, made behind the answer (``branches.keep``)
             if held is not None and prepared.policy == "auto" and prepared.context_ids:
                 state = held.state
                 committed = state.committed + [message_hash(as_dict(m)) for m in prepared.split.context]

@@ -8,6 +8,7 @@ only by what the test did; tests wait for a commit behind an answer by polling t
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 
@@ -187,3 +188,40 @@ def test_responses_input_carrying_its_history_resumes_from_memory(fresh_proxy):
                                         extra_headers={"X-MemT-Memory": "off"})
     assert max(sizes[2:]) < stateless.usage.input_tokens / 2, (sizes, stateless.usage.input_tokens)
     assert max(sizes[2:]) - min(sizes[2:]) <= 12, sizes  # the last exchange: its answer at most 8 tokens longer
+
+
+def test_many_conversations_stay_within_the_limits_without_errors(nano_checkpoint, tmp_path):
+    """60 header-less conversations of 3 turns, 6 at a time, through a proxy keeping 8 session states over a
+    core with room for 4 sessions: no request fails (no 429, no 5xx); branches beyond the room are closed
+    (their conversations come back as a longer prompt), and the kept states stay within the bounds."""
+    from e2e.servers import MemTServer
+
+    upstream = MemTServer(nano_checkpoint, args=["--max-sessions-per-rank", "4"]).start()
+    try:
+        with ProxyServer(upstream.url, nano_checkpoint, args=["--max-sessions", "8", "--lease-idle", "0"]) as server:
+            client = server.async_openai("unused")
+
+            async def conversation(index: int) -> None:
+                history: list[dict] = []
+                for turn in range(3):
+                    history.append({"role": "user", "content": f"Conversation {index}, turn {turn}."})
+                    response = await client.chat.completions.create(model=MODEL, messages=history, max_tokens=6, temperature=1.0, seed=index, stop=STOPS)
+                    history.append(assistant(response.choices[0].message))
+
+            async def run() -> None:
+                gate = asyncio.Semaphore(6)
+
+                async def one(index: int) -> None:
+                    async with gate:
+                        await conversation(index)
+
+                await asyncio.gather(*(one(index) for index in range(60)))
+
+            asyncio.run(run())  # any 4xx/5xx raises
+            assert metric(server, "memt_proxy_memory_states") <= 8
+            assert metric(server, "memt_proxy_sessions") <= 8
+            assert metric(server, "memt_proxy_memory_states_closed_total") >= 60 - 8
+            with upstream.client() as http:
+                assert http.get("/metrics").status_code == 200
+    finally:
+        upstream.close()
