@@ -48,6 +48,7 @@ class HeaderlessPlan:
     worth_keeping: bool  # with no kept state: start a branch (else a plain generation)
     link: str  # the chain of the whole conversation sent (the answer extends it)
     head: str | None = None  # the chain of the earlier messages: the branch's head once they are committed
+    links: tuple[str, ...] = ()  # the chain of each earlier message
 
 
 def new_branch_name() -> str:
@@ -73,14 +74,32 @@ def plan_headerless(messages: list[Message] | list[dict], tenant: str, prefixes:
     users = sum(_role(m) == "user" for m in conversation[:last_user])
     found = prefixes.find(earlier)
     worth = found is None and bool(earlier) and prefixes.worth_keeping(earlier, users)
-    return HeaderlessPlan(hashes[:last_user], found, worth, link, earlier[-1] if earlier else None)
+    return HeaderlessPlan(hashes[:last_user], found, worth, link, earlier[-1] if earlier else None, tuple(earlier))
+
+
+def find_shared(sessions: Sessions, plan: HeaderlessPlan) -> None:
+    """With records a cluster's proxies share: a request that found no kept state here looks for one another
+    node made (its memory in the shared snapshot store), and finds it from then on."""
+    if plan.found is not None or not sessions.records.shared:
+        return
+    shared = sessions.records.branch_at(list(plan.links))
+    if shared is not None:
+        depth, name = shared
+        sessions.prefixes.move(name, plan.links[depth - 1])
+        plan.found = Found(depth, name)
 
 
 async def resumable(sessions: Sessions, state: SessionState, plan: HeaderlessPlan) -> bool:
     """Whether the held branch ``state`` still holds a prefix of the request's earlier messages (adopting its
     native session first, e.g. after a proxy restart; one that is gone, e.g. closed to make room since the
     request found it, is not made again). If not, the index is told what it holds now."""
-    if not state.exists:
+    if not state.exists and sessions.records.recorded_elsewhere(state.native):
+        try:  # another node's (or one this core let go): brought back from the shared snapshot store
+            await sessions.ensure(state)
+        except ProxyError as exc:
+            log.info("branch %s not taken over here (%s): answered from the text", state.native, exc.message)
+            return False
+    elif not state.exists:
         try:
             sessions.adopt(state, await sessions.client.control("inspect", state.native))
         except MemTClientError as exc:

@@ -36,7 +36,7 @@ from typing import AsyncIterator, Callable
 
 from memt_core.client.chat_format import ChatFormat
 from memt_core.client.parsers import OutputParser
-from memt_proxy.branches import BRANCH_TRIES, keep, plan_headerless, resumable
+from memt_proxy.branches import BRANCH_TRIES, find_shared, keep, plan_headerless, resumable
 from memt_proxy.conversations import SNAPSHOTS_PER_CHAIN, ResponseRecord, ResponseRecords, Thread, session_name
 from memt_proxy.errors import ProxyError
 from memt_proxy.prefix_index import extend
@@ -128,6 +128,7 @@ class ResponsesService:
         messages = item_messages(items)
         for _ in range(BRANCH_TRIES):
             found = plan_headerless(messages, tenant, self.sessions.prefixes)
+            find_shared(self.sessions, found)
             hold = contextlib.AsyncExitStack()
             handed_off = False
             try:

@@ -29,7 +29,7 @@ from typing import Any, AsyncIterator, Callable
 
 from memt_core.client.chat_format import ChatFormat
 from memt_core.client.parsers import Delta, OutputParser, hold_partial
-from memt_proxy.branches import BRANCH_TRIES, keep, plan_headerless, resumable
+from memt_proxy.branches import BRANCH_TRIES, find_shared, keep, plan_headerless, resumable
 from memt_proxy.errors import ProxyError
 from memt_proxy.prefix_index import extend
 from memt_proxy.protocol import ChatCompletionRequest, NamedToolChoice, Usage, choice, chunk_body, completion_id, logprobs_content, logprobs_sampling, response_body
@@ -232,6 +232,7 @@ class ChatService:
         none, a new branch when the conversation is worth keeping, else a plain generation."""
         for _ in range(BRANCH_TRIES):
             plan = await self._off_loop(size, plan_headerless, request.messages, tenant, self.sessions.prefixes)
+            find_shared(self.sessions, plan)
             held_until = contextlib.AsyncExitStack()
             try:
                 held = None if plan.found is None else await held_until.enter_async_context(self.sessions.turn(tenant, plan.found.branch))

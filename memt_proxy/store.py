@@ -35,6 +35,7 @@ from memt_core.names import SNAPSHOT_NAME
 log = logging.getLogger("memt.proxy")
 
 BRANCHES = "branches"  # the records' subdirectory of header-less branches
+HEADS = "heads"  # beside them in shared records: one file per branch head, named by the head's chain hash
 MEMORY_OFFLOADS = 65536  # offload records kept in memory without a directory (about 100 bytes each, plus hashes)
 
 
@@ -181,14 +182,40 @@ class SessionRecordStore:
     def delete(self, native: str) -> None:
         if self.records_directory is not None:
             self._path(native).unlink(missing_ok=True)
+            branch = self._read(f"{BRANCHES}/{native}") if (self.records_directory / BRANCHES / f"{native}.json").exists() else None
+            if branch is not None and isinstance(branch.get("head"), str) and self.shared:
+                self._head_path(branch["head"]).unlink(missing_ok=True)
             (self.records_directory / BRANCHES / f"{native}.json").unlink(missing_ok=True)
 
     def save_branch(self, native: str, tenant: str, name: str, head: str | None) -> None:
         """Record a header-less branch's name and head (``memt_proxy.branches``), so that a restarted proxy
-        finds it again; what its memory holds is its per-session record's, checked on use."""
-        if self.records_directory is not None:
-            (self.records_directory / BRANCHES).mkdir(exist_ok=True)
-            self._write(f"{BRANCHES}/{native}", {"tenant": tenant, "name": name, "head": head})
+        finds it again; what its memory holds is its per-session record's, checked on use. Records shared by
+        a cluster's proxies also name the branch by its head (``branch_at``), for the other nodes."""
+        if self.records_directory is None:
+            return
+        (self.records_directory / BRANCHES).mkdir(exist_ok=True)
+        if self.shared:
+            old = (self._read(f"{BRANCHES}/{native}") or {}).get("head")
+            if isinstance(old, str) and old != head:
+                self._head_path(old).unlink(missing_ok=True)
+            if head is not None:
+                self._head_path(head).parent.mkdir(exist_ok=True)
+                self._write(f"{BRANCHES}/{HEADS}/{head}", {"tenant": tenant, "name": name})
+        self._write(f"{BRANCHES}/{native}", {"tenant": tenant, "name": name, "head": head})
+
+    def _head_path(self, head: str) -> Path:
+        return self.records_directory / BRANCHES / HEADS / f"{head}.json"
+
+    def branch_at(self, links: list[str]) -> tuple[int, str] | None:
+        """Shared records: the deepest of ``links`` that heads a branch another node recorded, as (depth, name)."""
+        if not self.shared:
+            return None
+        for depth in range(len(links), 0, -1):
+            if self._head_path(links[depth - 1]).exists():
+                record = self._read(f"{BRANCHES}/{HEADS}/{links[depth - 1]}")
+                if record is not None and isinstance(record.get("name"), str):
+                    return depth, record["name"]
+        return None
 
     def branches(self) -> list[dict]:
         """The recorded branches, each ``{"tenant", "name", "head"}`` (unreadable ones skipped)."""

@@ -452,3 +452,37 @@ def test_the_cluster_script_refuses_a_node_count_that_is_not_a_positive_integer(
                           env={**os.environ, "MEMT_PYTHON": sys.executable, "MEMT_CLUSTER_DIR": str(tmp_path)})
     assert done.returncode == 2 and f"the number of nodes must be a positive integer, got '{nodes}'" in done.stderr, done.stderr
     assert not any(tmp_path.iterdir())  # nothing was started or written
+
+
+def test_a_headerless_conversation_continues_from_memory_on_another_node(pair):
+    """Header-less memory across nodes (issue 37): a conversation kept on one node (its branch recorded by head
+    in the shared records, its memory in the shared store once that core lets it go) resumes from that memory
+    on the other node, which finds the branch by the transcript alone: the prompt holds only the last exchange."""
+    from openai import OpenAI
+
+    from e2e.proxies import DEMO_MODEL, demo_chat_format
+
+    served, other = pair
+    clients = [OpenAI(base_url=node.url + "/v1", api_key="none", max_retries=0, timeout=120) for node in pair]
+    history: list[dict] = []
+
+    def turn(client, text: str):
+        history.append({"role": "user", "content": text})
+        response = client.chat.completions.create(model=DEMO_MODEL, messages=history, temperature=0.0, max_tokens=24)
+        history.append({"role": "assistant", "content": response.choices[0].message.content})
+        return response
+
+    for text in ("Hi, my name is Ottilie.", "How are you?", "Tell me something."):
+        turn(clients[0], text)
+    records = served.proxy_args[served.proxy_args.index("--records-directory") + 1]
+    deadline = time.monotonic() + WAIT
+    while True:  # the third turn's commit behind its answer has reached the shared records
+        branches = [json.loads(path.read_text()) for path in (Path(records) / "branches").glob("*.json")]
+        if any(b["head"] is not None for b in branches) and httpx.get(served.url + "/metrics", timeout=10).text.count("memt_proxy_memory_writes_total 2.0"):
+            break
+        assert time.monotonic() < deadline, branches
+        time.sleep(0.05)
+    (branch,) = branches
+    served.core.wait_unloaded(native_session_id("default", branch["name"]), timeout=WAIT)
+    response = turn(clients[1], "What is my name?")
+    assert response.usage.prompt_tokens == len(expected_prompt(demo_chat_format(), history[:-1], 4))
