@@ -13,7 +13,7 @@ from memt_core.checkpoint import read_checkpoint
 from memt_core.errors import CheckpointError
 from memt_proxy.app import DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_REQUEST_BYTES
 from memt_proxy.conversations import SNAPSHOTS_PER_CHAIN
-from memt_proxy.sessions import LEASE_IDLE, MAX_SESSIONS
+from memt_proxy.sessions import LEASE_IDLE, MAX_MEMORY_STATES, MAX_SESSIONS
 
 
 def lease_ttl(text: str) -> int:
@@ -62,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--records-directory", default=None, help="keep the per-session records (see --state-directory) here instead: a directory on a filesystem all proxies of a cluster share, so trimming continues on whichever node a session moves to; the Responses API's stored responses and conversations are kept there too, so a chain or conversation continues on any node (default: --state-directory)")
     parser.add_argument("--cluster", action="store_true", help="run as one node behind a router (SMG) over cores sharing a --snapshot-store: the session may come as X-SMG-Routing-Key, sessions restored from the store are adopted, POST /admin/drain hands this node's sessions off (see memt_proxy.cluster)")
     parser.add_argument("--max-sessions", type=positive, default=MAX_SESSIONS, help="session states kept in memory; beyond it the least recently used idle one is dropped (its native session and memory stay upstream; its next request re-reads its record from --state-directory, or without one counts its history as unknown); when all are busy a new session gets 429")
+    parser.add_argument("--max-memory-states", type=positive, default=MAX_MEMORY_STATES, help="header-less memory states (--headerless-memory) kept at most, each a native session on the upstream; beyond it the least recently used idle one is closed, which only makes its conversation's next prompt longer (its messages are sent again). They are never written to snapshots, so they take no disk; the upstream's --max-sessions-per-rank and --max-sessions bound them too")
     parser.add_argument("--response-snapshots", type=positive, default=SNAPSHOTS_PER_CHAIN, help="Responses API: memory snapshots kept per previous_response_id chain, so that continuing one of its last N responses (not the latest) branches from the right memory; an older one is refused with 409")
     parser.add_argument("--lease-wait", type=float, default=30.0, help="seconds a request waits for another request on the same session before 409")
     parser.add_argument("--lease-ttl", type=lease_ttl, default=30, help="seconds of each native session lease; renewed every third of it while a request runs, so a proxy that dies frees its sessions within this time")
@@ -126,7 +127,7 @@ def build_app(args: argparse.Namespace):
     else:
         client = AsyncNativeClient(args.upstream, api_key=args.upstream_api_key, timeout=args.timeout)
     sessions = Sessions(
-        client, identity=chat_format.identity, served=chat_format.served, records=SessionRecordStore(args.state_directory, args.records_directory), max_sessions=args.max_sessions,
+        client, identity=chat_format.identity, served=chat_format.served, records=SessionRecordStore(args.state_directory, args.records_directory), max_sessions=args.max_sessions, max_memory_states=args.max_memory_states,
         lease_wait=args.lease_wait, lease_ttl=args.lease_ttl, lease_idle=args.lease_idle, native_encoding=chat_format.native_encoding,
     )
     service = ChatService(

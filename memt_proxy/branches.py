@@ -128,6 +128,7 @@ async def _keep(sessions: Sessions, tenant: str, plan: HeaderlessPlan, history_i
             state = held.state
             sessions.move_head(state, plan.head)  # found from now on: the conversation's next request waits for this
             try:
+                await sessions.make_branch_room(state)
                 await held.start()
                 await sessions.write(state, held.lease, sessions.pieces(await history_ids()), plan.hashes)
             except ProxyError as exc:

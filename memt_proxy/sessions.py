@@ -82,6 +82,7 @@ from memt_proxy.store import SessionRecordStore
 log = logging.getLogger("memt.proxy")
 
 MAX_SESSIONS = 1024  # default --max-sessions: session states kept in memory
+MAX_MEMORY_STATES = 256  # default --max-memory-states: header-less branches kept as native sessions
 LEASE_TTL = 30  # default native lease lifetime (seconds); renewed while the session is active
 LEASE_IDLE = 30.0  # default seconds a session's lease is kept after its last request
 SHUTDOWN_COMMIT_WAIT = 30.0  # seconds aclose() gives the commits still under way
@@ -253,6 +254,7 @@ class Sessions:
         served: dict | None = None,
         records: SessionRecordStore | None = None,
         max_sessions: int = MAX_SESSIONS,
+        max_memory_states: int = MAX_MEMORY_STATES,
         lease_wait: float = 30.0,
         lease_ttl: int = LEASE_TTL,
         lease_idle: float = LEASE_IDLE,
@@ -263,6 +265,7 @@ class Sessions:
         self.served = served  # what its /memt/identity must say (model, config_sha256) when it reports no identity hash
         self.records = records or SessionRecordStore(None)
         self.table = SessionTable(max_sessions)
+        self.max_memory_states = max_memory_states  # header-less branches kept upstream at most
         self.lease_wait = lease_wait
         self.lease_ttl = lease_ttl
         self.lease_idle = lease_idle  # seconds an idle session keeps its lease (0: released after each request)
@@ -407,6 +410,19 @@ class Sessions:
             self.records.save_branch(state.native, state.tenant, state.name, head)
         except OSError:
             log.warning("could not record branch %s", state.native, exc_info=True)
+
+    async def make_branch_room(self, keep: SessionState) -> None:
+        """Close the least recently used idle header-less branches (never ``keep``) while ``max_memory_states``
+        or more are kept, so a new one fits; busy ones are passed over (the bound then waits for them)."""
+        branches = [state for state in self.table if state.branch and state.exists and state is not keep]
+        for state in branches[: max(0, len(branches) + 1 - self.max_memory_states)]:
+            if state.users == 0 and not state.lock.locked():
+                state.users += 1
+                try:
+                    async with state.lock:
+                        await self.close_branch(state)
+                finally:
+                    state.users -= 1
 
     async def close_branch(self, state: SessionState, lease: str | None = None) -> None:
         """Close a header-less branch nobody holds (its lease, or ``lease``, taken if need be): a dropped branch

@@ -225,3 +225,21 @@ def test_many_conversations_stay_within_the_limits_without_errors(nano_checkpoin
                 assert http.get("/metrics").status_code == 200
     finally:
         upstream.close()
+
+
+def test_max_memory_states_bounds_the_kept_conversations(proxy_upstream, nano_checkpoint, proxy_chat_format):
+    """--max-memory-states 3: the fourth kept conversation closes the least recently used one, whose next turn
+    is then answered from its text (and kept again), while a recent one still resumes from memory."""
+    with ProxyServer(proxy_upstream.url, nano_checkpoint, args=["--max-memory-states", "3"]) as server:
+        client = server.openai("unused")
+        histories: list[list[dict]] = [[] for _ in range(4)]
+        for index, history in enumerate(histories):
+            for turn in range(2):
+                conversation_turn(client, history, f"Bounded {index}, turn {turn}.", seed=turn)
+            writes_reach(server, index + 1)
+        assert metric(server, "memt_proxy_memory_states") == 3
+        assert metric(server, "memt_proxy_memory_states_closed_total") == 1
+        sent = conversation_turn(client, histories[0], "The oldest again.", seed=5)  # closed: all of it as text
+        assert sent == len(expected_prompt(proxy_chat_format, histories[0][:-1], 0))
+        sent = conversation_turn(client, histories[3], "The newest again.", seed=5)  # kept: the last exchange only
+        assert sent == len(expected_prompt(proxy_chat_format, histories[3][:-1], 2))
