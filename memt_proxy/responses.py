@@ -126,9 +126,11 @@ class ResponsesService:
         """An input with neither conversation nor previous_response_id, as a header-less chat request: resumed
         from the deepest kept state of the history it carries (``memt_proxy.branches``)."""
         messages = item_messages(items)
-        for _ in range(BRANCH_TRIES):
+        for attempt in range(BRANCH_TRIES):
             found = plan_headerless(messages, tenant, self.sessions.prefixes)
             find_shared(self.sessions, found)
+            if attempt == BRANCH_TRIES - 1:
+                found.found = None  # the states it found kept moving on: answered from the text, not kept
             hold = contextlib.AsyncExitStack()
             handed_off = False
             try:
@@ -151,15 +153,12 @@ class ResponsesService:
                 plan = self._plan(request, tenant, items, None, [], [], None, held=len(held.state.committed))
                 await held.start(with_answer=True)
                 plan.answered_from, plan.branch_head, plan.saved = found.link, found.head, self.memory_tokens.held(held.state)
-                if request.stream:
-                    handed_off = True
-                    asyncio.get_running_loop().call_later(STREAM_START_TIMEOUT, self._unstarted, plan, hold)
-                    return self._stream(plan, held, hold)
-                return await self._run(plan, held)
+                handed_off = True
+                return await self._answer(plan, held, hold)
             finally:
                 if not handed_off:
                     await hold.aclose()
-        raise ProxyError(503, "the conversation's memory kept changing under this request; retry", code="memory_busy")
+        raise AssertionError("unreachable: the last attempt answers without memory")
 
     def _previous(self, request: ResponseRequest, tenant: str) -> ResponseRecord:
         previous = self.records.response(tenant, request.previous_response_id)
@@ -209,14 +208,21 @@ class ResponsesService:
             plan = self._plan(request, tenant, items, thread, thread.uncommitted, thread.calls, state.pending)
             plan.base_version = state.version
             plan.saved = self.memory_tokens.held(state)
-            if request.stream:
-                handed_off = True  # the stream lets the session go when it ends
-                asyncio.get_running_loop().call_later(STREAM_START_TIMEOUT, self._unstarted, plan, hold)
-                return self._stream(plan, held, hold)
-            return await self._run(plan, held)
+            handed_off = True
+            return await self._answer(plan, held, hold)
         finally:
             if not handed_off:
                 await hold.aclose()
+
+    async def _answer(self, plan: Plan, held: HeldSession, hold: contextlib.AsyncExitStack):
+        """Answer ``plan`` on the held session, which is let go when the answer ends (a stream: when it does)."""
+        if plan.request.stream:
+            asyncio.get_running_loop().call_later(STREAM_START_TIMEOUT, self._unstarted, plan, hold)
+            return self._stream(plan, held, hold)
+        try:
+            return await self._run(plan, held)
+        finally:
+            await hold.aclose()
 
     async def _confirm(self, held: HeldSession, thread: Thread) -> None:
         """Check the session's memory against the thread's record before using it: the turn committed behind

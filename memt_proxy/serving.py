@@ -230,9 +230,11 @@ class ChatService:
         """A conversation without X-MemT-Session, identified by its transcript (``memt_proxy.branches``): resumed
         from the deepest kept state its earlier messages reach, which then commits them behind the answer; with
         none, a new branch when the conversation is worth keeping, else a plain generation."""
-        for _ in range(BRANCH_TRIES):
+        for attempt in range(BRANCH_TRIES):
             plan = await self._off_loop(size, plan_headerless, request.messages, tenant, self.sessions.prefixes)
             find_shared(self.sessions, plan)
+            if attempt == BRANCH_TRIES - 1:
+                plan.found = None  # the states it found kept moving on: answered from the text, not kept
             held_until = contextlib.AsyncExitStack()
             try:
                 held = None if plan.found is None else await held_until.enter_async_context(self.sessions.turn(tenant, plan.found.branch))
@@ -264,7 +266,7 @@ class ChatService:
                 return prepared
 
             return await self._answer(request, held, held_until, prepare)
-        raise ProxyError(503, "the conversation's memory kept changing under this request; retry", code="memory_busy")
+        raise AssertionError("unreachable: the last attempt answers without memory")
 
     def _options(self, request: ChatCompletionRequest) -> tuple[bool, list | None, str, bool]:
         thinking = self.default_thinking

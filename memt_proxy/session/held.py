@@ -1,0 +1,252 @@
+"""One session held by one request: its lease once started, its queries, its turn's commit and admin actions."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, AsyncIterator
+
+from memt_core.client.errors import MemTClientError
+from memt_core.client.native import new_nonce, new_transaction
+from memt_core.client.turns import MemoryWrite
+from memt_core.errors import Conflict, LeaseConflict, UnknownSession
+from memt_proxy.errors import ProxyError
+from memt_proxy.session.state import LeaseTaken, MemoryFound, SessionState
+
+if TYPE_CHECKING:
+    from memt_proxy.sessions import Sessions
+
+log = logging.getLogger("memt.proxy")
+
+
+class HeldSession:
+    """One session held by one request (see ``Sessions.turn``): its state, and its lease once started."""
+
+    def __init__(self, sessions: Sessions, state: SessionState):
+        self.sessions = sessions
+        self.state = state
+        self.lease: str | None = None
+        self.later: tuple[list[list[int]], list[str]] | None = None  # a commit left for after the request
+        self.kept = False  # the lease was kept from an earlier request (it may have lapsed since)
+        self.deferred = False  # the lease is taken while the answer is generated (``start(with_answer=True)``)
+        self.creating = False  # the native session too (``start(create=True)``)
+
+    async def start(self, *, with_answer: bool = False, create: bool = False) -> None:
+        """Create or adopt the native session, then take its lease: the one kept from an earlier request, or a new one.
+        ``with_answer``: a new lease on a session whose memory is empty is taken by ``query`` while it generates;
+        ``create`` as well: a session of which nothing is known or recorded is created (or adopted) by ``query`` too,
+        which raises ``MemoryFound`` if it turns out to hold memory (e.g. after a restart without records)."""
+        state = self.state
+        if with_answer and create and not state.exists and state.blank and not self.sessions.records.known(state.native):
+            self.deferred = self.creating = True
+            return
+        await self.sessions.ensure(state)
+        self.kept = state.lease is not None
+        if with_answer and not self.kept and state.empty:
+            self.deferred = True
+            return
+        self.lease = await self.sessions.lease_of(state)
+
+    async def _leased(self) -> None:
+        """Take the lease (and create the session) as ``start`` left to the answer, for a use that cannot overlap it."""
+        if self.deferred:
+            self.deferred = False
+            if self.creating:
+                self.creating = False
+                await self.sessions.ensure(self.state)
+            self.lease = await self.sessions.lease_of(self.state)
+
+    async def _query_leasing(self, prompt: list[int], sampling: dict) -> dict:
+        """``query`` on the empty memory of a session not yet leased (or not yet created): a plain generation (an
+        empty memory reads as none: the same tokens) while the session is created and leased. If the session turns
+        out to hold memory, or another client holds the lease (it may write before letting go), the generation is
+        dropped and the query made under the lease once it is ours (after ``MemoryFound``, by the caller)."""
+        self.deferred = False
+        sessions, state = self.sessions, self.state
+        generation = asyncio.ensure_future(sessions.generate(prompt, sampling))
+        try:
+            if self.creating:
+                self.creating = False
+                await sessions.ensure(state)
+                if not (state.blank and state.empty):
+                    raise MemoryFound(state.native)
+            self.lease = await sessions.acquire(state, wait=False)
+        except BaseException as exc:
+            generation.cancel()
+            await asyncio.gather(generation, return_exceptions=True)
+            if not isinstance(exc, (LeaseTaken, MemoryFound)):
+                raise
+            self.lease = await sessions.lease_of(state)
+            if isinstance(exc, MemoryFound) and not state.blank:
+                raise
+            return await self.query(prompt, sampling)
+        return await generation
+
+    def _lapsed(self, exc: MemTClientError) -> bool:
+        """Whether a query failed only because the lease kept from an earlier request lapsed (then it is retaken, once).
+        A bare 409 (from a server that does not name the kind) may be that too."""
+        if not (self.kept and (isinstance(exc.cause, LeaseConflict) or type(exc.cause) is Conflict)):
+            return False
+        self.kept = False
+        return True
+
+    async def _retake(self, exc: MemTClientError) -> None:
+        """A new lease after ``_lapsed``; after a bare 409 the old lease may still hold, so it is released first."""
+        old = self.lease
+        if type(exc.cause) is Conflict and old is not None:
+            await self.sessions.release(self.state, old)
+        self.lease = await self.sessions.acquire(self.state)
+
+    async def query(self, prompt: list[int], sampling: dict) -> dict:
+        """Generate from ``prompt`` reading the session's memory."""
+        if self.deferred:
+            return await self._query_leasing(prompt, sampling)
+        sessions = self.sessions
+        try:
+            return await sessions.client.query(self.state.native, self.lease, prompt, sampling_params=sampling)
+        except MemTClientError as exc:
+            if not self._lapsed(exc):
+                raise sessions.upstream_error(exc) from None
+            lapsed = exc
+        await self._retake(lapsed)
+        return await sessions.call(sessions.client.query, self.state.native, self.lease, prompt, sampling_params=sampling)
+
+    async def query_stream(self, prompt: list[int], sampling: dict) -> AsyncIterator[dict]:
+        """``query`` as cumulative stream bodies; closing the iterator early cancels the upstream query."""
+        if self.deferred and not self.creating:
+            async for body in self._query_stream_leasing(prompt, sampling):
+                yield body
+            return
+        await self._leased()
+        sessions = self.sessions
+        upstream = sessions.client.query_stream(self.state.native, self.lease, prompt, sampling_params=sampling)
+        try:
+            first = await upstream.__anext__()
+        except StopAsyncIteration:
+            return
+        except MemTClientError as exc:
+            await upstream.aclose()
+            if not self._lapsed(exc):
+                raise sessions.upstream_error(exc) from None
+            await self._retake(exc)
+            async for body in sessions.stream(sessions.client.query_stream(self.state.native, self.lease, prompt, sampling_params=sampling)):
+                yield body
+            return
+        except BaseException:
+            await upstream.aclose()
+            raise
+        yield first
+        async for body in sessions.stream(upstream):
+            yield body
+
+    async def _query_stream_leasing(self, prompt: list[int], sampling: dict) -> AsyncIterator[dict]:
+        """``query_stream`` as ``_query_leasing`` makes ``query``: a plain generation's stream, started while the lease
+        is taken and passed on only once the lease is ours; were it another client's, dropped for a query under it."""
+        self.deferred = False
+        sessions = self.sessions
+        upstream = sessions.generate_stream(prompt, sampling)
+        first = asyncio.ensure_future(anext(upstream, None))
+        try:
+            try:
+                self.lease = await sessions.acquire(self.state, wait=False)
+            except LeaseTaken:
+                taken = True
+            else:
+                taken = False
+                body = await first
+                while body is not None:
+                    yield body
+                    body = await anext(upstream, None)
+        finally:
+            first.cancel()
+            await asyncio.gather(first, return_exceptions=True)
+            await upstream.aclose()
+        if taken:
+            self.lease = await sessions.lease_of(self.state)
+            async for body in self.query_stream(prompt, sampling):
+                yield body
+
+    async def commit_turn(self, context_ids: list[int], turn_ids: list[int], committed: list[str]) -> None:
+        """Write a completed turn (after the uncommitted context before it) into memory, which then holds ``committed``."""
+        commits = ([context_ids] if context_ids else []) + self.sessions.pieces(turn_ids)
+        await self._leased()
+        try:
+            await self.sessions.write(self.state, self.lease, commits, committed)
+        except ProxyError:
+            await self.sessions.settle(self.state, committed)
+            self.lease = None
+            raise
+
+    def commit_turn_later(self, context_ids: list[int], turn_ids: list[int], committed: list[str]) -> None:
+        """``commit_turn``, done once the request lets the session go (its answer is out by then); the session's
+        next request waits for it. If it fails, memory stays as it was (see the module docstring)."""
+        self.write_later(([context_ids] if context_ids else []) + self.sessions.pieces(turn_ids), committed)
+
+    def write_later(self, commits: list[list[int]], committed: list[str]) -> None:
+        """Write ``commits`` (one transaction) once the request lets the session go; memory then holds ``committed``."""
+        self.later = (commits, committed)
+
+    async def find(self, session: str) -> dict | None:
+        """Adopt the session if it exists upstream; bring it back if its memory is kept elsewhere — offloaded by
+        this proxy, unloaded by an upstream with a snapshot store (idle, or a drained node's), or served by
+        another node of a cluster (shared records); 404 if none of these (nothing is created). Returns the
+        upstream's inspect of a session it held, None for one brought back."""
+        sessions, state = self.sessions, self.state
+        try:
+            native = await sessions.client.control("inspect", state.native)
+        except MemTClientError as exc:
+            if not isinstance(exc.cause, UnknownSession):
+                raise sessions.upstream_error(exc) from None  # e.g. the upstream is unreachable: not a 404
+            if state.exists:
+                await sessions._reload(state)  # let go upstream (its memory is in the store): bring it back
+            elif sessions.records.load_offload(state.native) is not None or sessions.records.recorded_elsewhere(state.native):
+                await sessions.ensure(state)
+            else:
+                raise ProxyError(404, f"session {session!r} does not exist", code="session_not_found") from None
+            return None
+        if not state.exists:
+            sessions.adopt(state, native)
+        return native
+
+    async def inspect(self, session: str, native: dict | None = None) -> dict:
+        """The session as the proxy and the upstream see it (``find`` first; ``native``: the upstream's inspect
+        ``find`` returned, so it is not asked twice)."""
+        sessions, state = self.sessions, self.state
+        if native is None:
+            native = await sessions.call(sessions.client.control, "inspect", state.native)
+        return {"session": session, "native": native, "committed_messages": len(state.committed), "history_known": state.history_known, "pending_tool_calls": state.pending is not None}
+
+    async def save(self, file: str, *, overwrite: bool = False, name: str) -> None:
+        """Export the published memory as the upstream snapshot ``file`` (the client calls it ``name``)."""
+        sessions = self.sessions
+        await self._leased()
+        try:
+            await sessions.client.control("export", self.state.native, lease=self.lease, encoding=sessions.native_encoding, file=file, overwrite=overwrite)
+        except MemTClientError as exc:
+            raise _renamed(sessions.upstream_error(exc), file, name) from None
+
+    async def restore(self, file: str, *, name: str) -> None:
+        """Replace memory with the snapshot ``file`` (begin → import → publish): it then holds no transcript message the proxy knows."""
+        write = MemoryWrite(new_transaction(), new_nonce=new_nonce, import_file=file, memory_read=True, abort_on_failure=True)
+        await self._leased()
+        try:
+            await self.sessions.drive(write, self.state, self.lease, [])
+        except ProxyError as exc:
+            raise _renamed(exc, file, name) from None
+
+    async def close(self) -> None:
+        """Delete the native session (the lease goes with it) and its record."""
+        sessions, state = self.sessions, self.state
+        await self._leased()
+        state.drop_lease()  # the renewal task ends before the session does
+        await sessions.call(sessions.client.control, "close", state.native, lease=self.lease)
+        self.lease = None
+        sessions.records.delete(state.native)
+        sessions.records.forget_offload(state.native)
+        state.forget()
+
+
+def _renamed(error: ProxyError, file: str, name: str) -> ProxyError:
+    """``error`` with the upstream's file name replaced by the client's own name for it."""
+    error.message = error.message.replace(file, name)
+    return error

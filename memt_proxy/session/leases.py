@@ -1,0 +1,122 @@
+"""Native leases: taken, kept and renewed while a session is active, released once it has been idle
+``lease_idle`` seconds, when its state is dropped, or at shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+from memt_core.client.errors import MemTClientError
+from memt_core.errors import (
+    Conflict,
+    EpochMismatch,
+    LeaseConflict,
+    SessionBusy,
+    UnknownSession,
+)
+from memt_proxy.session.state import RELEASE_WAIT, LeaseTaken, SessionState
+
+log = logging.getLogger("memt.proxy")
+
+
+class Leases:
+    """Leases kept across requests. A part of ``memt_proxy.sessions.Sessions``."""
+
+    async def lease_of(self, state: SessionState) -> str:
+        """The session's kept lease, or a new one (kept from now on); the caller holds the lock."""
+        if state.lease is None:
+            await self.acquire(state)
+        return state.lease
+
+    async def acquire(self, state: SessionState, *, wait: bool = True) -> str:
+        """A new native lease (waiting up to ``lease_wait`` while another client holds it; ``wait=False``: raising
+        ``LeaseTaken`` at once), kept as the session's and renewed until released, or until the session has been idle
+        for ``lease_idle`` seconds. A session the upstream no longer holds (a server with a snapshot store unloads idle
+        ones) is brought back first."""
+        state.drop_lease()
+        deadline = time.monotonic() + self.lease_wait
+        reloaded = False
+        while True:
+            try:
+                lease = (await self.client.control("acquire", state.native, ttl=self.lease_ttl))["lease"]
+                break
+            except MemTClientError as exc:
+                if isinstance(exc.cause, UnknownSession) and state.exists and not reloaded:
+                    reloaded = True
+                    await self._reload(state)
+                    continue
+                if isinstance(exc.cause, LeaseConflict) and not wait:
+                    raise LeaseTaken(exc.message) from None
+                if not isinstance(exc.cause, LeaseConflict) or time.monotonic() > deadline:
+                    raise self.upstream_error(exc) from None
+            await asyncio.sleep(0.2)
+        state.lease = lease
+        state.keeper = asyncio.get_running_loop().create_task(self._keep(state, lease))
+        return lease
+
+    async def _keep(self, state: SessionState, lease: str) -> None:
+        """Renew the lease every third of its lifetime while the session is in use or was used within
+        ``lease_idle`` seconds, then release it: long generations and active conversations keep it, and a
+        proxy that dies leaves its sessions leased for at most ``lease_ttl`` seconds."""
+        renew_at = time.monotonic() + self.lease_ttl / 3
+        while state.lease == lease:
+            now = time.monotonic()
+            idle_at = state.idle_since + self.lease_idle if state.idle_since is not None else renew_at
+            if state.users == 0 and state.idle_since is not None and now >= idle_at and not state.lock.locked():
+                state.users += 1  # not dropped from the table while it releases
+                async with state.lock:  # free: taken at once; a request arriving now waits for the release
+                    try:
+                        if state.lease == lease:
+                            state.lease, state.keeper = None, None
+                            await self.release(state, lease)
+                    finally:
+                        state.users -= 1
+                return
+            if now >= renew_at:
+                try:
+                    await self.client.control("renew", state.native, lease=lease, ttl=self.lease_ttl)
+                except MemTClientError as exc:
+                    # a bare 409 (a server that does not name the kind) means the same: the lease is no longer usable
+                    if not isinstance(exc.cause, (UnknownSession, LeaseConflict, EpochMismatch)) and type(exc.cause) is not Conflict:
+                        log.warning("renewing the lease of %s failed; retrying", state.native, exc_info=True)
+                        renew_at = time.monotonic() + 1.0  # e.g. the upstream briefly unreachable: the lease is still ours
+                        continue
+                    if state.lease == lease:  # the session or the lease is gone: the next request acquires a new one
+                        state.lease, state.keeper = None, None
+                    return
+                renew_at = time.monotonic() + self.lease_ttl / 3
+                continue
+            state.nudge.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(state.nudge.wait(), max(0.0, min(renew_at, idle_at) - now))
+
+    async def release(self, state: SessionState, lease: str) -> None:
+        """Release ``lease`` (an open transaction upstream is abandoned with it); stop keeping it if it is the session's."""
+        if state.lease == lease:
+            state.drop_lease()
+        deadline = time.monotonic() + RELEASE_WAIT
+        while True:
+            try:
+                await self.client.control("release", state.native, lease=lease)
+                return
+            except MemTClientError as exc:
+                # after a client disconnect the cancelled upstream query may still be in flight for a moment
+                if (isinstance(exc.cause, SessionBusy) or type(exc.cause) is Conflict) and time.monotonic() < deadline:
+                    await asyncio.sleep(0.05)
+                    continue
+                log.warning("release of %s failed", state.native, exc_info=True)
+                return
+
+    async def release_evicted(self) -> None:
+        """Release the leases of states dropped from the table to make room; close dropped branches."""
+        while self.table.evicted:
+            state = self.table.evicted.pop()
+            if state.branch:
+                await self.close_branch(state)
+                continue
+            lease = state.drop_lease()
+            if lease is not None:
+                await self.release(state, lease)
+

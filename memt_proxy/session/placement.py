@@ -1,0 +1,202 @@
+"""Where a session's memory lives: created, adopted (with its record), offloaded to a snapshot to make room and
+restored, reloaded after the upstream let it go, handed off (unload); header-less branches indexed and closed."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict
+
+from memt_core.client.errors import MemTClientError
+from memt_core.client.native import new_nonce, new_transaction
+from memt_core.client.turns import MemoryWrite
+from memt_core.errors import SessionExists, UnknownSession
+from memt_proxy.errors import ProxyError
+from memt_proxy.session.state import OFFLOAD_TRIES, PendingTurn, SessionState
+
+log = logging.getLogger("memt.proxy")
+
+
+class Placement:
+    """Create, adopt, offload, restore, unload; header-less branches. A part of ``memt_proxy.sessions.Sessions``."""
+
+    async def ensure(self, state: SessionState) -> None:
+        """Create the native session, or adopt it if it exists already (e.g. made by an earlier proxy),
+        or restore it if it was offloaded."""
+        if state.exists:
+            return
+        offloaded = self.records.load_offload(state.native)
+        if not await self._create(state):
+            self.adopt(state, await self.call(self.client.control, "inspect", state.native))
+            return
+        if offloaded is not None:
+            await self._restore(state, offloaded)
+            return
+        self.records.delete(state.native)  # a record from an earlier life of this id (before an upstream restart)
+        state.exists, state.version, state.committed, state.history_known = True, 0, [], True
+
+    async def _create(self, state: SessionState) -> bool:
+        """Create the native session (True), or find it exists (False: made earlier, or restored from the
+        upstream's snapshot store, so adopted at its version); when the upstream is full, offload
+        idle sessions to make room (up to ``OFFLOAD_TRIES``) before passing its 429 on."""
+        for attempt in range(OFFLOAD_TRIES + 1):
+            try:
+                created = await self.client.control("create", state.native, memory_read=True)
+                # a core with a snapshot store restored it (after a crash, or from another node): it is not new
+                return not created.get("restored_version")
+            except MemTClientError as exc:
+                # errors rebuilt from the wire carry the generic class of their status (Conflict), not SessionExists
+                if isinstance(exc.cause, SessionExists):
+                    return False
+                if getattr(exc, "status", None) != 429 or attempt == OFFLOAD_TRIES or not await self.offload_idle(state):
+                    raise self.upstream_error(exc) from None
+        raise AssertionError("unreachable")
+
+    async def offload_idle(self, keep: SessionState) -> bool:
+        """Offload the least recently used idle session with a native session (never ``keep``); False if none could be."""
+        for state in self.table:  # least recently used first
+            if state is not keep and state.exists and state.users == 0 and not state.lock.locked():
+                if await self.offload(state):
+                    return True
+        return False
+
+    async def offload(self, state: SessionState) -> bool:
+        """Export an idle session's published memory, record where, and close its native session (see the
+        module docstring); False, changing nothing, if it is busy or the upstream refuses."""
+        if state.users or state.lock.locked() or not state.exists:
+            return False
+        state.users += 1
+        await state.lock.acquire()  # free: taken at once
+        try:
+            try:
+                lease = state.drop_lease() or (await self.client.control("acquire", state.native, ttl=self.lease_ttl))["lease"]
+            except MemTClientError:
+                return False  # leased by another client, or gone: not ours to offload now
+            if state.branch:
+                await self.close_branch(state, lease)
+                return True
+            try:
+                exported = await self.client.control("export", state.native, lease=lease, encoding=self.native_encoding)
+                file = exported["file"]
+            except MemTClientError as exc:
+                if getattr(exc, "status", None) != 400:
+                    await self.client.control("release", state.native, lease=lease)
+                    return False
+                file = None  # the upstream cannot export (no state directory): close it all the same, losing its memory
+                log.warning("offloading %s without a snapshot: the upstream cannot export (%s); its memory is lost", state.native, exc.message)
+            if file is not None:
+                pending = asdict(state.pending) if state.pending is not None else None
+                self.records.save_offload(state.native, file, state.committed if state.history_known else None, pending)
+            await self.client.control("close", state.native, lease=lease)
+            if file is None:
+                self.records.delete(state.native)
+                state.forget()
+            else:
+                state.exists, state.version = False, 0
+            self.offloads += 1
+            return True
+        except MemTClientError as exc:
+            log.warning("offloading %s failed: %s", state.native, exc.message)
+            return False
+        finally:
+            state.lock.release()
+            state.users -= 1
+
+    async def _restore(self, state: SessionState, offloaded: dict) -> None:
+        """Load an offloaded session's snapshot into its new native session (begin → import → publish)."""
+        state.exists, state.version = True, 0
+        state.committed, state.history_known = offloaded["committed"] or [], offloaded["committed"] is not None
+        lease = await self.lease_of(state)  # kept for the request that brought the session back
+        try:
+            write = MemoryWrite(new_transaction(), new_nonce=new_nonce, import_file=offloaded["file"], memory_read=True, abort_on_failure=True)
+            await self.drive(write, state, lease, state.committed)
+            state.history_known = offloaded["committed"] is not None
+        except ProxyError as exc:
+            # the snapshot is gone or damaged: the session goes on with empty memory, rebuilt from resent transcripts
+            log.warning("restoring offloaded %s from %s failed (%s); it starts with empty memory", state.native, offloaded["file"], exc.message)
+            state.version, state.committed, state.history_known = 0, [], True
+        self.records.forget_offload(state.native)
+        if offloaded.get("pending") is not None and state.committed == (offloaded["committed"] or []):
+            self.set_pending(state, PendingTurn(**offloaded["pending"]))
+        self.restores += 1
+
+    def adopt(self, state: SessionState, native: dict) -> None:
+        """Take over a native session that exists upstream: its record, if one matches its version, says
+        what memory holds and which turn, if any, waits for tool results."""
+        version = native["published_version"]
+        committed = self.records.load(state.native, version)
+        if committed is None and version == 0:
+            committed = []  # never published to: its memory is empty (e.g. a proxy died before its first commit)
+        state.exists, state.version = True, version
+        state.committed, state.history_known = committed or [], committed is not None
+        pending = self.records.load_pending(state.native, version) if committed is not None else None
+        state.pending = PendingTurn(**pending) if pending is not None else None
+
+    async def _reload(self, state: SessionState) -> None:
+        """Create the session again upstream, where its durable memory is restored, and adopt it; what this
+        proxy knew of its memory stays when the version is the one it knew."""
+        version, committed, known, pending = state.version, state.committed, state.history_known, state.pending
+        state.exists = False
+        await self.ensure(state)
+        if state.version == version and not state.history_known:
+            state.committed, state.history_known, state.pending = committed, known, pending
+        log.info("%s was no longer held upstream: restored at version %d", state.native, state.version)
+
+    async def unload(self, state: SessionState) -> bool:
+        """Hand the session off: the upstream frees it and gives up its ownership, keeping its memory in the
+        snapshot store, so that the server a router sends it to next takes it over (``POST /admin/drain``).
+        False (and only the lease released) where the upstream cannot: no snapshot store, or not this server."""
+        lease = state.drop_lease()
+        if lease is None:
+            try:
+                lease = (await self.client.control("acquire", state.native, ttl=self.lease_ttl))["lease"]
+            except MemTClientError as exc:
+                if isinstance(exc.cause, UnknownSession):
+                    state.exists = False  # its upstream let it go already (idle): nothing left to hand off
+                    return True
+                log.info("%s not unloaded (%s)", state.native, exc.message)
+                return False
+        try:
+            await self.client.control("unload", state.native, lease=lease)
+        except MemTClientError as exc:
+            log.info("%s not unloaded (%s); its lease is released", state.native, exc.message)
+            await self.release(state, lease)
+            return False
+        state.exists = False  # a later request here restores it (``_reload`` through ``ensure``)
+        return True
+
+    def move_head(self, state: SessionState, head: str | None) -> None:
+        """A header-less branch now holds (or is about to hold) the state named ``head``: index and record it."""
+        self.prefixes.move(state.name, head)
+        try:
+            self.records.save_branch(state.native, state.tenant, state.name, head)
+        except OSError:
+            log.warning("could not record branch %s", state.native, exc_info=True)
+
+    async def make_branch_room(self, keep: SessionState) -> None:
+        """Close the least recently used idle header-less branches (never ``keep``) while ``max_memory_states``
+        or more are kept, so a new one fits; busy ones are passed over (the bound then waits for them)."""
+        branches = [state for state in self.table if state.branch and state.exists and state is not keep]
+        for state in branches[: max(0, len(branches) + 1 - self.max_memory_states)]:
+            if state.users == 0 and not state.lock.locked():
+                state.users += 1
+                try:
+                    async with state.lock:
+                        await self.close_branch(state)
+                finally:
+                    state.users -= 1
+
+    async def close_branch(self, state: SessionState, lease: str | None = None) -> None:
+        """Close a header-less branch nobody holds (its lease, or ``lease``, taken if need be): a dropped branch
+        costs only a longer prompt when its conversation comes back (its messages are then sent again)."""
+        self.prefixes.drop(state.name)
+        lease = state.drop_lease() or lease
+        try:
+            if lease is None:
+                lease = (await self.client.control("acquire", state.native, ttl=self.lease_ttl))["lease"]
+            await self.client.control("close", state.native, lease=lease)
+        except MemTClientError as exc:
+            log.info("closing branch %s: %s", state.native, exc.message)
+        self.records.delete(state.native)
+        state.forget()
+        self.branches_closed += 1
+

@@ -1,0 +1,179 @@
+"""What the proxy knows of each session and the bounded table of them: no I/O, no clock.
+
+Constants of the session layer, the native session ID and snapshot-file mappings (tenant-scoped), a
+session's ``SessionState`` and ``PendingTurn``, the ``SessionTable`` (least recently used idle state
+dropped to make room) and the two internal signals ``LeaseTaken`` and ``MemoryFound``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Iterator
+
+from memt_core.errors import InvalidRequest
+from memt_core.names import check_snapshot_name
+from memt_proxy.errors import ProxyError
+
+MAX_SESSIONS = 1024  # default --max-sessions: session states kept in memory
+MAX_MEMORY_STATES = 256  # default --max-memory-states: header-less branches kept as native sessions
+LEASE_TTL = 30  # default native lease lifetime (seconds); renewed while the session is active
+LEASE_IDLE = 30.0  # default seconds a session's lease is kept after its last request
+SHUTDOWN_COMMIT_WAIT = 30.0  # seconds aclose() gives the commits still under way
+COMMIT_CAPACITY_WAIT = 30.0  # seconds a commit retries while the upstream's in-flight commit capacity is full (429)
+RELEASE_WAIT = 10.0  # seconds a release retries while a cancelled query is still winding down upstream
+#: sessions offloaded, at most, to make room for one new native session: requests creating sessions at the
+#: same time may each take the slot another one freed, so one request may need several
+OFFLOAD_TRIES = 16
+SNAPSHOT_NAME_LIMIT = 207  # the native snapshot-name grammar's longest name
+BRANCH_PREFIX = "~"  # header-less branches' session names start with it: no X-MemT-Session can
+
+
+def native_session_id(tenant: str, session: str) -> str:
+    """Tenant-scoped, collision-resistant native session ID within the native grammar."""
+    return "p-" + hashlib.sha256(f"{tenant}\x00{session}".encode()).hexdigest()[:40]
+
+
+def snapshot_file(tenant: str, name: str) -> str:
+    """The upstream file of a tenant's snapshot ``name``: ``t<hash of tenant>-<name>``, so names never meet across tenants."""
+    try:
+        check_snapshot_name(name)
+    except InvalidRequest as exc:
+        raise ProxyError(400, exc.message, param="name", code="invalid_snapshot_name") from None
+    file = f"t{hashlib.sha256(tenant.encode()).hexdigest()[:16]}-{name}"
+    if len(file) > SNAPSHOT_NAME_LIMIT:
+        raise ProxyError(400, f"snapshot names are at most {SNAPSHOT_NAME_LIMIT - len(file) + len(name)} characters here", param="name", code="invalid_snapshot_name")
+    return file
+
+
+@dataclass
+class PendingTurn:
+    """A turn waiting for tool results: the hashes of its messages so far and its exact token ids."""
+
+    hashes: list[str]
+    ids: list[int]
+    thinking: bool
+
+
+@dataclass
+class SessionState:
+    """What the proxy knows of one session; read and changed only by the holder of ``lock``."""
+
+    native: str
+    tenant: str = ""
+    name: str = ""  # the session's name: a client's X-MemT-Session, or a header-less branch's (``memt_proxy.branches``)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    committed: list[str] = field(default_factory=list)  # hashes of committed messages, in order
+    history_known: bool = True  # False when we adopted a native session whose history we never saw
+    pending: PendingTurn | None = None
+    exists: bool = False
+    version: int = 0  # the upstream's published_version of the memory that ``committed`` describes
+    lease: str | None = None  # the native lease, kept across requests while the session is active
+    keeper: asyncio.Task | None = None  # renews the lease, and releases it once the session is idle
+    idle_since: float | None = None  # monotonic time the last user let go (None: in use)
+    nudge: asyncio.Event = field(default_factory=asyncio.Event)  # wakes the keeper when the session goes idle
+    committing: asyncio.Task | None = None  # the commit of the previous turn, while under way
+    users: int = 0  # requests holding or waiting for this state, and its commit: while any, it is never dropped
+    last_turn: object = None  # the surface's answer to the last committed turn, for an identical retry
+
+    @property
+    def branch(self) -> bool:
+        """A header-less conversation's state (its name is the proxy's, outside the client's grammar)."""
+        return self.name.startswith(BRANCH_PREFIX)
+
+    @property
+    def empty(self) -> bool:
+        """The native session's memory is the empty one it was created with (never published to)."""
+        return self.exists and self.version == 0
+
+    @property
+    def blank(self) -> bool:
+        """Nothing is known to be in memory and no turn waits for tool results: what a prompt prepared
+        before the native session was created or adopted assumed."""
+        return not self.committed and self.history_known and self.pending is None
+
+    def forget(self) -> None:
+        """The native session is gone (closed, or the upstream restarted): start over on next use."""
+        self.exists, self.version, self.committed, self.pending, self.history_known = False, 0, [], None, True
+        self.last_turn = None
+        self.drop_lease()
+
+    def drop_lease(self) -> str | None:
+        """Stop renewing the lease and forget it (no I/O); returns it, for a release upstream."""
+        lease, self.lease = self.lease, None
+        if self.keeper is not None:
+            self.keeper.cancel()
+            self.keeper = None
+        return lease
+
+
+class SessionTable:
+    """At most ``capacity`` session states; making room drops the least recently used idle one.
+
+    No I/O and no clock: "recently used" is the order of ``take`` calls. A state in use (``users`` > 0)
+    is never dropped; when every state is in use a new session is refused with 429 rather than let
+    the table grow.
+    """
+
+    def __init__(self, capacity: int = MAX_SESSIONS):
+        if capacity < 1:
+            raise ValueError("the session table needs room for at least one session")
+        self.capacity = capacity
+        self._states: OrderedDict[tuple[str, str], SessionState] = OrderedDict()
+        self.dropped = 0  # states dropped to make room, since start
+        self.evicted: list[SessionState] = []  # dropped states whose lease is still to be released
+
+    def __len__(self) -> int:
+        return len(self._states)
+
+    def __iter__(self) -> Iterator[SessionState]:
+        return iter(list(self._states.values()))
+
+    def get(self, tenant: str, session: str) -> SessionState | None:
+        return self._states.get((tenant, session))
+
+    def entry(self, tenant: str, session: str) -> SessionState:
+        """The session's state, made (room permitting) if new, and now the most recently used."""
+        key = (tenant, session)
+        state = self._states.get(key)
+        if state is None:
+            self._make_room()
+            state = self._states[key] = SessionState(native=native_session_id(tenant, session), tenant=tenant, name=session)
+        self._states.move_to_end(key)
+        return state
+
+    def take(self, tenant: str, session: str) -> SessionState:
+        """``entry``, marked in use until ``give_back``."""
+        state = self.entry(tenant, session)
+        state.users += 1
+        return state
+
+    def give_back(self, state: SessionState) -> None:
+        state.users -= 1
+
+    def _make_room(self) -> None:
+        if len(self._states) < self.capacity:
+            return
+        idle = [key for key, state in self._states.items() if state.users == 0]  # least recently used first
+        # a state without a native session first: the proxy keeps sight of the native sessions it may offload
+        for key in sorted(idle, key=lambda key: self._states[key].exists):
+            state = self._states.pop(key)
+            self.dropped += 1
+            if state.lease is not None or state.branch and state.exists:  # a branch's native session is closed with it
+                self.evicted.append(state)
+            return
+        raise ProxyError(
+            429, f"the proxy is serving {self.capacity} sessions at once (--max-sessions); retry when one finishes",
+            code="too_many_sessions",
+        )
+
+
+class LeaseTaken(Exception):
+    """Another client holds the session's lease (``Sessions.acquire(wait=False)``); handled here, never answered."""
+
+
+class MemoryFound(Exception):
+    """``HeldSession.query``, creating a session beside its answer, adopted one that holds memory: the prompt,
+    prepared for an empty one, must be prepared again (the lease is taken by then); never answered."""
