@@ -49,6 +49,7 @@ from memt_proxy.serving import MemoryTokens, RawStream, no_usage
 from memt_proxy.sessions import HeldSession, PendingTurn, Sessions
 from memt_proxy.structured import structure
 from memt_proxy.transcript import message_hash
+from memt_proxy.turn_plan import check_prefill, continued_turn_ids, encode, forced_prefix, prompt_ids
 
 log = logging.getLogger("memt.proxy")
 
@@ -254,10 +255,7 @@ class ResponsesService:
         tools = request.chat_tools()
         plan.thinking = self._thinking(request)
         named = request.tool_choice["name"] if tools and isinstance(request.tool_choice, dict) else None
-        if tools and request.tool_choice == "required":
-            plan.prefix = self.chat_format.tool_call_prefix()
-        elif named is not None:
-            plan.prefix = self.chat_format.tool_call_prefix(named)
+        plan.prefix = forced_prefix(self.chat_format, tools, required=request.tool_choice == "required", named=named)
         grammar = structure(
             self.chat_format, schema=request.output_schema(), schema_param="text.format", tools=tools, tools_param="tools",
             forced=bool(tools) and (request.tool_choice == "required" or named is not None), name=named,
@@ -274,19 +272,16 @@ class ResponsesService:
         if last_user is None:
             raise ProxyError(400, "input must hold a user message (or function_call_output items answering the previous response's function calls)", param="input", code="invalid_input")
         plan.context, plan.turn = messages[:last_user], messages[last_user:]
-        if pending is not None and calls and all(m["role"] == "tool" for m in new) and pending.hashes == [message_hash(m) for m in plan.turn[: len(plan.turn) - len(new)]]:
-            # function results continue the pending turn (the one recorded for these calls) from the model's exact tokens
-            results = [{"tool_call_id": m["tool_call_id"], "content": m["content"]} for m in new]
-            plan.turn_ids = pending.ids + self.chat_format.tool_results_ids(results, enable_thinking=pending.thinking)
+        continued = continued_turn_ids(self.chat_format, pending if calls else None, plan.turn)
+        if continued is not None:  # function results continue the pending turn from the model's exact tokens
+            plan.turn_ids = continued
             plan.thinking = pending.thinking and grammar is None
         else:
             plan.turn_ids = self.chat_format.open_turn_ids(plan.turn, enable_thinking=plan.thinking)
-        plan.turn_ids += self._encode(plan.prefix)
+        plan.turn_ids += encode(self.chat_format, plan.prefix)
         plan.context_ids = self.chat_format.history_ids(plan.context)
-        plan.prompt = list(self.chat_format.bos_ids) + self.chat_format.system_ids(request.instructions, tools) + plan.context_ids + plan.turn_ids
-        limit = self.sessions.max_prefill_tokens
-        if limit and len(plan.prompt) > limit:
-            raise ProxyError(400, f"the prompt has {len(plan.prompt)} tokens; the upstream accepts at most {limit}", param="input", code="context_length_exceeded")
+        plan.prompt = prompt_ids(self.chat_format, request.instructions, tools, plan.context_ids, plan.turn_ids)
+        check_prefill(plan.prompt, self.sessions.max_prefill_tokens, "input")
         plan.sampling = dict(self.chat_format.default_sampling())
         plan.sampling["max_new_tokens"] = request.max_output_tokens or 1024
         for name in ("temperature", "top_p"):
@@ -301,9 +296,6 @@ class ResponsesService:
     def _thinking(self, request: ResponseRequest) -> bool:
         effort = (request.reasoning or {}).get("effort")
         return self.default_thinking if effort is None else effort not in ("none", "minimal")
-
-    def _encode(self, text: str) -> list[int]:
-        return self.chat_format.tokenizer.encode(text, add_special_tokens=False) if text else []
 
     # ------------------------------------------------------------------ generation
 

@@ -36,6 +36,7 @@ from memt_proxy.protocol import ChatCompletionRequest, NamedToolChoice, Usage, c
 from memt_proxy.sessions import HeldSession, MemoryFound, PendingTurn, Sessions, SessionState
 from memt_proxy.structured import structure
 from memt_proxy.transcript import Split, as_dict, check_tool_rounds, message_hash, split_transcript
+from memt_proxy.turn_plan import check_prefill, continued_turn_ids, encode, forced_prefix, prompt_ids
 
 log = logging.getLogger("memt.proxy")
 
@@ -275,11 +276,8 @@ class ChatService:
         if request.chat_template_kwargs and "enable_thinking" in request.chat_template_kwargs:
             thinking = bool(request.chat_template_kwargs["enable_thinking"])
         tools = [t.model_dump(exclude_none=True) for t in request.tools] if request.tools and request.tool_choice != "none" else None
-        prefix = ""
-        if tools and request.tool_choice == "required":
-            prefix = self.chat_format.tool_call_prefix()
-        elif tools and request.tool_choice not in (None, "auto", "none"):  # a NamedToolChoice
-            prefix = self.chat_format.tool_call_prefix(request.tool_choice.function.name)
+        named = request.tool_choice.function.name if isinstance(request.tool_choice, NamedToolChoice) else None
+        prefix = forced_prefix(self.chat_format, tools, required=request.tool_choice == "required", named=named)
         if _structured(request, prefix):
             thinking = False  # the grammar (or forced call) starts at the answer
         return thinking, tools, prefix, request.parallel_tool_calls is not False
@@ -324,8 +322,8 @@ class ChatService:
         thinking, tools, prefix, parallel = self._options(request)
         check_tool_rounds([m for m in request.messages if m.role not in ("system", "developer")])  # as with a session
         messages = [as_dict(m) for m in request.messages]
-        prompt = self.chat_format.conversation_ids(messages, tools=tools, enable_thinking=thinking) + self._encode(prefix)
-        self._check_length(prompt)
+        prompt = self.chat_format.conversation_ids(messages, tools=tools, enable_thinking=thinking) + encode(self.chat_format, prefix)
+        check_prefill(prompt, self.sessions.max_prefill_tokens, "messages")
         sampling = self._sampling(request, tools)
         return Prepared(None, "off", prompt, [], [], None, thinking, sampling, prefix, sampling.get("stop", []), parallel, raw="json_schema" in sampling)
 
@@ -344,45 +342,25 @@ class ChatService:
         thinking, tools, prefix, parallel = self._options(request)
         split = split_transcript(request.messages, state.committed, history_known=state.history_known)
         turn = [as_dict(m) for m in split.turn]
-        turn_hashes = [message_hash(m) for m in turn]
-        last_assistant = max((i for i, m in enumerate(turn) if m["role"] == "assistant"), default=None)
-        pending = state.pending
-        continues = last_assistant is not None and pending is not None and pending.hashes == turn_hashes[: last_assistant + 1]
+        turn_ids = continued_turn_ids(self.chat_format, state.pending, turn)
+        continues = turn_ids is not None
         if continues:
-            results = [{"tool_call_id": m.get("tool_call_id"), "content": m["content"]} for m in turn[last_assistant + 1:]]
-            turn_ids = pending.ids + self.chat_format.tool_results_ids(results, enable_thinking=pending.thinking)
-            thinking = pending.thinking and not _structured(request, prefix)  # a grammar starts at the answer
+            thinking = state.pending.thinking and not _structured(request, prefix)  # a grammar starts at the answer
         else:
             turn_ids = self.chat_format.open_turn_ids(turn, enable_thinking=thinking)
         context_ids = self.chat_format.history_ids([as_dict(m) for m in split.context])
-        prompt = (
-            list(self.chat_format.bos_ids)
-            + self.chat_format.system_ids(split.instructions, tools)
-            + context_ids
-            + turn_ids
-            + self._encode(prefix)
-        )
-        self._check_length(prompt)
+        forced = encode(self.chat_format, prefix)
+        prompt = prompt_ids(self.chat_format, split.instructions, tools, context_ids, turn_ids + forced)
+        check_prefill(prompt, self.sessions.max_prefill_tokens, "messages")
         # a continued turn stays pending until this request ends it (or calls tools again), so that a
         # retry after a failure, here or in a restarted proxy, continues it too; any other request abandons it
         if not continues:
             self.sessions.set_pending(state, None)
         sampling = self._sampling(request, tools)
         return Prepared(
-            state, policy, prompt, turn_ids + self._encode(prefix), context_ids, split, thinking, sampling, prefix, sampling.get("stop", []), parallel,
+            state, policy, prompt, turn_ids + forced, context_ids, split, thinking, sampling, prefix, sampling.get("stop", []), parallel,
             raw="json_schema" in sampling, saved=self.memory_tokens.held(state),
         )
-
-    def _encode(self, text: str) -> list[int]:
-        return self.chat_format.tokenizer.encode(text, add_special_tokens=False) if text else []
-
-    def _check_length(self, prompt: list[int]) -> None:
-        limit = self.sessions.max_prefill_tokens
-        if limit and len(prompt) > limit:
-            raise ProxyError(
-                400, f"the prompt has {len(prompt)} tokens; the upstream accepts at most {limit}",
-                param="messages", code="context_length_exceeded",
-            )
 
     # ---- generation
 

@@ -16,6 +16,7 @@ from memt_proxy.responses import ResponsesService
 from memt_proxy.responses_protocol import InputItems, ResponseRequest
 from memt_proxy.sessions import HeldSession, PendingTurn, Sessions, SessionState
 from memt_proxy.transcript import message_hash
+from memt_proxy.turn_plan import encode
 
 TOOL = {"type": "function", "name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
 CHAT_TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": TOOL["parameters"]}}
@@ -49,7 +50,7 @@ def test_a_prompt_without_memory_holds_the_system_block_the_context_and_the_open
 def test_tool_choice_required_or_named_prefills_the_call(service):
     required = plan(service, "Weather?", tools=[TOOL], tool_choice="required")
     named = plan(service, "Weather?", tools=[TOOL], tool_choice={"type": "function", "name": "get_weather"})
-    assert required.prefix == service.chat_format.tool_call_prefix() and required.prompt[-len(service._encode(required.prefix)):] == service._encode(required.prefix)
+    assert required.prefix == service.chat_format.tool_call_prefix() and required.prompt[-len(encode(service.chat_format, required.prefix)):] == encode(service.chat_format, required.prefix)
     assert named.prefix == service.chat_format.tool_call_prefix("get_weather")
     assert plan(service, "Weather?", tools=[TOOL], tool_choice="none").prompt == plan(service, "Weather?").prompt  # no tools in the template
 

@@ -1,0 +1,53 @@
+"""What the model reads for one turn on a session, for every surface (Chat Completions, Responses).
+
+Pure functions over a ``ChatFormat``: the forced start of a tool call (``tool_choice`` required or named), a
+turn that continues one waiting for tool results from the model's exact tokens, the prompt (BOS, system block,
+the context memory lacks, the open turn, the forced start) and the check that it fits the upstream's prefill.
+Each surface reads its own request shape into these and keeps only what is its own.
+"""
+
+from __future__ import annotations
+
+from memt_core.client.chat_format import ChatFormat
+from memt_proxy.errors import ProxyError
+from memt_proxy.session.state import PendingTurn
+from memt_proxy.transcript import message_hash
+
+
+def encode(chat_format: ChatFormat, text: str) -> list[int]:
+    return chat_format.tokenizer.encode(text, add_special_tokens=False) if text else []
+
+
+def forced_prefix(chat_format: ChatFormat, tools: list[dict] | None, *, required: bool, named: str | None) -> str:
+    """The start the answer is forced to: a tool call (``tool_choice`` required), or a call of ``named``; else ""."""
+    if not tools:
+        return ""
+    if required:
+        return chat_format.tool_call_prefix()
+    return chat_format.tool_call_prefix(named) if named is not None else ""
+
+
+def continued_turn_ids(chat_format: ChatFormat, pending: PendingTurn | None, turn: list[dict]) -> list[int] | None:
+    """The ids of ``turn`` when it continues ``pending`` (its messages so far, then the tool results answering
+    it): the model's exact tokens and the results after them; None when it does not continue it."""
+    if pending is None:
+        return None
+    last = max((i for i, m in enumerate(turn) if m["role"] == "assistant"), default=None)
+    if last is None or [message_hash(m) for m in turn[: last + 1]] != pending.hashes:
+        return None
+    results = turn[last + 1:]
+    if not results or any(m["role"] != "tool" for m in results):
+        return None
+    answers = [{"tool_call_id": m.get("tool_call_id"), "content": m["content"]} for m in results]
+    return pending.ids + chat_format.tool_results_ids(answers, enable_thinking=pending.thinking)
+
+
+def prompt_ids(chat_format: ChatFormat, instructions: str | None, tools: list[dict] | None, context_ids: list[int], turn_ids: list[int]) -> list[int]:
+    """BOS, the system block (instructions and tools), the context memory lacks, the open turn."""
+    return list(chat_format.bos_ids) + chat_format.system_ids(instructions, tools) + context_ids + turn_ids
+
+
+def check_prefill(prompt: list[int], limit: int | None, param: str) -> None:
+    """Refuse (400 ``context_length_exceeded``) a prompt longer than the upstream's ``max_prefill_tokens``."""
+    if limit and len(prompt) > limit:
+        raise ProxyError(400, f"the prompt has {len(prompt)} tokens; the upstream accepts at most {limit}", param=param, code="context_length_exceeded")

@@ -1,0 +1,47 @@
+"""The turn planning both surfaces share (``memt_proxy.turn_plan``), on the tiny Nano checkpoint's chat format."""
+
+from __future__ import annotations
+
+import pytest
+
+from memt_core.client.chat_format import load_chat_format, load_tokenizer
+from memt_proxy.errors import ProxyError
+from memt_proxy.sessions import PendingTurn
+from memt_proxy.transcript import message_hash
+from memt_proxy.turn_plan import check_prefill, continued_turn_ids, forced_prefix, prompt_ids
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {}}}}]
+QUESTION = {"role": "user", "content": "Weather in Oslo?"}
+CALL = {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}]}
+RESULT = {"role": "tool", "tool_call_id": "c1", "content": "sunny"}
+
+
+@pytest.fixture(scope="module")
+def chat_format(nano_checkpoint):
+    return load_chat_format(nano_checkpoint, tokenizer=load_tokenizer(nano_checkpoint))[0]
+
+
+def test_forced_prefix(chat_format):
+    assert forced_prefix(chat_format, TOOLS, required=True, named=None) == chat_format.tool_call_prefix()
+    assert forced_prefix(chat_format, TOOLS, required=False, named="get_weather") == chat_format.tool_call_prefix("get_weather")
+    assert forced_prefix(chat_format, None, required=True, named="x") == "" == forced_prefix(chat_format, TOOLS, required=False, named=None)
+
+
+def test_a_turn_continues_its_pending_tool_call_only_with_the_same_messages_and_tool_results(chat_format):
+    pending = PendingTurn([message_hash(QUESTION), message_hash(CALL)], [7, 8, 9], thinking=False)
+    expected = [7, 8, 9] + chat_format.tool_results_ids([{"tool_call_id": "c1", "content": "sunny"}], enable_thinking=False)
+    assert continued_turn_ids(chat_format, pending, [QUESTION, CALL, RESULT]) == expected
+    assert continued_turn_ids(chat_format, None, [QUESTION, CALL, RESULT]) is None
+    other = {**QUESTION, "content": "Weather in Bergen?"}
+    assert continued_turn_ids(chat_format, pending, [other, CALL, RESULT]) is None  # another turn's call
+    assert continued_turn_ids(chat_format, pending, [QUESTION]) is None  # no results
+
+
+def test_prompt_and_prefill_check(chat_format):
+    prompt = prompt_ids(chat_format, "Be brief.", TOOLS, [1, 2], [3])
+    assert prompt == chat_format.bos_ids + chat_format.system_ids("Be brief.", TOOLS) + [1, 2, 3]
+    check_prefill(prompt, len(prompt), "messages")
+    check_prefill(prompt, None, "messages")
+    with pytest.raises(ProxyError) as info:
+        check_prefill(prompt, len(prompt) - 1, "input")
+    assert info.value.status == 400 and info.value.code == "context_length_exceeded" and info.value.param == "input"
