@@ -243,3 +243,41 @@ def test_max_memory_states_bounds_the_kept_conversations(proxy_upstream, nano_ch
         assert sent == len(expected_prompt(proxy_chat_format, histories[0][:-1], 0))
         sent = conversation_turn(client, histories[3], "The newest again.", seed=5)  # kept: the last exchange only
         assert sent == len(expected_prompt(proxy_chat_format, histories[3][:-1], 2))
+
+
+def test_a_streamed_conversation_with_a_tool_round_resumes_from_memory(fresh_proxy, proxy_chat_format):
+    """No header, streamed, with a forced tool call answered by a tool result: the round is committed once the
+    conversation comes back, and the turn after that holds only its last exchange, as without tools."""
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}}]
+    client = fresh_proxy.openai()
+
+    def streamed(messages, **extra) -> tuple[dict, int]:
+        content, calls, usage = "", {}, None
+        request = dict(model=MODEL, messages=messages, max_tokens=12, temperature=1.0, seed=len(messages), stop=STOPS, tools=tools)
+        for chunk in client.chat.completions.create(**{**request, **extra}, stream=True, stream_options={"include_usage": True}):
+            usage = chunk.usage or usage
+            for choice in chunk.choices:
+                content += choice.delta.content or ""
+                for call in choice.delta.tool_calls or []:
+                    entry = calls.setdefault(call.index, {"id": call.id, "type": "function", "function": {"name": "", "arguments": ""}})
+                    entry["function"]["name"] += call.function.name or ""
+                    entry["function"]["arguments"] += call.function.arguments or ""
+        message = {"role": "assistant", "content": content or None}
+        if calls:
+            message["tool_calls"] = [calls[i] for i in sorted(calls)]
+        return message, usage.prompt_tokens
+
+    history = [{"role": "user", "content": "Look something up."}]
+    call, _ = streamed(history, tool_choice="required", stop=None, max_tokens=64)  # a whole call
+    assert call.get("tool_calls"), call
+    history += [call, {"role": "tool", "tool_call_id": call["tool_calls"][0]["id"], "content": "found it"}]
+    answer, _ = streamed(history, tool_choice="none")
+    history.append({**answer, "content": answer["content"] or ""})
+    assert metric(fresh_proxy, "memt_proxy_memory_writes_total") == 0  # nothing continued the conversation yet
+    for turn in range(2):
+        history.append({"role": "user", "content": f"And then {turn}?"})
+        answer, sent = streamed(history, tool_choice="none")
+        held = 0 if turn == 0 else 4  # the tool round kept behind turn 0's answer
+        assert sent == len(expected_prompt(proxy_chat_format, history, held)), (turn, sent)  # tool_choice none: no tools in the prompt
+        history.append({**answer, "content": answer["content"] or ""})
+        assert writes_reach(fresh_proxy, turn + 1) == turn + 1
