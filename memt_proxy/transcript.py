@@ -41,16 +41,19 @@ def as_dict(message: Message) -> dict:
 
 
 def _arguments(text: str) -> object:
+    """Tool-call arguments as compared: parsed JSON, or the text itself when it is not JSON, or JSON this proxy
+    does not read back (nested past the recursion limit, a number of more digits than Python converts)."""
     try:
         return json.loads(text)
-    except (json.JSONDecodeError, TypeError):
+    except (ValueError, RecursionError, TypeError):
         return text
 
 
 def message_hash(message: Message | dict) -> str:
-    """SHA-256 of a message's meaning: role, text, tool calls (name + parsed arguments), tool_call_id."""
+    """SHA-256 of a message's meaning: role, text, tool calls (name + parsed arguments), tool_call_id. A lone
+    surrogate (JSON arguments may escape one) is hashed as its code point, never refused here."""
     data = as_dict(message) if isinstance(message, Message) else message
-    return hashlib.sha256(_canonical(data).encode()).hexdigest()
+    return hashlib.sha256(_canonical(data).encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def _canonical(data: dict) -> str:
@@ -62,13 +65,12 @@ def _canonical(data: dict) -> str:
     if not data.get("tool_calls") and isinstance(role, str) and isinstance(content, str) and isinstance(call_id, (str, type(None))):
         call = "null" if call_id is None else _string(call_id)
         return f'{{"content": {_string(content.strip())}, "role": {_string(role)}, "tool_call_id": {call}, "tool_calls": []}}'
-    canonical = {
-        "role": role,
-        "content": content.strip(),
-        "tool_calls": [[c["function"]["name"], _arguments(c["function"]["arguments"])] for c in data.get("tool_calls") or []],
-        "tool_call_id": call_id,
-    }
-    return json.dumps(canonical, sort_keys=True, ensure_ascii=False)
+    calls = [[c["function"]["name"], c["function"]["arguments"]] for c in data.get("tool_calls") or []]
+    canonical = {"role": role, "content": content.strip(), "tool_calls": [[name, _arguments(text)] for name, text in calls], "tool_call_id": call_id}
+    try:
+        return json.dumps(canonical, sort_keys=True, ensure_ascii=False)
+    except (RecursionError, ValueError):  # parsed arguments too deep to write again: compared as their text
+        return json.dumps({**canonical, "tool_calls": calls}, sort_keys=True, ensure_ascii=False)
 
 
 @dataclass

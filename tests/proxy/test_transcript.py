@@ -211,3 +211,15 @@ def test_structure_is_checked(transcript):
     with pytest.raises(ProxyError) as info:
         split_transcript(transcript, [])
     assert info.value.status == 400 and info.value.param == "messages"
+
+
+@pytest.mark.parametrize("arguments", ["[" * 3000 + "]" * 3000, "1" + "0" * 5000, json.dumps("\ud800 alone")],
+                         ids=["nested-3000", "5000-digits", "lone-surrogate"])
+def test_tool_call_arguments_python_cannot_read_back_are_hashed_as_text(arguments):
+    """Each once made a session request with such a call in its history answer 500 (issue 38)."""
+    def call(text: str) -> dict:
+        return {"role": "assistant", "content": "", "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": text}}]}
+
+    assert message_hash(call(arguments)) == message_hash(call(arguments))
+    assert message_hash(call(arguments)) != message_hash(call(json.dumps("other")))
+    assert message_hash(call('{"a": 1}')) == message_hash(call('{"a":1}'))  # readable JSON is still compared parsed
