@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, Strict
 
 from memt_proxy.errors import ProxyError
 
@@ -22,6 +22,11 @@ from memt_proxy.errors import ProxyError
 MAX_TOKENS_BOUND = 1 << 31
 SEED_BOUND = 1 << 63
 
+
+#: Numbers and booleans as OpenAI types them: "5" is no integer and "yes" no boolean (an int is a float)
+StrictInt = Annotated[int, Strict()]
+StrictFloat = Annotated[float, Strict()]
+StrictBool = Annotated[bool, Strict()]
 
 class FunctionCall(BaseModel):
     model_config = ConfigDict(extra="allow")
@@ -82,7 +87,7 @@ class NamedToolChoice(BaseModel):
 
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="allow")
-    include_usage: bool = False
+    include_usage: StrictBool = False
 
 
 #: Fields that are accepted but change nothing here (logged when present).
@@ -94,32 +99,32 @@ class ChatCompletionRequest(BaseModel):
 
     model: str
     messages: list[Message] = Field(min_length=1)
-    temperature: float | None = Field(default=None, ge=0, le=2)
-    top_p: float | None = Field(default=None, gt=0, le=1)
-    max_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS_BOUND)
-    max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS_BOUND)
+    temperature: StrictFloat | None = Field(default=None, ge=0, le=2)
+    top_p: StrictFloat | None = Field(default=None, gt=0, le=1)
+    max_tokens: StrictInt | None = Field(default=None, ge=1, le=MAX_TOKENS_BOUND)
+    max_completion_tokens: StrictInt | None = Field(default=None, ge=1, le=MAX_TOKENS_BOUND)
     stop: str | list[str] | None = None
-    seed: int | None = Field(default=None, ge=-SEED_BOUND, lt=SEED_BOUND)
-    stream: bool = False
+    seed: StrictInt | None = Field(default=None, ge=-SEED_BOUND, lt=SEED_BOUND)
+    stream: StrictBool = False
     stream_options: StreamOptions | None = None
     tools: list[Tool] | None = None
     tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
-    parallel_tool_calls: bool | None = None
+    parallel_tool_calls: StrictBool | None = None
     user: str | None = None
     reasoning_effort: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
-    n: int | None = Field(default=None, ge=1, le=128)
-    logprobs: bool | None = None
-    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    n: StrictInt | None = Field(default=None, ge=1, le=128)
+    logprobs: StrictBool | None = None
+    top_logprobs: StrictInt | None = Field(default=None, ge=0, le=20)
     response_format: dict[str, Any] | None = None
-    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
-    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    presence_penalty: StrictFloat | None = Field(default=None, ge=-2, le=2)
+    frequency_penalty: StrictFloat | None = Field(default=None, ge=-2, le=2)
     logit_bias: dict[str, Any] | None = None
     # SGLang/vLLM sampling extras, accepted in the body as vLLM does
-    top_k: int | None = Field(default=None, ge=-1, le=MAX_TOKENS_BOUND)
-    min_p: float | None = Field(default=None, ge=0, le=1)
-    repetition_penalty: float | None = Field(default=None, gt=0, le=2)
-    min_tokens: int | None = Field(default=None, ge=0, le=MAX_TOKENS_BOUND)
+    top_k: StrictInt | None = Field(default=None, ge=-1, le=MAX_TOKENS_BOUND)
+    min_p: StrictFloat | None = Field(default=None, ge=0, le=1)
+    repetition_penalty: StrictFloat | None = Field(default=None, gt=0, le=2)
+    min_tokens: StrictInt | None = Field(default=None, ge=0, le=MAX_TOKENS_BOUND)
     modalities: list[str] | None = None
     audio: dict[str, Any] | None = None
     functions: list[Any] | None = None

@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from memt_proxy.errors import ProxyError
-from memt_proxy.protocol import output_schema
+from memt_proxy.protocol import StrictBool, StrictFloat, StrictInt, output_schema
 
 ITEM_TYPES = ("message", "function_call", "function_call_output", "reasoning")
 TEXT_PARTS = ("input_text", "output_text", "text", "summary_text", "reasoning_text")
@@ -58,22 +58,22 @@ class ResponseRequest(BaseModel):
     model: str
     input: str | list[dict[str, Any]] = Field(default_factory=list)
     instructions: str | None = None
-    max_output_tokens: int | None = Field(default=None, ge=1)
-    temperature: float | None = Field(default=None, ge=0, le=2)
-    top_p: float | None = Field(default=None, gt=0, le=1)
+    max_output_tokens: StrictInt | None = Field(default=None, ge=1)
+    temperature: StrictFloat | None = Field(default=None, ge=0, le=2)
+    top_p: StrictFloat | None = Field(default=None, gt=0, le=1)
     tools: list[FunctionTool] | None = None
     tool_choice: str | dict[str, Any] | None = None
-    parallel_tool_calls: bool | None = None
-    store: bool | None = None
+    parallel_tool_calls: StrictBool | None = None
+    store: StrictBool | None = None
     metadata: dict[str, str] | None = None
-    stream: bool = False
+    stream: StrictBool = False
     previous_response_id: str | None = None
     conversation: str | ConversationRef | None = None
     reasoning: dict[str, Any] | None = None
-    background: bool | None = None
+    background: StrictBool | None = None
     text: dict[str, Any] | None = None
     include: list[str] | None = None
-    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    top_logprobs: StrictInt | None = Field(default=None, ge=0, le=20)
 
     @property
     def logprobs(self) -> bool:

@@ -35,7 +35,7 @@ from memt_proxy.prefix_index import extend
 from memt_proxy.protocol import ChatCompletionRequest, NamedToolChoice, Usage, choice, chunk_body, completion_id, logprobs_content, logprobs_sampling, response_body
 from memt_proxy.sessions import HeldSession, MemoryFound, PendingTurn, Sessions, SessionState
 from memt_proxy.structured import structure
-from memt_proxy.transcript import Split, as_dict, check_tool_rounds, message_hash, split_transcript
+from memt_proxy.transcript import Split, as_dict, check_turn, message_hash, split_transcript
 from memt_proxy.turn_plan import check_prefill, continued_turn_ids, encode, forced_prefix, prompt_ids
 
 log = logging.getLogger("memt.proxy")
@@ -320,7 +320,7 @@ class ChatService:
 
     def _prepare_stateless(self, request: ChatCompletionRequest) -> Prepared:
         thinking, tools, prefix, parallel = self._options(request)
-        check_tool_rounds([m for m in request.messages if m.role not in ("system", "developer")])  # as with a session
+        check_turn([m for m in request.messages if m.role not in ("system", "developer")])  # as with a session
         messages = [as_dict(m) for m in request.messages]
         prompt = self.chat_format.conversation_ids(messages, tools=tools, enable_thinking=thinking) + encode(self.chat_format, prefix)
         check_prefill(prompt, self.sessions.max_prefill_tokens, "messages")

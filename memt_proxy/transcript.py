@@ -85,14 +85,7 @@ def split_transcript(messages: list[Message], committed: list[str], *, history_k
     """Split a request's messages (see the module docstring); raises ProxyError on bad structure or divergence."""
     instructions = "\n\n".join(text_of(m.content) for m in messages if m.role in ("system", "developer")) or None
     conversation = [m for m in messages if m.role not in ("system", "developer")]
-    if not conversation:
-        raise ProxyError(400, "messages must contain a user message", param="messages")
-    last_user = max((i for i, m in enumerate(conversation) if m.role == "user"), default=None)
-    if last_user is None:
-        raise ProxyError(400, "messages must contain a user message", param="messages")
-    if conversation[-1].role == "assistant":
-        raise ProxyError(400, "the last message must come from the user or a tool", param="messages")
-    check_tool_rounds(conversation)
+    last_user = check_turn(conversation)
     earlier, turn = conversation[:last_user], conversation[last_user:]
     hashes = [message_hash(m) for m in earlier]
     overlap = _overlap(hashes, committed)
@@ -125,8 +118,31 @@ def _overlap(hashes: list[str], committed: list[str]) -> int:
     return 0
 
 
+def check_turn(conversation: list[Message]) -> int:
+    """Refuse (400) a conversation (system/developer messages left out) that asks the model nothing: no user
+    message, the assistant speaking last, a tool round out of order (``check_tool_rounds``). Returns the
+    index of the last user message."""
+    last_user = max((i for i, m in enumerate(conversation) if m.role == "user"), default=None)
+    if last_user is None:
+        raise ProxyError(400, "messages must contain a user message", param="messages")
+    if conversation[-1].role == "assistant":
+        raise ProxyError(400, "the last message must come from the user or a tool", param="messages")
+    check_tool_rounds(conversation)
+    return last_user
+
+
 def check_tool_rounds(conversation: list[Message]) -> None:
-    """Every assistant tool call must be answered by a tool message before the conversation moves on."""
+    """Every assistant tool call must be answered by a tool message before the conversation moves on, and
+    every tool message must answer a call of the assistant message its round follows."""
+    called: set = set()
+    for index, message in enumerate(conversation):
+        if message.role == "tool" and message.tool_call_id not in called:
+            raise ProxyError(
+                400, f"messages[{index}] is a tool result for tool_call_id {str(message.tool_call_id)[:80]!r}, which no assistant "
+                "message before it called", param="messages", code="invalid_tool_result",
+            )
+        if message.role != "tool":
+            called = {c.id for c in message.tool_calls or []} if message.role == "assistant" else set()
     for index, message in enumerate(conversation):
         if message.role != "assistant" or not message.tool_calls:
             continue

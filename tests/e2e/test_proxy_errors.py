@@ -108,19 +108,20 @@ def test_malformed_bodies(http, name, body, param, code):
     assert http.delete("/v1/memt/sessions/malformed").status_code == 404  # a refused request created no session
 
 
-SESSION_ONLY = [
-    # a session turn needs a user message to answer; stateless chat renders such transcripts as they are
+NO_TURN = [
+    # nothing for the model to answer: refused with a session, without one and with memory off alike (issue 38)
     ("last message assistant", [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]),
     ("only a system message", [{"role": "system", "content": "a"}]),
     ("no user message", [{"role": "assistant", "content": "b"}, {"role": "tool", "tool_call_id": "x", "content": "r"}]),
+    ("a tool result nobody called", [{"role": "user", "content": "a"}, {"role": "tool", "tool_call_id": "x", "content": "r"}]),
 ]
 
 
-@pytest.mark.parametrize("name,messages", SESSION_ONLY, ids=[m[0] for m in SESSION_ONLY])
-def test_session_turn_structure(http, name, messages):
-    response = http.post("/v1/chat/completions", json={**GOOD, "messages": messages}, headers={"X-MemT-Session": "structure"})
-    assert_openai_error(response, 400, type="invalid_request_error", param="messages")
-    assert http.post("/v1/chat/completions", json={**GOOD, "messages": messages}).status_code == 200
+@pytest.mark.parametrize("name,messages", NO_TURN, ids=[m[0] for m in NO_TURN])
+def test_a_request_must_ask_the_model_something(http, name, messages):
+    for headers in ({"X-MemT-Session": "structure"}, {}, {"X-MemT-Memory": "off"}):
+        response = http.post("/v1/chat/completions", json={**GOOD, "messages": messages}, headers=headers)
+        assert_openai_error(response, 400, type="invalid_request_error", param="messages")
     assert http.delete("/v1/memt/sessions/structure").status_code == 404  # a refused request created no session
 
 

@@ -176,3 +176,15 @@ def test_readiness_reflects_the_unreachable_upstream(http):
     error = error_of(http.get("/health/ready"), 503)
     assert error["message"].startswith("not ready")
     assert http.get("/health").status_code == 200  # liveness asks nobody
+
+
+@pytest.mark.parametrize("path, field, value", [
+    ("/v1/chat/completions", "max_tokens", "5"), ("/v1/chat/completions", "stream", "yes"), ("/v1/chat/completions", "temperature", "0.5"),
+    ("/v1/chat/completions", "seed", 1.5), ("/v1/chat/completions", "logprobs", 1), ("/v1/chat/completions", "stream_options", {"include_usage": "true"}),
+    ("/v1/responses", "max_output_tokens", "5"), ("/v1/responses", "stream", "yes"), ("/v1/responses", "store", "no"),
+])
+def test_numbers_and_booleans_are_typed_as_openai_types_them(http, path, field, value):
+    """A string is no integer and "yes" no boolean: refused naming the field, as OpenAI does, not coerced (issue 38)."""
+    request = body(**{field: value}) if path.endswith("completions") else {"model": MODEL, "input": "hi", field: value}
+    error = error_of(http.post(path, json=request), 400)
+    assert (error["param"] or "").startswith(field), error
