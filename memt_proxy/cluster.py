@@ -8,7 +8,7 @@ Two pieces, switched on by ``--cluster`` (``install``):
   proxy. Behind SMG a client sends its session as ``X-SMG-Routing-Key`` (SMG hashes it and passes it
   on); ``RoutingKeySession`` gives the request that session. A request carrying both headers with
   different values is refused (400): it would be routed by one name and served under another.
-* **Planned drain.** ``POST /admin/drain`` refuses new requests (503 ``draining``, with ``Retry-After``),
+* **Planned drain.** ``POST /admin/drain`` (the operator key only: ``--admin-key``) refuses new requests (503 ``draining``, with ``Retry-After``),
   makes ``/health/ready`` fail (the router's health check then stops sending here), waits for the
   requests and commits under way, then hands every session off (``Sessions.unload``: its core frees it
   and gives up its ownership; its memory is in the snapshot store), so the node the router picks next
@@ -87,7 +87,7 @@ class ClusterMiddleware:
     def __init__(self, app, node: Node, authorize=None):
         self.app = app
         self.node = node
-        self.authorize = authorize  # (headers) -> error body or None: the proxy's API keys guard the drain
+        self.authorize = authorize  # (headers) -> (status, error body) or None: the operator key guards the drain
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -96,7 +96,7 @@ class ClusterMiddleware:
         if path == DRAIN_PATH and scope["method"] == "POST":
             refusal = self.authorize(scope["headers"]) if self.authorize else None
             if refusal is not None:
-                return await _answer(send, 401, refusal)
+                return await _answer(send, *refusal)
             try:
                 return await _answer(send, 200, await node.drain())
             except TimeoutError as exc:
@@ -125,20 +125,32 @@ class ClusterMiddleware:
             node.in_flight -= 1
 
 
-def install(app, sessions, *, api_keys: dict[str, str] | None = None) -> Node:
-    """Make the proxy app a cluster node (see the module docstring); returns the node."""
+def install(app, sessions, *, api_keys: dict[str, str] | None = None, admin_keys: list[str] = ()) -> Node:
+    """Make the proxy app a cluster node (see the module docstring); returns the node.
+
+    A drain acts on every tenant, so it takes an operator key (``admin_keys``, ``--admin-key``), never a
+    tenant's API key (403). A proxy with neither (no keys at all) lets anyone on its network drain it."""
     import hmac
 
     node = Node(sessions)
 
-    def authorize(headers) -> dict | None:
-        if not api_keys:
-            return None
+    def bearer(headers) -> str | None:
         value = next((v for n, v in headers if n == b"authorization"), b"").decode("latin-1")
         scheme, _, token = value.partition(" ")
-        if scheme.lower() == "bearer" and any(hmac.compare_digest(token.strip().encode(), key.encode()) for key in api_keys):
+        return token.strip() if scheme.lower() == "bearer" else None
+
+    def matches(token: str | None, keys) -> bool:
+        return token is not None and any(hmac.compare_digest(token.encode(), key.encode()) for key in keys)
+
+    def authorize(headers) -> tuple[int, dict] | None:
+        if not api_keys and not admin_keys:
             return None
-        return _error(401, "invalid API key; send 'Authorization: Bearer <key>'", "invalid_api_key")
+        token = bearer(headers)
+        if matches(token, admin_keys):
+            return None
+        if matches(token, api_keys or {}):
+            return 403, _error(403, "draining a node needs the operator key (--admin-key); a tenant's API key may not", "forbidden")
+        return 401, _error(401, "invalid API key; send 'Authorization: Bearer <operator key>'", "invalid_api_key")
 
     app.add_middleware(ClusterMiddleware, node=node, authorize=authorize)
     app.state.cluster_node = node

@@ -60,7 +60,7 @@ def node_app():
         return {"done": True}
 
     sessions = Sessions(AsyncNativeClient("http://127.0.0.1:9"), identity=None)  # never called: no session is held
-    node = install(app, sessions, api_keys={"k": "default"})
+    node = install(app, sessions, api_keys={"k": "default"}, admin_keys=["operator"])
     return app, node, release
 
 
@@ -91,20 +91,22 @@ def test_a_drain_waits_for_the_requests_under_way_then_refuses_and_fails_readine
     async def go():
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://node") as http:
             unauthorized = await http.post("/admin/drain")
+            tenant = await http.post("/admin/drain", headers={"Authorization": "Bearer k"})  # a tenant's key: refused (issue 38)
             slow = asyncio.create_task(http.post("/slow"))
             while node.in_flight == 0:  # the slow request is being served
                 await asyncio.sleep(0.01)
-            drain = asyncio.create_task(http.post("/admin/drain", headers={"Authorization": "Bearer k"}))
+            drain = asyncio.create_task(http.post("/admin/drain", headers={"Authorization": "Bearer operator"}))
             while not node.draining:
                 await asyncio.sleep(0.01)
             refused = await http.post("/v1/chat/completions")
             not_ready = await http.get("/health/ready")
             assert not drain.done()  # still waiting for the slow request
             release.set()
-            return unauthorized, await slow, await drain, refused, not_ready
+            return unauthorized, tenant, await slow, await drain, refused, not_ready
 
-    unauthorized, slow, drained, refused, not_ready = run(go())
+    unauthorized, tenant, slow, drained, refused, not_ready = run(go())
     assert unauthorized.status_code == 401
+    assert tenant.status_code == 403 and tenant.json()["error"]["code"] == "forbidden"
     assert slow.json() == {"done": True}
     assert drained.status_code == 200 and drained.json()["drained"] is True
     assert refused.status_code == 503 and refused.json()["error"]["code"] == "draining" and refused.headers["retry-after"] == "1"
