@@ -48,24 +48,29 @@ async def read_json(chunks: AsyncIterable[bytes], *, limit: int, declared: str |
     return parse_json(data)
 
 
-def _integer(text: str) -> int:
-    digits = len(text.lstrip("-"))
-    if digits > MAX_DIGITS:
-        raise InvalidRequest(f"request body has an integer of {digits} digits; at most {MAX_DIGITS} are accepted")
-    return int(text)
+def parse_json(data: bytes, *, what: str = "request body") -> Any:
+    """Decode a JSON body within the bounds above; ``InvalidRequest`` naming the problem otherwise.
 
+    ``what`` names the JSON in refusals: JSON carried inside a string field (a request's
+    ``sampling_params.json_schema``) is parsed here too, under the same bounds, since the body's own
+    checks see only a string.
+    """
 
-def parse_json(data: bytes) -> Any:
-    """Decode a JSON body within the bounds above; ``InvalidRequest`` naming the problem otherwise."""
+    def integer(text: str) -> int:
+        digits = len(text.lstrip("-"))
+        if digits > MAX_DIGITS:
+            raise InvalidRequest(f"{what} has an integer of {digits} digits; at most {MAX_DIGITS} are accepted")
+        return int(text)
+
     try:
-        value = json.loads(data, parse_int=_integer)
+        value = json.loads(data, parse_int=integer)
     except InvalidRequest:
         raise
     except RecursionError:
-        raise InvalidRequest(f"request body nests deeper than {MAX_DEPTH} levels") from None
+        raise InvalidRequest(f"{what} nests deeper than {MAX_DEPTH} levels") from None
     except ValueError as exc:  # bad JSON or UTF-8
-        raise InvalidRequest(f"request body is not valid JSON: {str(exc)[:200]}") from None
-    check_value(value, strings=_may_hold_surrogates(data))
+        raise InvalidRequest(f"{what} is not valid JSON: {str(exc)[:200]}") from None
+    check_value(value, strings=_may_hold_surrogates(data), what=what)
     return value
 
 
@@ -77,12 +82,12 @@ def _may_hold_surrogates(data: bytes) -> bool:
     return b"\xed" in data or (b"\\u" in data and _SURROGATE_ESCAPE.search(data) is not None)
 
 
-def check_value(value: Any, *, strings: bool = True) -> None:
-    """Refuse nesting deeper than ``MAX_DEPTH`` and (``strings``) strings holding lone surrogates, naming where.
-    One walk over the containers; a place's name is built only for the refusal."""
+def check_value(value: Any, *, strings: bool = True, what: str = "request body") -> None:
+    """Refuse nesting deeper than ``MAX_DEPTH`` and (``strings``) strings holding lone surrogates, naming where
+    (in ``what``). One walk over the containers; a place's name is built only for the refusal."""
     if isinstance(value, str):
         if strings and _SURROGATE.search(value):
-            raise InvalidRequest("$ holds a lone UTF-16 surrogate; strings must be valid Unicode")
+            raise InvalidRequest(f"{what}: $ holds a lone UTF-16 surrogate; strings must be valid Unicode")
         return
     stack: list[tuple[Any, int, tuple | None]] = [(value, 0, None)] if isinstance(value, (dict, list)) else []
     while stack:
@@ -90,14 +95,14 @@ def check_value(value: Any, *, strings: bool = True) -> None:
         keyed = isinstance(item, dict)
         for key, child in item.items() if keyed else enumerate(item):
             if depth >= MAX_DEPTH:
-                raise InvalidRequest(f"request body nests deeper than {MAX_DEPTH} levels (at {_place((trail, key))[:200]})")
+                raise InvalidRequest(f"{what} nests deeper than {MAX_DEPTH} levels (at {_place((trail, key))[:200]})")
             if isinstance(child, str):
                 if strings and _SURROGATE.search(child):
-                    raise InvalidRequest(f"{_place((trail, key))[:200]} holds a lone UTF-16 surrogate; strings must be valid Unicode")
+                    raise InvalidRequest(f"{what}: {_place((trail, key))[:200]} holds a lone UTF-16 surrogate; strings must be valid Unicode")
             elif isinstance(child, (dict, list)):
                 stack.append((child, depth + 1, (trail, key)))
             if keyed and strings and _SURROGATE.search(key):
-                raise InvalidRequest(f"a key in {_place(trail)[:200]} holds a lone UTF-16 surrogate; strings must be valid Unicode")
+                raise InvalidRequest(f"{what}: a key in {_place(trail)[:200]} holds a lone UTF-16 surrogate; strings must be valid Unicode")
 
 
 def _place(trail: tuple | None) -> str:

@@ -65,3 +65,16 @@ def test_error_messages_never_echo_huge_input():
     error = MemTError("bad value " + "x" * 50_000_000)
     assert len(error.message) < MAX_MESSAGE + 100 and error.message.endswith("more characters)")
     assert len(json.dumps(error.to_wire())) < MAX_MESSAGE + 200
+
+
+@pytest.mark.parametrize("body, match", [
+    (b"[" * 5000 + b"]" * 5000, "nests deeper than 64 levels"),
+    (b"[" * (MAX_DEPTH + 1) + b"1" + b"]" * (MAX_DEPTH + 1), r"nests deeper than 64 levels \(at \$(\[0\]){65}\)"),
+    (b'{"maximum": ' + b"9" * 100 + b"}", "has an integer of 100 digits"),
+    (b'{"enum": ["\\udc00"]}', r": \$\.enum\[0\] holds a lone UTF-16 surrogate"),
+    (b'{"type": ', "is not valid JSON"),
+])
+def test_json_carried_in_a_string_field_is_refused_under_its_own_name(body, match):
+    """``what`` names the JSON (a request's ``sampling_params.json_schema``) in every refusal."""
+    with pytest.raises(InvalidRequest, match=r"^generate: sampling_params\.json_schema.*" + match):
+        parse_json(body, what="generate: sampling_params.json_schema")

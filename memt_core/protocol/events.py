@@ -8,7 +8,6 @@ about HTTP, sessions or time.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass, field, replace
@@ -16,6 +15,7 @@ from typing import Any, Callable
 
 from memt_core.errors import InvalidRequest
 from memt_core.names import check_name, check_snapshot_name  # noqa: F401 (re-exported)
+from memt_core.request_body import MAX_DEPTH, parse_json
 
 MIN_TTL, MAX_TTL, DEFAULT_TTL = 1, 3600, 300
 
@@ -290,6 +290,8 @@ SAMPLING_FIELDS = {
     "logit_bias", "json_schema", "regex", "ebnf",
 }
 GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf")
+#: A ``json_schema`` nests at most this deep, as a request body does (the proxy passes a client's schema on as it is).
+MAX_SCHEMA_DEPTH = MAX_DEPTH
 MAX_TOP_LOGPROBS = 20
 UNSUPPORTED_INPUTS = ("text", "input_embeds", "image_data", "audio_data", "video_data")
 COMMIT_REFUSED = ("return_logprob", "return_hidden_states", "top_logprobs_num", "logprob_start_len", "return_text_in_logprobs")
@@ -395,10 +397,10 @@ def parse_sampling(params: Any, *, where: str, vocab_size: int | None = None) ->
         raise InvalidRequest(f"{where}: give at most one of sampling_params.json_schema, regex, ebnf")
     grammar = grammars[0] if grammars else None
     if grammar and grammar[0] == "json_schema":
-        try:
-            schema = json.loads(grammar[1])
-        except ValueError as exc:
-            raise InvalidRequest(f"{where}: sampling_params.json_schema must be a JSON schema as a string: {exc}") from None
+        # JSON inside a string: the body's bounds never saw it, so it is parsed under the same bounds here
+        # (nesting at most MAX_SCHEMA_DEPTH deep, bounded integers, valid Unicode), never to a RecursionError
+        source = grammar[1].encode("utf-8", "surrogatepass")
+        schema = parse_json(source, what=f"{where}: sampling_params.json_schema")
         if not isinstance(schema, (dict, bool)):
             raise InvalidRequest(f"{where}: sampling_params.json_schema must be a JSON object (or true)")
     seed = f.get("seed", "an integer")

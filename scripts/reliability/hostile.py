@@ -84,6 +84,8 @@ def core_cases() -> list[Case]:
         Case("generate surrogate stream", generate, b'{"text": "\\udfff", "stream": true}', stream=True),
         Case("generate null", generate, b"null"),
         Case("generate not json", generate, b"{"),
+        *(Case(f"generate 10000-deep {field}", generate, _json({"input_ids": [1], "sampling_params": {"max_new_tokens": 1, field: source}}).encode())
+          for field, source in (("json_schema", DEEP), ("regex", "(" * 10_000 + ")" * 10_000), ("ebnf", "root ::= " + "(" * 10_000 + '"a"' + ")" * 10_000))),
         Case("control 5000-digit ttl", control, f'{{"action": "acquire", "session": "s", "ttl": {HUGE}}}'.encode()),
         Case("control 10000-deep", control, f'{{"action": {DEEP}}}'.encode()),
         Case("control surrogate session", control, b'{"action": "create", "session": "\\ud800"}'),
@@ -103,6 +105,9 @@ def run_cases(base_url: str, cases: list[Case], headers: dict[str, str] | None =
             except httpx.TimeoutException:
                 tally["hangs"] += 1
                 tally["failures"].append(f"{case.name}: no answer within {timeout:g} s")
+                continue
+            except httpx.TransportError as exc:  # e.g. a connection reset after an unhandled error
+                tally["failures"].append(f"{case.name}: no answer ({type(exc).__name__}: {str(exc)[:200]})")
                 continue
             if 400 <= response.status_code < 500 and _error_shaped(response):
                 tally["4xx"] += 1

@@ -136,3 +136,26 @@ def test_a_body_that_never_arrives_is_408(nano_checkpoint, memt_servers):
             assert chunk, reply
             reply += chunk
     assert reply.startswith(b"HTTP/1.1 408") and b"did not arrive within 1 s" in reply
+
+
+@pytest.mark.parametrize("depth", [5_000, 100_000])
+def test_deeply_nested_grammars_are_400_and_change_nothing(wire, depth):
+    """Issue 38: a json_schema nested thousands deep was a RecursionError (a 500); regex and ebnf sources as deep are 400s too."""
+    schema = '{"type": "array", "items": ' * depth + '{"type": "integer"}' + "}" * depth
+    grammars = [
+        ("json_schema", schema, "sampling_params.json_schema nests deeper than 64 levels"),
+        ("regex", "(" * depth + "a" + ")" * depth, "sampling_params.regex does not compile"),
+        ("ebnf", "root ::= " + "(" * depth + '"a"' + ")" * depth, "sampling_params.ebnf does not compile"),
+        ("ebnf", "%llguidance {}\nstart: %json " + schema, "sampling_params.ebnf does not compile"),
+    ]
+    h = wire.open()
+    kept = nonce()
+    for field, source, match in grammars:
+        response = wire.post_generate(wire.query_body(h, PROMPT, 2, nonce_=kept, **{field: source}))
+        assert_error(response, 400, match=match)
+        assert len(response.content) < 4096
+        plain = wire.post_generate({"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 2, field: source}})
+        assert_error(plain, 400, match=match)
+    assert wire.control("inspect", h.session)["in_flight"] == []
+    assert wire.query(h, PROMPT, 2, nonce_=kept)["output_ids"]  # the refused queries consumed nothing, not even the nonce
+    wire.ctl("close", h)

@@ -26,6 +26,7 @@ from memt_core.protocol import (
 from memt_core.protocol.events import (
     CONTROL_ACTIONS,
     GENERATE_FIELDS,
+    MAX_SCHEMA_DEPTH,
     SAMPLING_FIELDS,
     Abort,
     Acquire,
@@ -443,12 +444,26 @@ def test_input_ids_limited_by_max_prefill_tokens():
     ({"max_new_tokens": 0, "logit_bias": {"5": 101}}, "must be a number in [-100, 100]"),
     ({"max_new_tokens": 0, "logit_bias": [5]}, "'logit_bias' must be an object"),
     ({"max_new_tokens": 0, "json_schema": "{", "regex": "a"}, "at most one of sampling_params.json_schema, regex, ebnf"),
-    ({"max_new_tokens": 0, "json_schema": "{not json"}, "json_schema must be a JSON schema as a string"),
+    ({"max_new_tokens": 0, "json_schema": "{not json"}, "sampling_params.json_schema is not valid JSON"),
     ({"max_new_tokens": 0, "json_schema": {"type": "object"}}, "'json_schema' must be a string"),
     ({"max_new_tokens": 0, "json_schema": "[1]"}, "json_schema must be a JSON object"),
 ])
 def test_sampling_rules(make, params, match):
     refused(generate, make(sampling_params=params), match=match)
+
+
+@pytest.mark.parametrize("depth", [MAX_SCHEMA_DEPTH + 1, 5_000, 100_000])
+@pytest.mark.parametrize("opening, closing", [('{"type": "array", "items": ', "}"), ('{"anyOf": [', "]}"), ("[", "]")])
+def test_a_deeply_nested_json_schema_is_refused_naming_the_bound(opening, closing, depth):
+    """A schema is JSON inside a string, so the body's depth bound does not see it: parse_sampling bounds it (no RecursionError)."""
+    params = {"max_new_tokens": 4, "json_schema": opening * depth + '{"type": "integer"}' + closing * depth}
+    for body in (query_body(sampling_params=params), {"input_ids": [1], "sampling_params": params}):
+        refused(generate, body, match=f"sampling_params.json_schema nests deeper than {MAX_SCHEMA_DEPTH} levels")
+
+
+def test_a_json_schema_at_the_depth_bound_is_taken():
+    schema = '{"type": "array", "items": ' * (MAX_SCHEMA_DEPTH - 1) + '{"type": "integer"}' + "}" * (MAX_SCHEMA_DEPTH - 1)
+    assert generate(query_body(sampling_params={"max_new_tokens": 4, "json_schema": schema})).sampling.grammar == ("json_schema", schema)
 
 
 def test_ignore_eos_false_and_n_one_are_accepted():
