@@ -49,7 +49,7 @@ from memt_proxy.serving import MemoryTokens, RawStream, no_usage
 from memt_proxy.sessions import HeldSession, PendingTurn, Sessions
 from memt_proxy.structured import structure
 from memt_proxy.transcript import message_hash
-from memt_proxy.turn_plan import check_prefill, continued_turn_ids, encode, forced_prefix, prompt_ids
+from memt_proxy.turn_plan import check_prefill, continued_turn_ids, encode, forced_prefix, off_loop, prompt_ids
 
 log = logging.getLogger("memt.proxy")
 
@@ -109,7 +109,8 @@ class ResponsesService:
             log.info("ignoring request field(s): %s", ", ".join(ignored))
         if request.model not in self.model_names:
             raise ProxyError(404, f"model {request.model!r} does not exist; this proxy serves {', '.join(self.model_names)}", param="model", code="model_not_found")
-        items = InputItems.of(request.input).items
+        request._size = len(request.model_dump_json())  # decides where its prompt is prepared (``turn_plan.off_loop``)
+        items = await off_loop(request._size, lambda: InputItems.of(request.input).items)
         await self.sessions.check_upstream()
         if request.conversation_id is not None:
             thread = self.records.thread(tenant, request.conversation_id)
@@ -120,15 +121,19 @@ class ResponsesService:
             return await self._continue(request, items, tenant, self._previous(request, tenant))
         if self.headerless and not stateless:
             return await self._headerless(request, items, tenant)
-        plan = self._plan(request, tenant, items, None, [], [], None)
+        plan = await self._planned(request, tenant, items, None, [], [], None)
         return self._stream(plan, None, None) if request.stream else await self._run(plan, None)
+
+    async def _planned(self, request: ResponseRequest, *args, **kwargs) -> Plan:
+        """``_plan``, off the event loop for a large request (``turn_plan.off_loop``)."""
+        return await off_loop(request._size, self._plan, request, *args, **kwargs)
 
     async def _headerless(self, request: ResponseRequest, items: list[dict], tenant: str):
         """An input with neither conversation nor previous_response_id, as a header-less chat request: resumed
         from the deepest kept state of the history it carries (``memt_proxy.branches``)."""
-        messages = item_messages(items)
+        messages = await off_loop(request._size, item_messages, items)
         for attempt in range(BRANCH_TRIES):
-            found = plan_headerless(messages, tenant, self.sessions.prefixes)
+            found = await off_loop(request._size, plan_headerless, messages, tenant, self.sessions.prefixes)
             find_shared(self.sessions, found)
             if attempt == BRANCH_TRIES - 1:
                 found.found = None  # the states it found kept moving on: answered from the text, not kept
@@ -146,12 +151,12 @@ class ResponsesService:
                             raise
                         held = None  # no room for the branch now: answered without memory
                 if held is None:
-                    plan = self._plan(request, tenant, items, None, [], [], None)
+                    plan = await self._planned(request, tenant, items, None, [], [], None)
                     plan.answered_from = found.link
                     if found.worth_keeping and not any(m["role"] in ("system", "developer") for m in messages):
                         plan.keep = functools.partial(keep, self.sessions, tenant, found, functools.partial(self._history_ids, messages[: len(found.hashes)]))
                     return self._stream(plan, None, None) if request.stream else await self._run(plan, None)
-                plan = self._plan(request, tenant, items, None, [], [], None, held=len(held.state.committed))
+                plan = await self._planned(request, tenant, items, None, [], [], None, held=len(held.state.committed))
                 await held.start(with_answer=True)
                 plan.answered_from, plan.branch_head, plan.saved = found.link, found.head, self.memory_tokens.held(held.state)
                 handed_off = True
@@ -199,14 +204,14 @@ class ResponsesService:
         try:
             if head is not None and thread.head != head:
                 return None
-            self._plan(request, tenant, items, thread, thread.uncommitted, thread.calls, None)  # a refusal creates nothing upstream
+            await self._planned(request, tenant, items, thread, thread.uncommitted, thread.calls, None)  # a refusal creates nothing upstream
             await held.start(with_answer=True)
             if restore is not None:
                 await held.restore(restore, name=restore)
             state = held.state
             if restore is None:
                 await self._confirm(held, thread)
-            plan = self._plan(request, tenant, items, thread, thread.uncommitted, thread.calls, state.pending)
+            plan = await self._planned(request, tenant, items, thread, thread.uncommitted, thread.calls, state.pending)
             plan.base_version = state.version
             plan.saved = self.memory_tokens.held(state)
             handed_off = True

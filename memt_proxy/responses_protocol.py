@@ -13,7 +13,7 @@ import time
 import uuid
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from memt_proxy.errors import ProxyError
 from memt_proxy.protocol import StrictBool, StrictFloat, StrictInt, output_schema
@@ -74,6 +74,7 @@ class ResponseRequest(BaseModel):
     text: dict[str, Any] | None = None
     include: list[str] | None = None
     top_logprobs: StrictInt | None = Field(default=None, ge=0, le=20)
+    _size: int = PrivateAttr(default=0)  # characters of its JSON, set by the service (where its prompt is prepared)
 
     @property
     def logprobs(self) -> bool:

@@ -23,7 +23,6 @@ import functools
 import hashlib
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable
 
@@ -36,7 +35,7 @@ from memt_proxy.protocol import ChatCompletionRequest, NamedToolChoice, Usage, c
 from memt_proxy.sessions import HeldSession, MemoryFound, PendingTurn, Sessions, SessionState
 from memt_proxy.structured import structure
 from memt_proxy.transcript import Split, as_dict, check_turn, message_hash, split_transcript
-from memt_proxy.turn_plan import check_prefill, continued_turn_ids, encode, forced_prefix, prompt_ids
+from memt_proxy.turn_plan import check_prefill, continued_turn_ids, encode, forced_prefix, off_loop, prompt_ids
 
 log = logging.getLogger("memt.proxy")
 
@@ -44,8 +43,6 @@ POLICIES = ("auto", "read", "off")
 DIVERGENCE = ("branch", "error", "reset", "reject")  # reset: the old name of branch; reject: of error
 STRICT = ("error", "reject")
 STREAM_START_TIMEOUT = 60.0
-#: requests with more text than this are templated and tokenized in a worker thread, off the event loop
-OFF_LOOP_CHARS = 64 * 1024
 SEED_MODULUS = 1 << 63  # native seeds are in [0, 2**63); OpenAI's may be negative
 
 
@@ -148,16 +145,8 @@ class ChatService:
         self.default_thinking = default_thinking
         self.on_divergence = on_divergence
         self.headerless = headerless  # requests without X-MemT-Session get memory too (``memt_proxy.branches``)
-        # one thread: tokenizer and templates are used from one worker at a time, off the event loop
-        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memt-prepare")
         self.on_usage = no_usage
         self.memory_tokens = MemoryTokens()
-
-    async def _off_loop(self, size: int, work, *args):
-        """``work(*args)`` — in the worker thread when the request (``size`` characters of JSON) is large, so it slows only itself."""
-        if size <= OFF_LOOP_CHARS:
-            return work(*args)
-        return await asyncio.get_running_loop().run_in_executor(self._worker, work, *args)
 
     async def complete(self, request: ChatCompletionRequest, *, tenant: str, session: str | None, memory: str | None, on_divergence: str | None = None) -> dict | AsyncIterator[dict]:
         """A chat.completion body, or (``stream``) an iterator of chat.completion.chunk bodies."""
@@ -177,7 +166,7 @@ class ChatService:
         await self.sessions.check_upstream()
         dumped = request.model_dump_json()  # once: the size that decides where preparing runs, and the retry digest
         if policy == "off" or session is None and ((request.n or 1) > 1 or not self.headerless):
-            prepared = await self._off_loop(len(dumped), self._prepare_stateless, request)
+            prepared = await off_loop(len(dumped), self._prepare_stateless, request)
             if request.stream:
                 return self._stream(request, prepared, None, None)
             return await self._run(request, prepared, None)
@@ -232,7 +221,7 @@ class ChatService:
         from the deepest kept state its earlier messages reach, which then commits them behind the answer; with
         none, a new branch when the conversation is worth keeping, else a plain generation."""
         for attempt in range(BRANCH_TRIES):
-            plan = await self._off_loop(size, plan_headerless, request.messages, tenant, self.sessions.prefixes)
+            plan = await off_loop(size, plan_headerless, request.messages, tenant, self.sessions.prefixes)
             find_shared(self.sessions, plan)
             if attempt == BRANCH_TRIES - 1:
                 plan.found = None  # the states it found kept moving on: answered from the text, not kept
@@ -252,17 +241,17 @@ class ChatService:
                 await held_until.aclose()
                 raise
             if held is None:
-                prepared = await self._off_loop(size, self._prepare_stateless, request)
+                prepared = await off_loop(size, self._prepare_stateless, request)
                 prepared.answered_from = plan.link
                 if policy == "auto" and plan.worth_keeping:
                     earlier = [as_dict(m) for m in request.messages if m.role not in ("system", "developer")][: len(plan.hashes)]
-                    prepared.keep = functools.partial(keep, self.sessions, tenant, plan, lambda: self._off_loop(size, self.chat_format.history_ids, earlier))
+                    prepared.keep = functools.partial(keep, self.sessions, tenant, plan, lambda: off_loop(size, self.chat_format.history_ids, earlier))
                 if request.stream:
                     return self._stream(request, prepared, None, None)
                 return await self._run(request, prepared, None)
 
             async def prepare() -> Prepared:
-                prepared = await self._off_loop(size, self._prepare_split, request, held.state, policy)
+                prepared = await off_loop(size, self._prepare_split, request, held.state, policy)
                 prepared.answered_from, prepared.branch_head = plan.link, plan.head
                 return prepared
 
@@ -329,14 +318,14 @@ class ChatService:
 
     async def _prepare_session(self, request: ChatCompletionRequest, state: SessionState, policy: str, on_divergence: str, size: int) -> Prepared:
         try:
-            return await self._off_loop(size, self._prepare_split, request, state, policy)
+            return await off_loop(size, self._prepare_split, request, state, policy)
         except ProxyError as exc:
             if exc.code != "transcript_diverged" or on_divergence in STRICT:
                 raise
         # a branch: the versions between the deepest shared message and the head are gone, so memory starts
         # over and the request's history is committed again (no trace of what the edit took out)
         await self.sessions.reset(state)
-        return await self._off_loop(size, self._prepare_split, request, state, policy)
+        return await off_loop(size, self._prepare_split, request, state, policy)
 
     def _prepare_split(self, request: ChatCompletionRequest, state: SessionState, policy: str) -> Prepared:
         thinking, tools, prefix, parallel = self._options(request)

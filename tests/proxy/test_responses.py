@@ -107,3 +107,26 @@ def test_an_answer_is_committed_without_the_markup_the_app_never_saw(service):
     assert chat_format.decode(committed) == "Hi not a call there." and committed[-1] == eos
     clean = chat_format._encode("Hi there.") + [eos]
     assert service._reply_ids(made, clean) == clean  # a clean answer is committed as generated
+
+
+def test_a_large_input_is_planned_off_the_event_loop(service):
+    """A 3.8 MB input once blocked /health and every route for seconds (issue 38): its plan is made in the worker."""
+    import asyncio
+    import threading
+
+    request = ResponseRequest.model_validate({"model": "m", "input": "word " * 20_000})  # 100 KB
+    request._size = len(request.model_dump_json())
+    seen = []
+    plan_of = service._plan
+
+    def recording(*args, **kwargs):
+        seen.append(threading.current_thread().name)
+        return plan_of(*args, **kwargs)
+
+    service._plan = recording
+    try:
+        made = asyncio.run(service._planned(request, "t", InputItems.of(request.input).items, None, [], [], None))
+    finally:
+        del service._plan
+    assert seen and seen[0].startswith("memt-prepare"), seen
+    assert made.turn == [{"role": "user", "content": "word " * 20_000}]

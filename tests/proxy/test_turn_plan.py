@@ -45,3 +45,20 @@ def test_prompt_and_prefill_check(chat_format):
     with pytest.raises(ProxyError) as info:
         check_prefill(prompt, len(prompt) - 1, "input")
     assert info.value.status == 400 and info.value.code == "context_length_exceeded" and info.value.param == "input"
+
+
+def test_a_large_request_is_prepared_in_the_worker_thread_a_small_one_in_place():
+    import asyncio
+    import threading
+
+    from memt_proxy.turn_plan import OFF_LOOP_CHARS, off_loop
+
+    def where(tag: str) -> tuple[str, str]:
+        return tag, threading.current_thread().name
+
+    async def both():
+        return await off_loop(OFF_LOOP_CHARS, where, "small"), await off_loop(OFF_LOOP_CHARS + 1, where, tag="large")
+
+    small, large = asyncio.run(both())
+    assert small == ("small", threading.current_thread().name)
+    assert large[0] == "large" and large[1].startswith("memt-prepare")
