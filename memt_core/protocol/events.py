@@ -18,6 +18,9 @@ from memt_core.names import check_name, check_snapshot_name  # noqa: F401 (re-ex
 from memt_core.request_body import MAX_DEPTH, parse_json
 
 MIN_TTL, MAX_TTL, DEFAULT_TTL = 1, 3600, 300
+#: Longest request ID (a MemT RID of the longest names is about 360 characters); answers echo request IDs,
+#: so a longer one is refused rather than sent back.
+MAX_REQUEST_ID = 512
 
 
 # --------------------------------------------------------------------------- request IDs
@@ -36,6 +39,13 @@ class Rid:
     def text(self) -> str:
         op = self.operation if self.count is None else f"{self.operation}:{self.count}"
         return f"memt|{self.session}|{op}|{self.nonce}"
+
+
+def check_request_id(value: str, what: str) -> str:
+    """Refuse a request ID longer than ``MAX_REQUEST_ID`` (without quoting it)."""
+    if len(value) > MAX_REQUEST_ID:
+        raise InvalidRequest(f"{what} is {len(value)} characters long; request ids are at most {MAX_REQUEST_ID}")
+    return value
 
 
 def is_memt_rid(rid: Any) -> bool:
@@ -248,7 +258,7 @@ CONTROL_ACTIONS: dict[str, tuple[type[Action], bool, Callable[[_Fields], dict]]]
     "inspect": (Inspect, False, lambda f: {}),
     "status": (Status, True, lambda f: {}),
     "recover": (Recover, True, lambda f: {"ttl": f.ttl()}),
-    "cancel": (Cancel, True, lambda f: {"request_id": f.get("request_id", "a string", required=True)}),
+    "cancel": (Cancel, True, lambda f: {"request_id": check_request_id(f.get("request_id", "a string", required=True), f"{f.where}: 'request_id'")}),
     "kv_reset": (KvReset, True, lambda f: {}),
     "reset": (Reset, True, lambda f: {}),
     "close": (Close, True, lambda f: {}),
@@ -487,6 +497,8 @@ def parse_generate(body: Any, *, vocab_size: int, max_prefill_tokens: int) -> Qu
     if unknown:
         raise InvalidRequest(f"generate: unknown field(s) {', '.join(map(repr, unknown))}")
     rid = body.get("rid")
+    if isinstance(rid, str):
+        check_request_id(rid, "generate: 'rid'")
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise InvalidRequest("generate: 'stream' must be a boolean")

@@ -91,7 +91,7 @@ def create_app(
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         # unknown routes (404) and methods (405) answer the same error body as every other refusal
-        message = f"{request.method} {request.url.path}: {exc.detail}"
+        message = f"{request.method} {_shown(request.url.path)}: {exc.detail}"
         if exc.status_code == 404 and request.url.path.startswith("/v1/"):
             message += (
                 " — this is the native memt-http-v1 server; the OpenAI-compatible API (/v1/chat/completions, "
@@ -150,6 +150,11 @@ async def _sse(bodies, wire):
         yield {"data": json.dumps(wire(exc))}
         return
     yield {"data": "[DONE]"}
+
+
+def _shown(path: str, limit: int = 200) -> str:
+    """A request path as an error message quotes it: a long one cut to ``limit`` characters, with its length."""
+    return path if len(path) <= limit else f"{path[:limit]}… ({len(path)} characters)"
 
 
 def _disabled(path: str):

@@ -7,9 +7,10 @@ shape; these schemas describe it for the OpenAPI document, so that clients and p
 
 from __future__ import annotations
 
-from memt_core.protocol.events import CONTROL_ACTIONS
+from memt_core.protocol.events import CONTROL_ACTIONS, MAX_REQUEST_ID
 
 _NAME = {"type": "string", "pattern": "^[A-Za-z0-9_.-]{1,160}$"}
+_REQUEST_ID = {"type": "string", "maxLength": MAX_REQUEST_ID}
 _SNAPSHOT = {"type": "string", "pattern": r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,194}\.safetensors$"}
 
 CONTROL = {
@@ -30,7 +31,7 @@ CONTROL = {
         "encoding": {"type": "string"},
         "file": _SNAPSHOT,
         "overwrite": {"type": "boolean"},
-        "request_id": {"type": "string"},
+        "request_id": _REQUEST_ID,
     },
 }
 
@@ -60,7 +61,7 @@ GENERATE = {
     "properties": {
         "input_ids": {"type": "array", "items": {"type": "integer", "minimum": 0}},
         "text": {"type": "string"},
-        "rid": {"type": "string"},
+        "rid": _REQUEST_ID,
         "sampling_params": _SAMPLING,
         "stream": {"type": "boolean"},
         "return_logprob": {"type": "boolean"},

@@ -1,7 +1,8 @@
 """The hand-made hostile requests of issue 13, for a live proxy and a live core.
 
 Each case is raw bytes (so that lone surrogates and 5,000-digit integers reach the server as JSON
-text); every answer must be a 4xx with the server's error shape, never a 5xx or a hang.
+text); every answer must be a 4xx with the server's error shape, never a 5xx or a hang, and a case with
+``max_answer`` must be answered in that many bytes (an answer may not echo a huge request ID or path).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ class Case:
     path: str
     body: bytes
     stream: bool = False
+    max_answer: int | None = None  # the answer's size in bytes at most (one that echoes its input fails)
 
 
 def _json(value: dict) -> str:
@@ -91,6 +93,9 @@ def core_cases() -> list[Case]:
         Case("control surrogate session", control, b'{"action": "create", "session": "\\ud800"}'),
         Case("control surrogate file", control, b'{"action": "export", "session": "s", "lease": "l", "encoding": "x", "file": "\\ud800.safetensors"}'),
         Case("control unknown action", control, b'{"action": 5}'),
+        Case("control 100 KB request_id", control, _json({"action": "cancel", "session": "s", "lease": "l", "request_id": "r" * 100_000}).encode(), max_answer=4096),
+        Case("generate 100 KB rid", generate, _json({"rid": "r" * 100_000, "input_ids": [1], "sampling_params": {"max_new_tokens": 1}}).encode(), max_answer=4096),
+        Case("50 KB path", "/" + "p" * 50_000, b"{}", max_answer=4096),
     ]
 
 
@@ -108,6 +113,9 @@ def run_cases(base_url: str, cases: list[Case], headers: dict[str, str] | None =
                 continue
             except httpx.TransportError as exc:  # e.g. a connection reset after an unhandled error
                 tally["failures"].append(f"{case.name}: no answer ({type(exc).__name__}: {str(exc)[:200]})")
+                continue
+            if case.max_answer is not None and len(response.content) > case.max_answer:
+                tally["failures"].append(f"{case.name}: {response.status_code} with {len(response.content)} bytes (echoes its input?)")
                 continue
             if 400 <= response.status_code < 500 and _error_shaped(response):
                 tally["4xx"] += 1

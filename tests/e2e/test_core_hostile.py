@@ -159,3 +159,23 @@ def test_deeply_nested_grammars_are_400_and_change_nothing(wire, depth):
     assert wire.control("inspect", h.session)["in_flight"] == []
     assert wire.query(h, PROMPT, 2, nonce_=kept)["output_ids"]  # the refused queries consumed nothing, not even the nonce
     wire.ctl("close", h)
+
+
+def test_answers_never_echo_a_huge_request_id_or_path(wire):
+    """Issue 38: cancel echoed a 100 KB request_id in its answer, and a 404 a 50 KB path; both are bounded now."""
+    h = wire.open()
+    huge = "r" * 100_000
+    response = wire.post_control({"action": "cancel", "session": h.session, "lease": h.lease, "epoch": wire.epoch, "request_id": huge})
+    assert_error(response, 400, match="'request_id' is 100000 characters long; request ids are at most")
+    assert len(response.content) < 1024
+    response = wire.post_generate({"rid": huge, "input_ids": PROMPT, "sampling_params": {"max_new_tokens": 1}})
+    assert_error(response, 400, match="'rid' is 100000 characters long")
+    assert len(response.content) < 1024
+    # an ordinary cancel still answers with its request id
+    answer = wire.ctl("cancel", h, request_id=f"memt|{h.session}|query|{nonce()}")
+    assert answer["cancelled"] is False and answer["request_id"].startswith(f"memt|{h.session}|query|")
+    for method in ("GET", "POST"):
+        response = wire.http.request(method, "/" + "p" * 50_000)
+        message = assert_error(response, 404, match=r"/ppp+… \(50001 characters\): Not Found")
+        assert len(response.content) < 1024 and message.startswith(f"{method} /ppp")
+    wire.ctl("close", h)

@@ -26,6 +26,7 @@ from memt_core.protocol import (
 from memt_core.protocol.events import (
     CONTROL_ACTIONS,
     GENERATE_FIELDS,
+    MAX_REQUEST_ID,
     MAX_SCHEMA_DEPTH,
     SAMPLING_FIELDS,
     Abort,
@@ -355,6 +356,21 @@ def test_control_names_are_checked():
 
 
 # --------------------------------------------------------------------------- generation requests
+
+
+def test_request_ids_are_bounded_so_answers_never_echo_a_huge_one():
+    """Issue 38: a cancel answer echoed a 100 KB request_id, a plain generation its rid in every frame."""
+    longest = "memt|" + "s" * 160 + "|commit:99999|" + "n" * 160
+    assert len(longest) < MAX_REQUEST_ID
+    assert parse_control({"action": "cancel", **LEASED, "request_id": "r" * MAX_REQUEST_ID}).request_id == "r" * MAX_REQUEST_ID
+    for size in (MAX_REQUEST_ID + 1, 100_000):
+        error = refused(parse_control, {"action": "cancel", **LEASED, "request_id": "r" * size},
+                        match=f"'request_id' is {size} characters long; request ids are at most {MAX_REQUEST_ID}")
+        assert len(error.message) < 200
+        error = refused(generate, {"rid": "r" * size, "input_ids": [1], "sampling_params": {"max_new_tokens": 1}},
+                        match=f"'rid' is {size} characters long; request ids are at most {MAX_REQUEST_ID}")
+        assert len(error.message) < 200
+    assert generate({"rid": "r" * MAX_REQUEST_ID, "input_ids": [1], "sampling_params": {"max_new_tokens": 1}}).rid == "r" * MAX_REQUEST_ID
 
 
 def test_spec_commit_example():
