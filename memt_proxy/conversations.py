@@ -70,6 +70,7 @@ class Thread:
     snapshots: dict[str, str] = field(default_factory=dict)  # response id → upstream snapshot file, oldest first
     saved: int = 0  # snapshots made so far: file slots rotate, so a chain never has more than its bound upstream
     items: list[dict] = field(default_factory=list)  # conversation items recorded by this proxy
+    answered: dict | None = None  # the head's request digest and response body, for an identical retry
 
     @property
     def conversation(self) -> bool:

@@ -31,6 +31,7 @@ import contextlib
 import functools
 import logging
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable
 
@@ -45,7 +46,7 @@ from memt_proxy.responses_protocol import (
     ConversationRequest, Events, InputItems, ResponseRequest, conversation_object, function_call_item, item_list,
     item_messages, message_item, new_id, reasoning_item, response_object, usage,
 )
-from memt_proxy.serving import MemoryTokens, RawStream, no_usage
+from memt_proxy.serving import MemoryTokens, RawStream, no_usage, request_digest
 from memt_proxy.sessions import HeldSession, PendingTurn, Sessions
 from memt_proxy.structured import structure
 from memt_proxy.transcript import message_hash
@@ -53,6 +54,7 @@ from memt_proxy.turn_plan import check_prefill, continued_turn_ids, encode, forc
 
 log = logging.getLogger("memt.proxy")
 
+RETRIES_KEPT = 1024  # responses on memory kept for an identical retry (the durable one: each thread's latest)
 STREAM_START_TIMEOUT = 60.0  # seconds a held session waits for its stream to be consumed
 
 
@@ -98,18 +100,28 @@ class ResponsesService:
         self.headerless = headerless  # an input carrying its history resumes from memory (``memt_proxy.branches``)
         self.on_usage = no_usage  # as ChatService.on_usage: once per finished response
         self.memory_tokens = MemoryTokens()
+        self._answers: OrderedDict[tuple[str, str], dict] = OrderedDict()  # (tenant, request digest) → response, for retries
 
     # ------------------------------------------------------------------ POST /v1/responses
 
-    async def create(self, request: ResponseRequest, *, tenant: str, stateless: bool = False) -> dict | AsyncIterator[dict]:
+    async def create(self, request: ResponseRequest, *, tenant: str, stateless: bool = False, retry: bool = False) -> dict | AsyncIterator[dict]:
         """A response object, or (``stream``) an iterator of Responses stream events; ``stateless`` (X-MemT-Memory:
-        off): an input without conversation or previous_response_id is answered without memory."""
+        off): an input without conversation or previous_response_id is answered without memory. ``retry``: the
+        client says it sends this request again (the openai SDK's ``x-stainless-retry-count``): if an identical
+        request was answered on memory, that response is returned again and nothing is committed twice (an
+        identical input that is no retry is a new turn: "Next." may well be said twice)."""
         ignored = request.checked()
         if ignored:
             log.info("ignoring request field(s): %s", ", ".join(ignored))
         if request.model not in self.model_names:
             raise ProxyError(404, f"model {request.model!r} does not exist; this proxy serves {', '.join(self.model_names)}", param="model", code="model_not_found")
-        request._size = len(request.model_dump_json())  # decides where its prompt is prepared (``turn_plan.off_loop``)
+        dumped = request.model_dump_json()
+        request._size = len(dumped)  # decides where its prompt is prepared (``turn_plan.off_loop``)
+        request._digest = request_digest(dumped)  # an identical retry is answered again, not run twice
+        request._retry = retry
+        if retry and not request.stream and (tenant, request._digest) in self._answers:
+            log.info("an identical retry of a response: answered again")
+            return self._answers[(tenant, request._digest)]
         items = await off_loop(request._size, lambda: InputItems.of(request.input).items)
         await self.sessions.check_upstream()
         if request.conversation_id is not None:
@@ -184,6 +196,10 @@ class ResponsesService:
                 result = await self._in_thread(request, items, tenant, thread, previous.id)
                 if result is not None:
                     return result
+            elif request._retry and thread is not None and (thread.answered or {}).get("digest") == request._digest:
+                result = await self._in_thread(request, items, tenant, thread, thread.head)  # a retry of its latest
+                if result is not None:
+                    return result
             restore = thread.snapshot(previous.snapshot_of) if thread is not None else None
             if previous.version > 0 and restore is None:
                 raise ProxyError(
@@ -202,6 +218,12 @@ class ResponsesService:
         held = await hold.enter_async_context(self.sessions.turn(tenant, thread.session))
         handed_off = False
         try:
+            answered = thread.answered
+            if request._retry and not request.stream and answered and answered["digest"] == request._digest and thread.head == answered["id"]:
+                # a client's retry of the response that is this thread's latest (its answer lost on the way, or
+                # a timeout): the same response again, its turn not committed twice (issue 38)
+                log.info("an identical retry of %s on %s: answered again", answered["id"], thread.id)
+                return answered["body"]
             if head is not None and thread.head != head:
                 return None
             await self._planned(request, tenant, items, thread, thread.uncommitted, thread.calls, None)  # a refusal creates nothing upstream
@@ -376,6 +398,10 @@ class ResponsesService:
             uncommitted, version, snapshot_of = messages, 0, None
             self._headerless_after(plan, held, output)
         else:
+            thread.answered = {"digest": request._digest, "id": response_id, "body": body}
+            self._answers[(plan.tenant, request._digest)] = body
+            while len(self._answers) > RETRIES_KEPT:
+                self._answers.popitem(last=False)
             await self._advance(plan, held, thread, response_id, messages, calls, output, output_ids, incomplete)
             uncommitted, version, snapshot_of = list(thread.uncommitted), thread.version, thread.snapshot_of
         try:

@@ -75,6 +75,8 @@ class ResponseRequest(BaseModel):
     include: list[str] | None = None
     top_logprobs: StrictInt | None = Field(default=None, ge=0, le=20)
     _size: int = PrivateAttr(default=0)  # characters of its JSON, set by the service (where its prompt is prepared)
+    _digest: str = PrivateAttr(default="")  # SHA-256 of that JSON, set by the service (an identical retry)
+    _retry: bool = PrivateAttr(default=False)  # the client says it sends it again
 
     @property
     def logprobs(self) -> bool:

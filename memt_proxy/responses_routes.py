@@ -36,7 +36,9 @@ def add_responses_routes(
         memory = request.headers.get("x-memt-memory")
         if memory is not None and memory.lower() not in ("auto", "read", "off"):
             raise ProxyError(400, "X-MemT-Memory must be one of auto, read, off", param="X-MemT-Memory")
-        result = await service.create(body, tenant=tenant, stateless=memory is not None and memory.lower() == "off")
+        retries = request.headers.get("x-stainless-retry-count", "0")
+        result = await service.create(body, tenant=tenant, stateless=memory is not None and memory.lower() == "off",
+                                      retry=retries.isdigit() and int(retries) > 0)
         if isinstance(result, dict):
             return result
         return EventSourceResponse(_sse(result), sep="\n", ping=15)

@@ -143,3 +143,30 @@ def test_a_branch_past_the_kept_snapshots_is_refused(durable):
     assert "--response-snapshots" in error["message"]
     assert create(client, input="Where do I live?", previous_response_id=chain[2].id).status == "completed"
     assert create(client, input="Where do I live?", previous_response_id=chain[0].id).status == "completed"
+
+
+def test_an_identical_retry_is_answered_again_not_committed_twice(proxy):
+    """The openai SDK resends a request whose answer it did not get (a timeout, a dropped connection), saying so
+    (``x-stainless-retry-count``): in a conversation and in a previous_response_id chain the retry gets the same
+    response and its turn is in memory once (issue 38: the version went 1 → 4, the turn three times in the items).
+    The same input sent again without that header is a new turn."""
+    retry = {"x-stainless-retry-count": "1"}
+    with proxy.http(KEY_A) as http:
+        conversation = http.post("/v1/conversations", json={}).json()["id"]
+        body = {"model": MODEL, "input": "Next.", "conversation": conversation, "max_output_tokens": 4, "temperature": 0}
+        first = http.post("/v1/responses", json=body).json()
+        assert http.post("/v1/responses", json=body, headers=retry).json() == first
+
+        def messages() -> int:
+            items = http.get(f"/v1/conversations/{conversation}/items").json()["data"]
+            return [item["type"] for item in items].count("message")
+
+        assert messages() == 2  # the input and the answer, once
+        said_again = http.post("/v1/responses", json=body).json()  # no retry: the user said "Next." again
+        assert said_again["id"] != first["id"] and messages() == 4
+
+        told = http.post("/v1/responses", json={"model": MODEL, "input": "My name is Ann.", "max_output_tokens": 4}).json()
+        chained = {"model": MODEL, "input": "And then?", "previous_response_id": told["id"], "max_output_tokens": 4, "temperature": 0}
+        first = http.post("/v1/responses", json=chained).json()
+        again = http.post("/v1/responses", json=chained, headers=retry).json()
+        assert again == first  # not a branch of its own
