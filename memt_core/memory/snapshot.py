@@ -6,7 +6,8 @@ tensors. Files are written to a temporary name, fsynced and renamed, so a reader
 partial file under its final name; an existing file is replaced only when asked.
 
 The bytes are canonical (the same memory and identity always give the same file), so a snapshot can
-be named by its content: ``sha256-<hex>.safetensors``. Loading a file so named checks the hash.
+be named by its content: ``sha256-<hex>.safetensors``. Loading a file so named checks the hash, and no
+write ever puts other bytes under such a name (``save_snapshot``).
 """
 
 from __future__ import annotations
@@ -88,11 +89,27 @@ def content_name(data: bytes) -> str:
 
 
 def save_snapshot(path: str | Path, state: MemoryState, *, identity: str, overwrite: bool = False) -> Path:
-    """Write ``state`` atomically: temporary file in the same folder, fsync, rename."""
+    """Write ``state`` atomically: temporary file in the same folder, fsync, rename.
+
+    A content-addressed name (``sha256-<hex>.safetensors``) is immutable: it may hold only the bytes it
+    hashes, so other bytes are refused (``InvalidRequest``, 400) whether or not the file exists and whatever
+    ``overwrite`` says, and nothing is written. Its own bytes go as to any name (an existing file needs
+    ``overwrite``), except that with ``overwrite`` an intact file is left as it is: it already holds them
+    (a damaged one is replaced).
+    """
     path = Path(path)
     data = snapshot_bytes(state, identity=identity)
+    named = CONTENT_NAME.match(path.name)
+    if named and named.group(1) != hashlib.sha256(data).hexdigest():
+        raise InvalidRequest(
+            f"snapshot {path.name!r} is content-addressed: it may hold only the bytes its name hashes (these hash to "
+            f"{content_name(data)!r}); export without 'file' to be given that name, or choose a name not of the form "
+            "sha256-<hex>.safetensors"
+        )
     if path.exists() and not overwrite:
         raise Conflict(f"snapshot {path.name!r} already exists; pass overwrite: true to replace it")
+    if named and path.is_file() and _sha256(path) == named.group(1):
+        return path  # the very bytes are there already: nothing to rewrite
     write_atomic(path, data, overwrite=overwrite)
     return path
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import httpx
 
-from scripts.reliability.hostile import core_cases, proxy_cases, run_cases
+from scripts.reliability.hostile import core_cases, core_session_cases, proxy_cases, run_cases
 from scripts.reliability.servers import MODEL, MemTServer, ProxyServer, memory_of
 
 STOPS = [" ", "e"]  # frequent in the random model's text: most turns end with finish_reason "stop"
@@ -59,9 +59,11 @@ def fuzz(name: str, url: str, *, headers: dict[str, str] | None = None, examples
 
 
 def hostile(proxy: ProxyServer, core: MemTServer, *, key: str | None = None) -> dict:
-    """The hand-made cases of issue 13 against both servers: 4xx each, in the server's error shape."""
+    """The hand-made cases of issues 13 and 38 against both servers: 4xx each, in the server's error shape
+    (and, on the core, those that need a leased session: ``core_session_cases``)."""
     headers = {"Authorization": f"Bearer {key}"} if key else {}
-    figures = {"proxy": run_cases(proxy.url, proxy_cases(MODEL), headers), "core": run_cases(core.url, core_cases())}
+    figures = {"proxy": run_cases(proxy.url, proxy_cases(MODEL), headers), "core": run_cases(core.url, core_cases()),
+               "core_sessions": core_session_cases(core.url)}
     figures["ok"] = all(not part["failures"] for part in figures.values())
     return figures
 

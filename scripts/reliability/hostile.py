@@ -8,6 +8,7 @@ text); every answer must be a 4xx with the server's error shape, never a 5xx or 
 from __future__ import annotations
 
 import json
+import uuid
 from dataclasses import dataclass
 
 import httpx
@@ -97,6 +98,51 @@ def core_cases() -> list[Case]:
         Case("generate 100 KB rid", generate, _json({"rid": "r" * 100_000, "input_ids": [1], "sampling_params": {"max_new_tokens": 1}}).encode(), max_answer=4096),
         Case("50 KB path", "/" + "p" * 50_000, b"{}", max_answer=4096),
     ]
+
+
+def core_session_cases(base_url: str, *, timeout: float = 30.0) -> dict:
+    """Hostile requests that need a leased session (issue 38), in ``run_cases``'s tally: a cancel with a 100 KB
+    request_id, and exports with overwrite onto another memory's content-addressed (``sha256-``) snapshot.
+    Each must be a bounded 4xx, and the snapshot must still restore afterwards (its hash check passes)."""
+    from memt_core.client.native import NativeClient, new_transaction
+
+    tally = {"tried": 0, "4xx": 0, "5xx": 0, "hangs": 0, "failures": []}
+    with NativeClient(base_url, timeout=timeout) as client, httpx.Client(base_url=base_url, timeout=timeout) as http:
+        epoch, encoding = client.epoch, client.capabilities()["native_encoding"]
+        leases = {}
+        for role in ("empty", "written"):
+            session = client.control("create", f"hostile-{role}-{uuid.uuid4().hex[:8]}")["session"]
+            leases[session] = client.control("acquire", session)["lease"]
+        (empty, lease), (written, written_lease) = leases.items()
+        transaction = new_transaction()
+        client.control("begin", written, lease=written_lease, transaction=transaction)
+        client.commit(written, written_lease, transaction, [5, 6, 7])
+        client.control("publish", written, lease=written_lease, transaction=transaction)
+        name = client.control("export", empty, lease=lease, encoding=encoding)["file"]
+        bodies = {
+            "cancel 100 KB request_id": {"action": "cancel", "session": empty, "lease": lease, "request_id": "r" * 100_000},
+            **{f"export overwrite={overwrite} onto {name[:15]}…": {"action": "export", "session": written, "lease": written_lease,
+                                                                   "encoding": encoding, "file": name, "overwrite": overwrite}
+               for overwrite in (True, False)},
+        }
+        for case, body in bodies.items():
+            tally["tried"] += 1
+            response = http.post("/memt/control", json={**body, "epoch": epoch})
+            if 400 <= response.status_code < 500 and _error_shaped(response) and len(response.content) <= 4096:
+                tally["4xx"] += 1
+                continue
+            tally["5xx"] += response.status_code >= 500
+            tally["failures"].append(f"{case}: {response.status_code} with {len(response.content)} bytes: {response.text[:200]}")
+        transaction = new_transaction()
+        client.control("begin", empty, lease=lease, transaction=transaction)
+        restored = http.post("/memt/control", json={"action": "import", "session": empty, "lease": lease, "epoch": epoch,
+                                                    "transaction": transaction, "file": name, "encoding": encoding})
+        if restored.status_code != 200:
+            tally["failures"].append(f"{name} no longer restores: {restored.status_code} {restored.text[:200]}")
+        client.control("abort", empty, lease=lease, transaction=transaction)
+        for session, held in leases.items():
+            client.control("close", session, lease=held)
+    return tally
 
 
 def run_cases(base_url: str, cases: list[Case], headers: dict[str, str] | None = None, *, timeout: float = 30.0) -> dict:

@@ -179,3 +179,32 @@ def test_answers_never_echo_a_huge_request_id_or_path(wire):
         message = assert_error(response, 404, match=r"/ppp+… \(50001 characters\): Not Found")
         assert len(response.content) < 1024 and message.startswith(f"{method} /ppp")
     wire.ctl("close", h)
+
+
+def test_content_addressed_snapshots_cannot_be_overwritten(wire, nano_server):
+    """Issue 38: export with overwrite: true replaced a sha256-<hex> snapshot with other bytes, and its restore then
+    failed the hash check. Such names are immutable on the core; the same bytes again succeed without a rewrite."""
+    a, b = wire.open(), wire.open()
+    wire.write(a, [5, 6, 7])
+    wire.write(b, [8, 9])
+    name = wire.export(a)["file"]
+    path = nano_server.state_directory / name
+    data, before = path.read_bytes(), path.stat()
+    for overwrite in (True, False):
+        response = wire.post_control({"action": "export", "session": b.session, "lease": b.lease, "epoch": wire.epoch,
+                                      "file": name, "encoding": wire.encoding, "overwrite": overwrite})
+        assert_error(response, 400, match="is content-addressed: it may hold only the bytes its name hashes")
+    made_up = "sha256-" + "0" * 64 + ".safetensors"
+    response = wire.post_control({"action": "export", "session": b.session, "lease": b.lease, "epoch": wire.epoch,
+                                  "file": made_up, "encoding": wire.encoding})
+    assert_error(response, 400, match="is content-addressed")
+    assert not (nano_server.state_directory / made_up).exists()
+    assert path.read_bytes() == data
+    assert wire.export(a, name, overwrite=True)["file"] == name  # the bytes it names: nothing is rewritten
+    assert (path.stat().st_ino, path.stat().st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    wire.ctl("begin", b, transaction="t-restore")
+    wire.ctl("import", b, transaction="t-restore", file=name, encoding=wire.encoding)  # the hash check passes
+    wire.ctl("publish", b, transaction="t-restore")
+    assert wire.export(b)["file"] == name
+    for handle in (a, b):
+        wire.ctl("close", handle)

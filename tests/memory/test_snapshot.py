@@ -277,6 +277,34 @@ def test_content_addressed_names_are_the_hash_and_are_checked_on_load(tmp_path, 
     assert path.read_bytes() == data and leftovers(tmp_path) == []
 
 
+def test_content_addressed_names_are_immutable(tmp_path, geometry):
+    """Issue 38: an export with overwrite could replace sha256-<hex> with other bytes, so a later restore failed
+    its hash check. Such a name only ever holds the bytes it hashes; the same bytes again are not rewritten."""
+    identity, layers, shape = geometry
+    state, other = random_state(layers, shape), random_state(layers, shape, seed=9)
+    path = save_content_addressed(tmp_path, state, identity=identity)
+    data, before = path.read_bytes(), path.stat()
+    for overwrite in (False, True):
+        with pytest.raises(InvalidRequest, match=r"is content-addressed: it may hold only the bytes its name hashes \(these hash to 'sha256-"):
+            save_snapshot(path, other, identity=identity, overwrite=overwrite)
+    made_up = tmp_path / ("sha256-" + "0" * 64 + ".safetensors")
+    with pytest.raises(InvalidRequest, match="is content-addressed"):
+        save_snapshot(made_up, state, identity=identity)
+    assert not made_up.exists() and leftovers(tmp_path) == []
+    # the very bytes the name hashes: overwrite succeeds without rewriting; without it the name is taken, as any
+    assert save_snapshot(path, state, identity=identity, overwrite=True) == path
+    after = path.stat()
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns) and path.read_bytes() == data
+    with pytest.raises(Conflict, match="already exists"):
+        save_snapshot(path, state, identity=identity)
+    assert load(path, geometry).equal(state)
+    # a damaged file of that name is replaced by the bytes it names; an absent one is written
+    path.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+    assert save_snapshot(path, state, identity=identity, overwrite=True).read_bytes() == data
+    path.unlink()
+    assert save_snapshot(path, state, identity=identity).read_bytes() == data
+
+
 def test_partial_files_left_by_a_crash_are_removed_once_old(tmp_path):
     old, fresh, kept = tmp_path / ".tmp-old.partial", tmp_path / ".tmp-new.partial", tmp_path / "a.safetensors"
     for path in (old, fresh, kept):
