@@ -100,17 +100,6 @@ class Prepared:
     keep: Callable[[], None] | None = None  # header-less, no kept state: starts a new branch behind the answer
 
 
-@dataclass
-class AnsweredTurn:
-    """The answer to a session's last committed turn, kept so that an identical retry gets it again."""
-
-    digest: str
-    version: int  # the session's published version right after the commit
-    message: dict
-    finish: str
-    usage: Usage
-
-
 def request_digest(dumped: str) -> str:
     """SHA-256 of the whole request as received (its JSON dump): a client's retry of the same request has the same digest."""
     return hashlib.sha256(dumped.encode()).hexdigest()
@@ -177,9 +166,14 @@ class ChatService:
         state = held.state
         divergence = on_divergence or self.on_divergence
         digest = request_digest(dumped)
+        try:
+            await self.sessions.adopt_recorded(state)  # e.g. after a restart: its record, its last answer
+        except BaseException:
+            await held_until.aclose()
+            raise
         replayed = self._replay(request, state, digest)
         if replayed is not None:
-            await held_until.aclose()  # nothing above awaits: the session cannot be left held
+            await held_until.aclose()
             return replayed
 
         async def prepare() -> Prepared:
@@ -453,32 +447,34 @@ class ChatService:
         held.commit_turn_later(prepared.context_ids, prepared.turn_ids + reply_ids, committed)
         self.memory_tokens.wrote(state, len(committed), len(prepared.context_ids) + len(prepared.turn_ids) + len(reply_ids))
         usage = Usage(prompt_tokens=len(prepared.prompt), completion_tokens=len(output_ids), total_tokens=len(prepared.prompt) + len(output_ids))
-        # the version the session has once that commit is published (a failed one leaves nothing to replay)
-        state.last_turn = AnsweredTurn(prepared.digest, state.version + 1, message, finish, usage)
+        # the version the session has once that commit is published (a failed one leaves nothing to replay); kept in
+        # the session's record with that commit, so an identical retry reaching a restarted proxy gets it too
+        state.last_turn = {"digest": prepared.digest, "version": state.version + 1, "message": message, "finish": finish, "usage": usage.model_dump()}
 
     def _replay(self, request: ChatCompletionRequest, state: SessionState, digest: str) -> dict | AsyncIterator[dict] | None:
         """The kept answer when ``request`` repeats the session's last committed turn exactly (e.g. the
         openai SDK retrying after the answer was lost): nothing is generated or committed again."""
         last = state.last_turn
-        if not isinstance(last, AnsweredTurn) or last.version != state.version or last.digest != digest:
+        if not last or last.get("version") != state.version or last.get("digest") != digest:
             return None
         log.info("an identical retry of the last committed turn of %s: answered again, not committed twice", state.native)
+        usage = Usage(**last["usage"])
         if request.stream:
-            return self._replayed_stream(request, last)
-        return response_body(id=completion_id(), model=request.model, message=last.message, finish_reason=last.finish, usage=last.usage)
+            return self._replayed_stream(request, last["message"], last["finish"], usage)
+        return response_body(id=completion_id(), model=request.model, message=last["message"], finish_reason=last["finish"], usage=usage)
 
-    async def _replayed_stream(self, request: ChatCompletionRequest, last: AnsweredTurn) -> AsyncIterator[dict]:
-        """``last`` as chunks: role, reasoning, content, tool calls, finish, usage when asked."""
+    async def _replayed_stream(self, request: ChatCompletionRequest, message: dict, finish: str, usage: Usage) -> AsyncIterator[dict]:
+        """A kept answer as chunks: role, reasoning, content, tool calls, finish, usage when asked."""
         cid, created = completion_id(), int(time.time())
         yield chunk_body(id=cid, model=request.model, created=created, delta={"role": "assistant", "content": ""})
         for key in ("reasoning_content", "content"):
-            if last.message.get(key):
-                yield chunk_body(id=cid, model=request.model, created=created, delta={key: last.message[key]})
-        for index, call in enumerate(last.message.get("tool_calls") or []):
+            if message.get(key):
+                yield chunk_body(id=cid, model=request.model, created=created, delta={key: message[key]})
+        for index, call in enumerate(message.get("tool_calls") or []):
             yield chunk_body(id=cid, model=request.model, created=created, delta={"tool_calls": [{"index": index, **call}]})
-        yield chunk_body(id=cid, model=request.model, created=created, delta={}, finish_reason=last.finish)
+        yield chunk_body(id=cid, model=request.model, created=created, delta={}, finish_reason=finish)
         if request.stream_options and request.stream_options.include_usage:
-            yield chunk_body(id=cid, model=request.model, created=created, delta=None, usage=last.usage)
+            yield chunk_body(id=cid, model=request.model, created=created, delta=None, usage=usage)
 
     def _reply_ids(self, prepared: Prepared, output_ids: list[int]) -> list[int]:
         """The reply as committed (``ChatFormat.reply_ids``): the generated ids, or for a reply cut by a stop

@@ -101,14 +101,25 @@ class SessionRecordStore:
         if self.directory is not None:
             self._path(native, ".offload.json").unlink(missing_ok=True)
 
-    def save(self, native: str, version: int, committed: list[str] | None, next_committed: list[str]) -> None:
-        """Record ``committed`` at ``version`` (None: unknown) and ``next_committed`` at ``version + 1`` (the change under way).
+    def save(self, native: str, version: int, committed: list[str] | None, next_committed: list[str], answered: dict | None = None) -> None:
+        """Record ``committed`` at ``version`` (None: unknown) and ``next_committed`` at ``version + 1`` (the change under way),
+        with ``answered``: the answer of the turn that change commits (a JSON object, its ``version`` the next), so
+        that an identical retry reaching a restarted proxy gets it again.
 
         A change of memory ends any turn that was waiting for tool results: the record drops it.
         """
         if self.records_directory is None:
             return
-        self._write(native, {"version": version, "committed": committed, "next": {"version": version + 1, "committed": next_committed}})
+        record = {"version": version, "committed": committed, "next": {"version": version + 1, "committed": next_committed}}
+        if answered is not None:
+            record["answered"] = answered
+        self._write(native, record)
+
+    def load_answer(self, native: str, version: int) -> dict | None:
+        """The recorded answer of the turn that made ``version`` (see ``save``), or None."""
+        record = self._read(native) if self.records_directory is not None else None
+        answered = record.get("answered") if record is not None else None
+        return answered if isinstance(answered, dict) and answered.get("version") == version else None
 
     def save_pending(self, native: str, version: int, committed: list[str] | None, pending: dict | None) -> None:
         """Record (or with None, forget) the turn waiting for tool results at ``version``: its message hashes, token ids, thinking flag."""

@@ -130,6 +130,18 @@ class Placement:
         state.committed, state.history_known = committed or [], committed is not None
         pending = self.records.load_pending(state.native, version) if committed is not None else None
         state.pending = PendingTurn(**pending) if pending is not None else None
+        state.last_turn = self.records.load_answer(state.native, version) if committed is not None else None
+
+    async def adopt_recorded(self, state: SessionState) -> None:
+        """Adopt a session this proxy (or an earlier one) recorded, before its request is looked at: its record
+        says what memory holds and which answer its last turn had (an identical retry gets it again)."""
+        if state.exists or not self.records.known(state.native):
+            return
+        try:
+            self.adopt(state, await self.client.control("inspect", state.native))
+        except MemTClientError as exc:
+            if not isinstance(exc.cause, UnknownSession):
+                raise self.upstream_error(exc) from None
 
     async def _reload(self, state: SessionState) -> None:
         """Create the session again upstream, where its durable memory is restored, and adopt it; what this

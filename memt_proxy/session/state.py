@@ -76,7 +76,7 @@ class SessionState:
     nudge: asyncio.Event = field(default_factory=asyncio.Event)  # wakes the keeper when the session goes idle
     committing: asyncio.Task | None = None  # the commit of the previous turn, while under way
     users: int = 0  # requests holding or waiting for this state, and its commit: while any, it is never dropped
-    last_turn: object = None  # the surface's answer to the last committed turn, for an identical retry
+    last_turn: dict | None = None  # the surface's answer to the last committed turn (JSON, with its version), for an identical retry
 
     @property
     def branch(self) -> bool:

@@ -38,7 +38,8 @@ class Writes:
 
     def changing(self, state: SessionState, committed: list[str]) -> None:
         """Record, before it happens, that the next published version of the session's memory holds ``committed``."""
-        self._record(state, self.records.save, committed)
+        answered = state.last_turn if isinstance(state.last_turn, dict) and state.last_turn.get("version") == state.version + 1 else None
+        self._record(state, self.records.save, committed, answered)
 
     def changed(self, state: SessionState, committed: list[str]) -> None:
         """The change recorded by ``changing`` was published (which ends any turn waiting for tool results)."""
