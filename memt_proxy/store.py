@@ -198,6 +198,12 @@ class SessionRecordStore:
                 self._head_path(branch["head"]).unlink(missing_ok=True)
             (self.records_directory / BRANCHES / f"{native}.json").unlink(missing_ok=True)
 
+    def sessions(self) -> list[str]:
+        """The native sessions with a per-session record (made or written by this proxy, or an earlier one)."""
+        if self.records_directory is None:
+            return []
+        return sorted(path.name[: -len(".json")] for path in self.records_directory.glob("*.json") if not path.name.endswith(".offload.json"))
+
     def save_branch(self, native: str, tenant: str, name: str, head: str | None) -> None:
         """Record a header-less branch's name and head (``memt_proxy.branches``), so that a restarted proxy
         finds it again; what its memory holds is its per-session record's, checked on use. Records shared by

@@ -11,7 +11,7 @@ from memt_core.client.native import new_nonce, new_transaction
 from memt_core.client.turns import MemoryWrite
 from memt_core.errors import SessionExists, UnknownSession
 from memt_proxy.errors import ProxyError
-from memt_proxy.session.state import OFFLOAD_TRIES, PendingTurn, SessionState
+from memt_proxy.session.state import OFFLOAD_TRIES, PendingTurn, SessionState, native_session_id
 
 log = logging.getLogger("memt.proxy")
 
@@ -52,11 +52,34 @@ class Placement:
         raise AssertionError("unreachable")
 
     async def offload_idle(self, keep: SessionState) -> bool:
-        """Offload the least recently used idle session with a native session (never ``keep``); False if none could be."""
+        """Offload the least recently used idle session with a native session (never ``keep``); False if none could be.
+        With none in the table (a restarted proxy's is empty while the upstream is full of sessions an earlier
+        one made), one of the sessions the records name (``offload_recorded``)."""
         for state in self.table:  # least recently used first
             if state is not keep and state.exists and state.users == 0 and not state.lock.locked():
                 if await self.offload(state):
                     return True
+        return await self.offload_recorded(keep)
+
+    async def offload_recorded(self, keep: SessionState) -> bool:
+        """Offload (a header-less branch: close) a native session the records name and the table does not hold,
+        idle upstream (its lease free); False if none could be. The records are listed once per process."""
+        if self._recorded is None:
+            branches = {native_session_id(b["tenant"], b["name"]): b for b in self.records.branches()}
+            self._recorded = [(native, branches.get(native)) for native in self.records.sessions()]
+        held = {state.native for state in self.table}
+        while self._recorded:
+            native, branch = self._recorded.pop(0)
+            if native == keep.native or native in held:
+                continue
+            state = SessionState(native=native, tenant=branch["tenant"] if branch else "", name=branch["name"] if branch else "")
+            try:
+                self.adopt(state, await self.client.control("inspect", native))
+            except MemTClientError:
+                continue  # gone upstream (or the upstream briefly away): nothing to offload
+            if await self.offload(state):
+                log.info("offloaded %s, a session recorded before this proxy started, to make room", native)
+                return True
         return False
 
     async def offload(self, state: SessionState) -> bool:

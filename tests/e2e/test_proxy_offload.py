@@ -64,6 +64,31 @@ def test_a_full_upstream_offloads_idle_sessions_and_restores_them(memt_servers, 
         assert not list((tmp_path / "proxy-state").glob("*.offload.json"))
 
 
+def test_a_restarted_proxy_makes_room_among_the_sessions_it_recorded(memt_servers, nano_checkpoint, proxy_chat_format, tmp_path):
+    """The upstream full of sessions an earlier proxy made (killed, its table gone): a new session is served at
+    once, not 429 until they expire (issue 38). The records name them, and one of them is offloaded; it comes
+    back, trimmed, when its conversation does."""
+    upstream = memt_servers(nano_checkpoint, "--max-sessions-per-rank", "3")
+    args = ["--state-directory", str(tmp_path / "proxy-state"), "--lease-idle", "0"]  # leases let go after each request
+    histories = {unique("recorded"): [] for _ in range(3)}
+    first = ProxyServer(upstream.url, nano_checkpoint, args=args).start()
+    try:
+        for session, history in histories.items():
+            say(first.openai("unused"), history, "My name is Ada.", session)
+            assert first.inspect(session, None)["native"]["published_version"] == 1  # committed, lease let go
+    finally:
+        first.process.kill()
+        first.process.wait(30)
+    with ProxyServer(upstream.url, nano_checkpoint, args=args) as second:
+        client = second.openai("unused")
+        say(client, [], "hello", unique("new"))  # the upstream is full: room is made among the recorded ones
+        moved = [session for session in histories if not native_exists(upstream, session)]
+        assert len(moved) == 1, moved
+        history = histories[moved[0]]
+        reply = say(client, history, "Where do I live?", moved[0])  # restored (room made again), trimmed
+        assert reply.usage.prompt_tokens == len(expected_prompt(proxy_chat_format, history[:-1], 2))
+
+
 def answer_of(body: str) -> dict:
     """``{"content", "finish_reason"}`` of a chat.completion body or of a chat.completion.chunk stream."""
     if not body.lstrip().startswith("data:"):
