@@ -66,10 +66,11 @@ class RestoreRequest(BaseModel):
 def create_app(
     service: ChatService, *, api_keys: dict[str, str] | None = None,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, body_timeout: float = DEFAULT_BODY_TIMEOUT,
-    responses: ResponsesService | None = None,
+    responses: ResponsesService | None = None, admin_keys: list[str] = (),
 ) -> FastAPI:
-    """``api_keys`` maps key → tenant; without keys every caller is tenant "default"; ``responses`` adds
-    the Responses and Conversations APIs (``memt_proxy.responses_routes``)."""
+    """``api_keys`` maps key → tenant; without keys every caller is tenant "default"; ``admin_keys`` are the
+    operator's, which alone read the node-wide ``/metrics`` when given; ``responses`` adds the Responses and
+    Conversations APIs (``memt_proxy.responses_routes``)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -174,7 +175,14 @@ def create_app(
 
     @app.get("/metrics", summary="Prometheus metrics: requests, latency, tokens, memory savings, sessions, upstream errors", tags=["health"])
     async def get_metrics(request: Request) -> Response:
-        tenant_of(request)
+        # node-wide counts: the operator's alone when an operator key is set (a tenant sees 403), else any key's
+        if admin_keys:
+            scheme, _, token = request.headers.get("authorization", "").partition(" ")
+            if not (scheme.lower() == "bearer" and any(hmac.compare_digest(token.strip().encode(), key.encode()) for key in admin_keys)):
+                tenant_of(request)  # 401 for no key or an unknown one
+                raise ProxyError(403, "/metrics shows every tenant's figures: it needs the operator key (--admin-key)", code="forbidden")
+        else:
+            tenant_of(request)
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 
     @app.get("/openapi.json", include_in_schema=False)

@@ -65,6 +65,16 @@ def proxy_cases(model: str) -> list[Case]:
         ("key", {**base, "metadata": {surrogate: 1}}),
     ):
         cases.append(Case(f"lone surrogate in {where}", chat, _json(value).replace("\\\\ud800", surrogate).encode(), stream=where == "stream"))
+    # typed as OpenAI types them, and requests that ask nothing (issue 38): refused, not coerced or answered
+    for field, value in (("max_tokens", "5"), ("stream", "yes"), ("temperature", "0.5")):
+        cases.append(Case(f"{field} {value!r}", chat, _json({**base, field: value}).encode()))
+    for name, messages in (
+        ("last message assistant", [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]),
+        ("only a system message", [{"role": "system", "content": "a"}]),
+        ("a tool result nobody called", [{"role": "user", "content": "a"}, {"role": "tool", "tool_call_id": "x", "content": "r"}]),
+    ):
+        cases.append(Case(name, chat, _json({**base, "messages": messages}).encode()))
+    cases.append(Case("responses max_output_tokens '5'", "/v1/responses", _json({"model": model, "input": "hi", "max_output_tokens": "5"}).encode()))
     admin = "/v1/memt/sessions/hostile"
     cases += [
         Case("snapshot name with a path", admin + "/snapshots", b'{"name": "../x.safetensors"}'),

@@ -183,3 +183,12 @@ def test_docs_load_their_assets_from_the_proxy_itself(http):
     assert urls and not [u for u in urls if u.startswith(("http://", "https://", "//"))], urls
     for url in urls:
         assert http.get(url).status_code == 200, url
+
+
+def test_metrics_are_the_operators_once_an_operator_key_is_set(nano_checkpoint):
+    """Node-wide counts are no tenant's business (issue 38): with --admin-key a tenant's key gets 403."""
+    args = build_parser().parse_args(["--model-path", str(nano_checkpoint), "--api-key", "tenant-key", "--admin-key", "operator-key"])
+    with TestClient(build_app(args)[0]) as http:
+        assert http.get("/metrics").status_code == 401
+        assert http.get("/metrics", headers={"Authorization": "Bearer tenant-key"}).status_code == 403
+        assert http.get("/metrics", headers={"Authorization": "Bearer operator-key"}).status_code == 200
