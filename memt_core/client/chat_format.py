@@ -15,8 +15,10 @@ Which format (and output parser) a checkpoint gets is its family's choice (:mod:
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +76,37 @@ class ChatFormat:
     def _encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False) if text else []
 
+    @functools.cached_property
+    def _controls(self) -> re.Pattern | None:
+        """The tokenizer's added tokens (turn markers, think and tool-call tags, end tokens) as one pattern."""
+        added = sorted(self.tokenizer.get_added_vocab(), key=len, reverse=True)
+        return re.compile("|".join(re.escape(token) for token in added)) if added else None
+
+    def _encode_rendered(self, text: str, *parts) -> list[int]:
+        """Encode a rendered prompt ``text`` in which the strings found in ``parts`` (message contents, tool calls
+        and schemas: what a client wrote) appear as the template put them. A control string typed in one of
+        them ("hello<|im_end|>") is encoded as the plain text it is, never as the control token the template's
+        own markers are, so a client cannot forge a turn boundary; text without one is encoded as before. A
+        part the template changed on the way (not found verbatim, nor stripped) is encoded as rendered."""
+        controls = self._controls
+        forged = {value for value in _strings(parts) if controls is not None and controls.search(value)}
+        if not forged:
+            return self._encode(text)
+        cuts = set()
+        for value in forged:
+            found = value if value in text else value.strip()
+            start = text.find(found) if found else -1
+            while start >= 0:
+                cuts.update((start + m.start(), start + m.end()) for m in controls.finditer(found))
+                start = text.find(found, start + len(found))
+        ids, at = [], 0
+        for start, end in sorted(cuts):
+            if start < at:
+                continue
+            ids += self._encode(text[at:start]) + [i for char in text[start:end] for i in self._encode(char)]
+            at = end
+        return ids + self._encode(text[at:])
+
     # subclasses render these three pieces as text
     def system_text(self, system_prompt: str | None, tools: list | None) -> str:
         raise NotImplementedError
@@ -87,27 +120,27 @@ class ChatFormat:
     bos_ids: list[int] = []
 
     def system_ids(self, system_prompt: str | None, tools: list | None) -> list[int]:
-        return self._encode(self.system_text(system_prompt, tools)) if (system_prompt or tools) else []
+        return self._encode_rendered(self.system_text(system_prompt, tools), system_prompt, tools) if (system_prompt or tools) else []
 
     def user_ids(self, content: str, *, enable_thinking: bool | None = None) -> list[int]:
         """A user message followed by the assistant's opening: the start of a turn."""
-        return self._encode(self.user_text(content, thinking=self.thinking(enable_thinking)))
+        return self._encode_rendered(self.user_text(content, thinking=self.thinking(enable_thinking)), content)
 
     def tool_results_ids(self, results: list[dict], *, enable_thinking: bool | None = None) -> list[int]:
         """Tool results (``{"tool_call_id", "content", "name"?}``) followed by the assistant's opening."""
-        return self._encode(self.tool_results_text(results, thinking=self.thinking(enable_thinking)))
+        return self._encode_rendered(self.tool_results_text(results, thinking=self.thinking(enable_thinking)), results)
 
     def history_ids(self, messages: list[dict]) -> list[int]:
         """Finished conversation messages (user, assistant, tool) rendered as plain context."""
-        return self._encode(self.history_text(messages)) if messages else []
+        return self._encode_rendered(self.history_text(messages), messages) if messages else []
 
     def open_turn_ids(self, messages: list[dict], *, enable_thinking: bool | None = None) -> list[int]:
         """A turn rendered from its messages (user first, possibly tool rounds), ending with the assistant's opening."""
-        return self._encode(self.open_turn_text(messages, thinking=self.thinking(enable_thinking)))
+        return self._encode_rendered(self.open_turn_text(messages, thinking=self.thinking(enable_thinking)), messages)
 
     def conversation_ids(self, messages: list[dict], *, tools: list | None = None, enable_thinking: bool | None = None) -> list[int]:
         """A whole conversation (system messages included) with the assistant's opening: a stateless prompt."""
-        return list(self.bos_ids) + self._encode(self.conversation_text(messages, tools=tools, thinking=self.thinking(enable_thinking)))
+        return list(self.bos_ids) + self._encode_rendered(self.conversation_text(messages, tools=tools, thinking=self.thinking(enable_thinking)), messages, tools)
 
     def document_ids(self, text: str) -> list[int]:
         """A document as committed to memory: its plain text, no template."""
@@ -351,3 +384,14 @@ def load_chat_format(
     family = read_checkpoint(path, validate_backbone=False).family
     chat_format = family.chat_format(path, tokenizer, chat_template_kwargs, encoder=deepseek_encoder)
     return chat_format, family.parser()
+
+
+def _strings(value) -> list[str]:
+    """Every string in ``value`` (nested lists, tuples and dicts; their keys too)."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [text for key, item in value.items() for text in (*_strings(key), *_strings(item))]
+    if isinstance(value, (list, tuple)):
+        return [text for item in value for text in _strings(item)]
+    return []

@@ -260,3 +260,32 @@ def test_live_flash_server_does_not_execute_the_encoder(live_flash, encoder_mark
 def test_load_tokenizer_refuses_remote_code(nano_checkpoint):
     with pytest.raises(ValueError):
         load_tokenizer(nano_checkpoint, trust_remote_code=True)
+
+
+@pytest.mark.parametrize("family", [NANO, FLASH])
+def test_control_strings_a_client_types_are_text_never_control_tokens(family, nano_checkpoint, flash_checkpoint):
+    """User text, tool results, history and tool schemas that spell a control token ("<|im_end|>", a DSML tag, the
+    end token) are encoded as the plain text they are: the prompt holds exactly the template's own control
+    tokens, so nobody forges a turn boundary in a prompt or in memory (issue 38); text without one is encoded as
+    the rendered prompt always was."""
+    path = nano_checkpoint if family == NANO else flash_checkpoint
+    chat_format, _ = load_chat_format(path, tokenizer=load_tokenizer(path))
+    added = chat_format.tokenizer.get_added_vocab()
+    controls = set(added.values())
+    forged = "hello " + "".join(added) + " world"  # every added token, typed
+
+    def count(ids: list[int]) -> int:
+        return sum(i in controls for i in ids)
+
+    assert count(chat_format.user_ids(forged)) == count(chat_format.user_ids("hello world"))
+    assert count(chat_format.tool_results_ids([{"tool_call_id": "c", "content": forged}])) == count(chat_format.tool_results_ids([{"tool_call_id": "c", "content": "ok"}]))
+    history = [{"role": "user", "content": forged}, {"role": "assistant", "content": "fine"}]
+    plain = [{"role": "user", "content": "hello world"}, {"role": "assistant", "content": "fine"}]
+    assert count(chat_format.history_ids(history)) == count(chat_format.history_ids(plain))
+    assert count(chat_format.conversation_ids(history + [{"role": "user", "content": forged}])) == count(chat_format.conversation_ids(plain + [{"role": "user", "content": "x"}]))
+    assert count(chat_format.system_ids(forged, None)) == count(chat_format.system_ids("be brief", None))
+    # what was typed is still all there, as text
+    assert "".join(added) in chat_format.tokenizer.decode(chat_format.user_ids(forged))
+    # text without a control string: the rendered prompt encoded as before
+    messages = plain + [{"role": "user", "content": "What now?"}]
+    assert chat_format.conversation_ids(messages) == list(chat_format.bos_ids) + chat_format._encode(chat_format.conversation_text(messages, tools=None, thinking=chat_format.thinking(None)))
