@@ -278,6 +278,7 @@ def assemble(plan: LaunchPlan, engine: Engine, *, tokenizer=None):
         "native_encoding": native,
         "chunk_tokens": plan.checkpoint.memory.chunk_tokens,
         "max_prefill_tokens": plan.max_prefill_tokens,
+        "max_sessions_per_rank": plan.runtime.max_sessions_per_rank,  # an extension: clients may leave others room
         "context_length": plan.context_length,
         "streaming": {"format": "sse", "text": "cumulative", "finish_reason": True, "done": "data: [DONE]"},
         "retain_kv": plan.enable_streaming_session,

@@ -137,6 +137,7 @@ class Sessions(Upstream, Leases, Placement, Writes):
         self.max_prefill_tokens: int | None = None
         self.chunk_tokens: int | None = None
         self._upstream_checked = False
+        self.upstream_sessions: int | None = None  # the upstream's session capacity, where it says so
         self._recorded: list | None = None  # sessions the records name, not yet tried for offloading (``offload_recorded``)
         self.offloads = 0  # native sessions offloaded to make room, since start
         self.restores = 0  # offloaded sessions restored, since start

@@ -207,11 +207,19 @@ class Placement:
         except OSError:
             log.warning("could not record branch %s", state.native, exc_info=True)
 
+    def branch_limit(self) -> int:
+        """Header-less branches kept at most: ``max_memory_states``, and at most half the upstream's session
+        capacity where it says it (our core does), so that they never take the room of sessions named by a header,
+        other proxies or native clients of the same upstream."""
+        if isinstance(self.upstream_sessions, int) and self.upstream_sessions > 0:
+            return max(1, min(self.max_memory_states, self.upstream_sessions // 2))
+        return self.max_memory_states
+
     async def make_branch_room(self, keep: SessionState) -> None:
-        """Close the least recently used idle header-less branches (never ``keep``) while ``max_memory_states``
-        or more are kept, so a new one fits; busy ones are passed over (the bound then waits for them)."""
+        """Close the least recently used idle header-less branches (never ``keep``) while ``branch_limit()`` or more
+        are kept, so a new one fits; busy ones are passed over (the bound then waits for them)."""
         branches = [state for state in self.table if state.branch and state.exists and state is not keep]
-        for state in branches[: max(0, len(branches) + 1 - self.max_memory_states)]:
+        for state in branches[: max(0, len(branches) + 1 - self.branch_limit())]:
             if state.users == 0 and not state.lock.locked():
                 state.users += 1
                 try:
