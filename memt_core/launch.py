@@ -61,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--host", default="127.0.0.1", help="address to bind")
     server.add_argument("--port", type=int, default=30000, help="port to bind")
     server.add_argument("--state-directory", default=None, help="server-owned snapshot directory; required for export/import")
-    server.add_argument("--snapshot-store", default=None, help="directory (e.g. shared by several servers) that keeps every session's latest published memory; a session created under a name the store knows starts from it")
+    server.add_argument("--snapshot-store", default=None, help="directory (e.g. shared by several servers) that keeps every session's latest published memory; a session created under a name the store knows starts from it; a full server makes room for a new session by unloading the one given up longest ago instead of answering 429")
     server.add_argument("--ownership", default=None, help="redis:// URL: one owner per session among servers sharing --snapshot-store (a lease with a fencing token)")
     server.add_argument("--ownership-ttl", type=float, default=30.0, help="seconds a session's ownership lease lasts unless renewed")
     server.add_argument("--unload-idle", type=float, default=None, help="with --snapshot-store: unload a session left without a lease for this many seconds (its memory stays in the store, its ownership is given up), so that a router's new choice of server can take it over; a later request here restores it (default: 60 with --ownership, else never)")

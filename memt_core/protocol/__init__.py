@@ -8,6 +8,7 @@ from memt_core.protocol.effects import Effect
 from memt_core.protocol.events import (
     Action,
     Commit,
+    Create,
     PlainGeneration,
     Query,
     Rid,
@@ -23,7 +24,7 @@ from memt_core.protocol.events import (
 from memt_core.protocol.machine import APPLIED, FAILED, UNKNOWN, Limits, MemTProtocol, Plan, Ticket
 
 __all__ = [
-    "APPLIED", "FAILED", "UNKNOWN", "Action", "Commit", "Effect", "Limits", "MemTProtocol", "PlainGeneration",
+    "APPLIED", "FAILED", "UNKNOWN", "Action", "Commit", "Create", "Effect", "Limits", "MemTProtocol", "PlainGeneration",
     "Plan", "Query", "Rid", "Sampling", "Ticket", "action_name", "check_name", "check_snapshot_name",
     "is_memt_rid", "parse_control", "parse_generate", "parse_rid",
 ]

@@ -134,6 +134,13 @@ class Session:
     published_version: int = 0
     free_since: float | None = None  # when it was last seen without a valid lease (idle unloading)
     lapsed: str | None = None  # transaction the reaper abandoned under the current lease, until the lease ends
+    released_at: float | None = None  # when its last lease was released (making room unloads the longest idle)
+
+    def lease_ended(self, now: float) -> float | None:
+        """When the session was last given up: its lease released or lapsed; ``None`` while leased or never leased."""
+        if self.lease is not None:
+            return self.lease.expires_at if not self.lease.valid(now) else None
+        return self.released_at
 
 
 @dataclass
@@ -346,7 +353,7 @@ class MemTProtocol:
             if session.uncertain:
                 self._resolve_unknown(session, txn, set(results[len(queries)]) if reconcile else None)
             abandoned = self._abandon_open(session, txn)
-            session.lease = None
+            session.lease, session.released_at = None, now
             return {
                 "session": session.id, "released": True, "abandoned_transaction": abandoned,
                 "cancelled_requests": queries, "pending_commits": commits, "reconciled": reconcile,
@@ -687,6 +694,24 @@ class MemTProtocol:
                 session.reserved = "unload"
                 plans.append(plan)
         return plans
+
+    def room_unload(self, now: float) -> Plan | None:
+        """With a snapshot store and every slot taken: a plan that unloads the session given up longest ago (its
+        lease released or lapsed; one never leased may be its creator's next step) and doing nothing, so a new one fits (its memory stays in the store; a later create under
+        its name restores it). ``None`` when no session is free or memory is not durable."""
+        if not self.limits.durable or len(self.sessions) + len(self._creating) < self.limits.max_sessions:
+            return None
+        free = [
+            s for s in self.sessions.values()
+            if s.lease_ended(now) is not None and not s.in_flight and s.transaction is None and s.reserved is None
+            and not s.uncertain
+        ]
+        if not free:
+            return None
+        session = min(free, key=lambda s: s.lease_ended(now))
+        plan = self._unload_plan(Unload(session=session.id, lease=None, epoch=self.epoch), session)
+        session.reserved = "unload"
+        return plan
 
     def counts(self, now: float) -> dict[str, int]:
         """Gauges for metrics."""

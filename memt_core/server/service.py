@@ -17,11 +17,12 @@ from typing import Any, AsyncIterator
 from memt_core.detokenize import IncrementalDecoder
 from memt_core.engine.base import Engine, TokenEvent
 from memt_core.grammar import GrammarCompiler
-from memt_core.errors import InvalidRequest, MemTError, WorkerUnavailable
+from memt_core.errors import CapacityExceeded, InvalidRequest, MemTError, WorkerUnavailable
 from memt_core.protocol import (
     APPLIED,
     FAILED,
     Commit,
+    Create,
     MemTProtocol,
     PlainGeneration,
     Query,
@@ -82,7 +83,7 @@ class MemTService:
         name = action_name(action)
         started = self.clock()
         try:
-            plan = self.protocol.control(action, started)
+            plan = await self._plan_control(action, started)
             try:
                 results = [await self.engine.apply(effect) for effect in plan.effects]
             except BaseException as exc:
@@ -101,20 +102,35 @@ class MemTService:
             response["epoch"] = self.protocol.epoch
         return response
 
+    async def _plan_control(self, action, now: float):
+        """The protocol's plan for ``action``; a create that finds every slot taken first unloads the longest
+        idle session when memory is durable (``room_unload``), instead of answering 429."""
+        try:
+            return self.protocol.control(action, now)
+        except CapacityExceeded:
+            room = self.protocol.room_unload(now) if isinstance(action, Create) else None
+            if room is None or not await self._run_unload(room, "to make room"):
+                raise
+            return self.protocol.control(action, self.clock())
+
+    async def _run_unload(self, plan, why: str) -> bool:
+        try:
+            results = [await self.engine.apply(effect) for effect in plan.effects]
+        except Exception:
+            self.protocol.abandon(plan)
+            log.exception("unloading session %r %s failed; it stays here", plan.session, why)
+            return False
+        self.protocol.complete(plan, results, self.clock())
+        log.info("unloaded session %r %s (its memory stays in the snapshot store)", plan.session, why)
+        return True
+
     async def reap(self) -> None:
         """Free candidates of transactions whose lease expired, and unload sessions idle past ``--unload-idle``
         (run periodically)."""
         for effect in self.protocol.reap(self.clock()):
             await self.engine.apply(effect)
         for plan in self.protocol.idle_unloads(self.clock()):
-            try:
-                results = [await self.engine.apply(effect) for effect in plan.effects]
-            except Exception:
-                self.protocol.abandon(plan)
-                log.exception("unloading idle session %r failed; it stays here", plan.session)
-                continue
-            self.protocol.complete(plan, results, self.clock())
-            log.info("unloaded idle session %r (its memory stays in the snapshot store)", plan.session)
+            await self._run_unload(plan, "left idle")
 
     # ------------------------------------------------------------------ generation
 

@@ -298,7 +298,11 @@ def long_seed(proxy) -> int:
 def demo_proxy(tmp_path_factory):
     if not (DEMO_PATH / "config.json").is_file():
         pytest.fail(f"the bundled demo model is missing at {DEMO_PATH} (train it with `python scripts/train_tiny.py`)", pytrace=False)
-    upstream = MemTServer(DEMO_PATH, state_directory=tmp_path_factory.mktemp("demo-state")).start()
+    # the whole test session's proxies share this core and leave their sessions on it (a stopped proxy keeps
+    # them for its restart): room for all of them, as proxy_upstream has
+    upstream = MemTServer(
+        DEMO_PATH, state_directory=tmp_path_factory.mktemp("demo-state"), args=["--max-sessions-per-rank", "256"],
+    ).start()
     try:
         with ProxyServer(upstream.url, DEMO_PATH) as proxy:
             yield proxy

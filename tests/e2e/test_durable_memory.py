@@ -60,3 +60,32 @@ def test_a_session_continues_on_another_server_after_a_kill(nano_checkpoint, mem
         lease = wire.control("acquire", "alice")["lease"]
         assert answer(wire, Handle("alice", lease)) == empty  # the reset came back, not the older memory
         assert "restored_version" not in wire.control("create", "bob")
+
+
+def test_a_full_server_with_a_store_unloads_the_longest_idle_session_to_make_room(nano_checkpoint, memt_servers, tmp_path):
+    """Sessions left behind (their clients gone, e.g. a proxy restarted without its records) no longer hold the
+    server's slots for ever: a create that finds them all taken unloads the one given up longest ago, whose
+    memory stays in the store and comes back under its name."""
+    server = memt_servers(nano_checkpoint, "--snapshot-store", str(tmp_path / "store"), "--max-sessions-per-rank", "2")
+    with server.client() as http:
+        wire = Wire(http)
+        empty = answer(wire, (scratch := wire.open("scratch")))
+        wire.ctl("release", scratch)
+        old = wire.open("left-behind")
+        wire.write(old, [11, 12, 13])
+        remembered = answer(wire, old)
+        assert remembered != empty
+        wire.ctl("release", old)
+        held = wire.open("held")  # a third session: "scratch" (released first) made room
+        assert wire.control("inspect", "scratch", expect=409)["error"]["code"] == "unknown_session"
+        newcomer = wire.open("newcomer")  # "left-behind" makes room now; "held" keeps its lease
+        assert wire.ctl("inspect", held)["session"] == "held"
+        wire.ctl("release", newcomer)
+        assert wire.control("create", "left-behind")["restored_version"] == 1
+        back = Handle("left-behind", wire.control("acquire", "left-behind")["lease"])
+        assert answer(wire, back) == remembered
+    plain = memt_servers(nano_checkpoint, "--max-sessions-per-rank", "1")  # no store: unloading would lose memory
+    with plain.client() as http:
+        wire = Wire(http)
+        wire.ctl("release", wire.open("only"))
+        assert wire.control("create", "second", expect=429)["error"]["code"] == "capacity_exceeded"

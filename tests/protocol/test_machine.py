@@ -927,3 +927,33 @@ def test_sessions_without_a_lease_are_unloaded_after_the_idle_time():
         other.proto.idle_unloads(other.now)
         other.advance(1000)
         assert other.proto.idle_unloads(other.now) == []
+
+
+def test_a_full_durable_server_makes_room_by_unloading_the_session_given_up_longest_ago():
+    d = Driver(max_sessions=3, durable=True)
+    held = d.session("held")
+    d.session("older")
+    d.session("newer")
+    d.do("release", session="older", lease=d.proto.sessions["older"].lease.token)
+    d.advance(5)
+    d.do("release", session="newer", lease=d.proto.sessions["newer"].lease.token)
+    d.refuse_control(CapacityExceeded, 429, "create", session="new")
+    plan = d.proto.room_unload(d.now)
+    assert plan.session == "older" and d.inspect("older")["busy"] == "unload"
+    d.run(plan)
+    assert d.effects[-1] == fx.UnloadSession("older")
+    d.do("create", session="new")
+    # a leased session, one never leased (its creator's next step is acquire) or one with an open transaction
+    # is never taken; with none free, or without a store, the create stays a 429
+    d.do("renew", session="held", lease=held, ttl=3600)
+    lease = d.do("acquire", session="newer")["lease"]
+    d.do("begin", session="newer", lease=lease, transaction="t1")
+    d.advance(4000)  # both leases lapse; "newer" keeps its open transaction, "held" is free again
+    assert d.proto.room_unload(d.now).session == "held"
+    plain = Driver(max_sessions=1)
+    lease = plain.session("a")
+    plain.do("release", session="a", lease=lease)
+    assert plain.proto.room_unload(plain.now) is None
+    fresh = Driver(max_sessions=1, durable=True)
+    fresh.do("create", session="a")
+    assert fresh.proto.room_unload(fresh.now) is None
