@@ -29,7 +29,7 @@ from memt_core.client.errors import MemTClientError
 from memt_core.client.native import new_nonce
 from memt_core.errors import UnknownSession
 from memt_proxy.errors import ProxyError
-from memt_proxy.prefix_index import Found, PrefixIndex, chain, root
+from memt_proxy.prefix_index import Found, PrefixIndex, chain, extend, root
 from memt_proxy.protocol import Message
 from memt_proxy.sessions import BRANCH_PREFIX, Sessions, SessionState
 from memt_proxy.transcript import message_hash
@@ -112,6 +112,30 @@ async def resumable(sessions: Sessions, state: SessionState, plan: HeaderlessPla
         return True
     sessions.move_head(state, chain(state.tenant, held)[-1] if state.history_known and held else None)
     return False
+
+
+def after_answer(
+    sessions: Sessions, memory_tokens, answered_from: str, answer: list[dict], keep: Callable[[], None] | None,
+    held, context_ids: list[int], context_hashes: list[str], head: str | None,
+) -> None:
+    """Behind a header-less answer: the answered transcript remembered (a request carrying it is worth
+    keeping), a new branch started (``keep``), or the history the request resumed with written to its branch
+    (``held``; never the turn just answered), whose head then moves there."""
+    link = answered_from
+    for message in answer:
+        link = extend(link, message_hash(message))
+    sessions.prefixes.answered(link)
+    if keep is not None:
+        keep()
+    if held is None or not context_ids:
+        return
+    state = held.state
+    committed = state.committed + list(context_hashes)
+    held.write_later(sessions.pieces(context_ids), committed)
+    # found at once by the conversation's next request, which then waits for this write (a failed one leaves the
+    # head to be corrected when a request finds it: ``resumable``)
+    sessions.move_head(state, head)
+    memory_tokens.wrote(state, len(committed), len(context_ids))
 
 
 def keep(sessions: Sessions, tenant: str, plan: HeaderlessPlan, history_ids: Callable[[], Awaitable[list[int]]]) -> None:

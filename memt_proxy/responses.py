@@ -37,10 +37,9 @@ from typing import AsyncIterator, Callable
 
 from memt_core.client.chat_format import ChatFormat
 from memt_core.client.parsers import OutputParser
-from memt_proxy.branches import BRANCH_TRIES, find_shared, keep, plan_headerless, resumable
+from memt_proxy.branches import BRANCH_TRIES, after_answer, find_shared, keep, plan_headerless, resumable
 from memt_proxy.conversations import SNAPSHOTS_PER_CHAIN, ResponseRecord, ResponseRecords, Thread, session_name
 from memt_proxy.errors import ProxyError
-from memt_proxy.prefix_index import extend
 from memt_proxy.protocol import logprobs_content, logprobs_sampling
 from memt_proxy.responses_protocol import (
     ConversationRequest, Events, InputItems, ResponseRequest, conversation_object, function_call_item, item_list,
@@ -419,19 +418,12 @@ class ResponsesService:
         """Header-less: remember the answered transcript; commit the history the input resumed with behind the answer."""
         if plan.answered_from is None:
             return
-        link = plan.answered_from
-        for message in item_messages(output):
-            link = extend(link, message_hash(message))
-        self.sessions.prefixes.answered(link)
-        if plan.keep is not None:
-            plan.keep()  # a new branch, made behind the answer (``branches.keep``)
-            plan.keep = None
-        if held is not None and plan.context_ids:
-            state = held.state
-            committed = state.committed + [message_hash(m) for m in plan.context]
-            held.write_later(self.sessions.pieces(plan.context_ids), committed)
-            self.memory_tokens.wrote(state, len(committed), len(plan.context_ids))
-            self.sessions.move_head(state, plan.branch_head)
+        keep_branch, plan.keep = plan.keep, None
+        context = [message_hash(m) for m in plan.context] if held is not None and plan.context_ids else []
+        after_answer(
+            self.sessions, self.memory_tokens, plan.answered_from, item_messages(output), keep_branch, held,
+            plan.context_ids, context, plan.branch_head,
+        )
 
     def _reply_ids(self, plan: Plan, output_ids: list[int]) -> list[int]:
         """The answer as committed (``ChatFormat.reply_ids``): without the stray or malformed markup the

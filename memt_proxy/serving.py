@@ -28,9 +28,8 @@ from typing import Any, AsyncIterator, Callable
 
 from memt_core.client.chat_format import ChatFormat
 from memt_core.client.parsers import Delta, OutputParser, hold_partial
-from memt_proxy.branches import BRANCH_TRIES, find_shared, keep, plan_headerless, resumable
+from memt_proxy.branches import BRANCH_TRIES, after_answer, find_shared, keep, plan_headerless, resumable
 from memt_proxy.errors import ProxyError
-from memt_proxy.prefix_index import extend
 from memt_proxy.protocol import ChatCompletionRequest, NamedToolChoice, Usage, choice, chunk_body, completion_id, logprobs_content, logprobs_sampling, response_body
 from memt_proxy.sessions import HeldSession, MemoryFound, PendingTurn, Sessions, SessionState
 from memt_proxy.structured import structure
@@ -245,7 +244,7 @@ class ChatService:
                 return await self._run(request, prepared, None)
 
             async def prepare() -> Prepared:
-                prepared = await off_loop(size, self._prepare_split, request, held.state, policy)
+                prepared = await off_loop(size, self._prepare_split, request, held.state, policy, plan.hashes)
                 prepared.answered_from, prepared.branch_head = plan.link, plan.head
                 return prepared
 
@@ -321,9 +320,10 @@ class ChatService:
         await self.sessions.reset(state)
         return await off_loop(size, self._prepare_split, request, state, policy)
 
-    def _prepare_split(self, request: ChatCompletionRequest, state: SessionState, policy: str) -> Prepared:
+    def _prepare_split(self, request: ChatCompletionRequest, state: SessionState, policy: str, hashes: list[str] | None = None) -> Prepared:
+        """``hashes``: the earlier messages' hashes when the caller has them (a header-less plan)."""
         thinking, tools, prefix, parallel = self._options(request)
-        split = split_transcript(request.messages, state.committed, history_known=state.history_known)
+        split = split_transcript(request.messages, state.committed, history_known=state.history_known, hashes=hashes)
         turn = [as_dict(m) for m in split.turn]
         turn_ids = continued_turn_ids(self.chat_format, state.pending, turn)
         continues = turn_ids is not None
@@ -414,17 +414,11 @@ class ChatService:
         """Record a pending tool round, or commit the completed turn (policy auto); header-less, commit the
         history the request resumed with (``memt_proxy.branches``)."""
         if prepared.answered_from is not None:
-            self.sessions.prefixes.answered(extend(prepared.answered_from, message_hash(message)))
-            if prepared.keep is not None:
-                prepared.keep()  # a new branch, made behind the answer (``branches.keep``)
-            if held is not None and prepared.policy == "auto" and prepared.context_ids:
-                state = held.state
-                committed = state.committed + [message_hash(as_dict(m)) for m in prepared.split.context]
-                held.write_later(self.sessions.pieces(prepared.context_ids), committed)
-                # found at once by the conversation's next request, which then waits for this write (a failed one
-                # leaves the head to be corrected when a request finds it: ``branches.resumable``)
-                self.sessions.move_head(state, prepared.branch_head)
-                self.memory_tokens.wrote(state, len(committed), len(prepared.context_ids))
+            context = prepared.split.context_hashes if prepared.split is not None else []
+            after_answer(
+                self.sessions, self.memory_tokens, prepared.answered_from, [message], prepared.keep,
+                held if prepared.policy == "auto" else None, prepared.context_ids, context, prepared.branch_head,
+            )
             return
         if held is None:
             return
@@ -438,7 +432,7 @@ class ChatService:
             return  # it stays in the app's transcript as context
         committed = (
             state.committed
-            + [message_hash(as_dict(m)) for m in prepared.split.context]
+            + prepared.split.context_hashes
             + [message_hash(m) for m in turn]
             + [message_hash(message)]
         )

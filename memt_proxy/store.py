@@ -191,12 +191,16 @@ class SessionRecordStore:
             return None
 
     def delete(self, native: str) -> None:
-        if self.records_directory is not None:
-            self._path(native).unlink(missing_ok=True)
-            branch = self._read(f"{BRANCHES}/{native}") if (self.records_directory / BRANCHES / f"{native}.json").exists() else None
-            if branch is not None and isinstance(branch.get("head"), str) and self.shared:
-                self._head_path(branch["head"]).unlink(missing_ok=True)
-            (self.records_directory / BRANCHES / f"{native}.json").unlink(missing_ok=True)
+        if self.records_directory is None:
+            return
+        self._path(native).unlink(missing_ok=True)
+        branch_path = self.records_directory / BRANCHES / f"{native}.json"
+        if not branch_path.exists():
+            return  # a session named by a header: no branch record
+        branch = self._read(f"{BRANCHES}/{native}") if self.shared else None  # its head file: shared records only
+        if branch is not None and isinstance(branch.get("head"), str):
+            self._head_path(branch["head"]).unlink(missing_ok=True)
+        branch_path.unlink(missing_ok=True)
 
     def sessions(self) -> list[str]:
         """The native sessions with a per-session record (made or written by this proxy, or an earlier one)."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 from json.encoder import encode_basestring as _string  # a JSON string literal, as json.dumps(ensure_ascii=False) writes it
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from memt_proxy.errors import ProxyError
 from memt_proxy.protocol import Message, text_of
@@ -79,15 +79,18 @@ class Split:
     committed: int  # leading conversation messages already in memory
     context: list[Message]
     turn: list[Message]
+    context_hashes: list[str] = field(default_factory=list)  # the context's message hashes, in order
 
 
-def split_transcript(messages: list[Message], committed: list[str], *, history_known: bool = True) -> Split:
-    """Split a request's messages (see the module docstring); raises ProxyError on bad structure or divergence."""
+def split_transcript(messages: list[Message], committed: list[str], *, history_known: bool = True, hashes: list[str] | None = None) -> Split:
+    """Split a request's messages (see the module docstring); raises ProxyError on bad structure or divergence.
+    ``hashes``: the earlier messages' hashes, when the caller computed them already."""
     instructions = "\n\n".join(text_of(m.content) for m in messages if m.role in ("system", "developer")) or None
     conversation = [m for m in messages if m.role not in ("system", "developer")]
     last_user = check_turn(conversation)
     earlier, turn = conversation[:last_user], conversation[last_user:]
-    hashes = [message_hash(m) for m in earlier]
+    if hashes is None or len(hashes) != len(earlier):
+        hashes = [message_hash(m) for m in earlier]
     overlap = _overlap(hashes, committed)
     if earlier and overlap == 0 and (committed or not history_known):
         raise ProxyError(
@@ -98,7 +101,7 @@ def split_transcript(messages: list[Message], committed: list[str], *, history_k
             param="messages",
             code="transcript_diverged",
         )
-    return Split(instructions=instructions, committed=overlap, context=earlier[overlap:], turn=turn)
+    return Split(instructions=instructions, committed=overlap, context=earlier[overlap:], turn=turn, context_hashes=hashes[overlap:])
 
 
 def _overlap(hashes: list[str], committed: list[str]) -> int:
