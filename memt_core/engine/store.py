@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from memt_core.errors import BadGeneration
+from memt_core.errors import BadGeneration, InvalidRequest
 from memt_core.memory.durable import SnapshotStore
 from memt_core.memory.ownership import Owned
-from memt_core.memory.snapshot import load_snapshot, remove_partials, save_content_addressed, save_snapshot, snapshot_path
+from memt_core.memory.snapshot import CONTENT_NAME, load_snapshot, remove_partials, save_content_addressed, save_snapshot, snapshot_path
 from memt_core.memory.state import MemoryState
 from memt_core.protocol import effects as fx
 
@@ -171,6 +171,16 @@ class MemoryStore:
         self.sessions.pop(session, None)
         if self.owned is not None:
             self.owned.release(session)
+
+    def _DeleteSnapshot(self, e: fx.DeleteSnapshot) -> bool:
+        path = snapshot_path(self.state_directory, e.file)  # no state directory: InvalidRequest
+        if CONTENT_NAME.match(e.file):
+            raise InvalidRequest(f"snapshot {e.file!r} is content-addressed: such files are immutable and may be shared by many sessions, so they are never deleted")
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            return False
+        return True
 
     def _DropRetainedKV(self, e: fx.DropRetainedKV) -> None:
         self.get(e.session).retained = None

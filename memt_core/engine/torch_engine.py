@@ -333,7 +333,7 @@ class TorchEngine(Engine):
         """Carry out a protocol effect. Memory effects run here; cancels reach the worker."""
         if isinstance(effect, fx.CancelRequest):
             return self.cancel(effect.rid)
-        if isinstance(effect, (fx.ImportSnapshot, fx.ExportSnapshot)) or (self.store.durable is not None and isinstance(effect, DURABLE_EFFECTS)):
+        if isinstance(effect, (fx.ImportSnapshot, fx.ExportSnapshot, fx.DeleteSnapshot)) or (self.store.durable is not None and isinstance(effect, DURABLE_EFFECTS)):
             # file reads, writes and fsyncs stay off the event loop; the protocol holds the session meanwhile
             return await asyncio.to_thread(self.store.apply, effect)
         return self.store.apply(effect)

@@ -81,6 +81,13 @@ class UnloadSession(Effect):
 
 
 @dataclass(frozen=True)
+class DeleteSnapshot(Effect):
+    """Delete a named snapshot file; answers whether there was one. ``session`` is empty: files are the server's."""
+
+    file: str
+
+
+@dataclass(frozen=True)
 class DropRetainedKV(Effect):
     """Forget the session's retained native KV context."""
 

@@ -182,6 +182,14 @@ class Unload(Action):
     (a server with a snapshot store), so that another server can take it over."""
 
 
+@dataclass(frozen=True)
+class DeleteSnapshot(Action):
+    """This server's extension: delete a named snapshot file of the state directory (no session; e.g. a
+    client's offload snapshot once restored). Content-addressed files are immutable and never deleted."""
+
+    file: str = ""
+
+
 class _Fields:
     """Reads typed fields of one request body, naming the field in every refusal."""
 
@@ -263,7 +271,11 @@ CONTROL_ACTIONS: dict[str, tuple[type[Action], bool, Callable[[_Fields], dict]]]
     "reset": (Reset, True, lambda f: {}),
     "close": (Close, True, lambda f: {}),
     "unload": (Unload, True, lambda f: {}),
+    "delete_snapshot": (DeleteSnapshot, False, lambda f: {"file": f.get("file", "a string", required=True)}),
 }
+
+#: actions on no session: a ``session`` field is refused
+SESSIONLESS = ("delete_snapshot",)
 
 
 def parse_control(body: Any) -> Action:
@@ -276,7 +288,7 @@ def parse_control(body: Any) -> Action:
     cls, needs_lease, read = CONTROL_ACTIONS[action]
     fields = _Fields(body, f"control {action!r}")
     fields.used.add("action")
-    session = fields.name("session", required=action != "create")
+    session = None if action in SESSIONLESS else fields.name("session", required=action != "create")
     lease = fields.get("lease", "a string", required=needs_lease)
     epoch = fields.get("epoch", "a string")
     own = read(fields)

@@ -47,6 +47,7 @@ from memt_core.protocol.events import (
     Close,
     Commit,
     Create,
+    DeleteSnapshot,
     Export,
     Import,
     Inspect,
@@ -188,7 +189,7 @@ class MemTProtocol:
             Begin: self._begin, Abort: self._abort, Publish: self._publish, MemoryRead: self._memory_read,
             Export: self._export, Import: self._import, Inspect: self._inspect, Status: self._status,
             Recover: self._recover, Cancel: self._cancel, KvReset: self._kv_reset, Reset: self._reset,
-            Close: self._close, Unload: self._unload,
+            Close: self._close, Unload: self._unload, DeleteSnapshot: self._delete_snapshot,
         }
 
     # ------------------------------------------------------------------ control actions
@@ -583,6 +584,14 @@ class MemTProtocol:
         if session.transaction is not None:
             raise TransactionConflict(f"session {session.id!r} has open transaction {session.transaction.name!r}; publish or abort it first")
         return self._unload_plan(a, session)
+
+    def _delete_snapshot(self, a: DeleteSnapshot, now: float) -> Plan:
+        check_snapshot_name(a.file)
+
+        def apply(results, now):
+            return {"file": a.file, "deleted": bool(results[0])}
+
+        return self._plan(a, "", (fx.DeleteSnapshot(file=a.file, session=""),), apply, reserved=False)
 
     def _unload_plan(self, action: Action, session: Session) -> Plan:
         def apply(results, now):

@@ -11,7 +11,7 @@ from memt_core.client.native import new_nonce, new_transaction
 from memt_core.client.turns import MemoryWrite
 from memt_core.errors import SessionExists, UnknownSession
 from memt_proxy.errors import ProxyError
-from memt_proxy.session.state import OFFLOAD_TRIES, PendingTurn, SessionState, native_session_id
+from memt_proxy.session.state import OFFLOAD_PREFIX, OFFLOAD_TRIES, PendingTurn, SessionState, native_session_id, offload_file
 
 log = logging.getLogger("memt.proxy")
 
@@ -98,7 +98,8 @@ class Placement:
                 await self.close_branch(state, lease)
                 return True
             try:
-                exported = await self.client.control("export", state.native, lease=lease, encoding=self.native_encoding)
+                # a name of its own (not the content's: equal memories would share one file), deleted once restored
+                exported = await self.client.control("export", state.native, lease=lease, encoding=self.native_encoding, file=offload_file(state.native))
                 file = exported["file"]
             except MemTClientError as exc:
                 if getattr(exc, "status", None) != 400:
@@ -138,9 +139,20 @@ class Placement:
             log.warning("restoring offloaded %s from %s failed (%s); it starts with empty memory", state.native, offloaded["file"], exc.message)
             state.version, state.committed, state.history_known = 0, [], True
         self.records.forget_offload(state.native)
+        await self._delete_offload_file(offloaded["file"])
         if offloaded.get("pending") is not None and state.committed == (offloaded["committed"] or []):
             self.set_pending(state, PendingTurn(**offloaded["pending"]))
         self.restores += 1
+
+    async def _delete_offload_file(self, file: str) -> None:
+        """Delete an offload snapshot once nothing needs it (a snapshot named by its content, as earlier proxies
+        made them, may be shared and stays). An upstream without the ``delete_snapshot`` extension keeps it."""
+        if not file.startswith(OFFLOAD_PREFIX):
+            return
+        try:
+            await self.client.control("delete_snapshot", file=file)
+        except MemTClientError as exc:
+            log.info("offload snapshot %s not deleted: %s", file, exc.message)
 
     def adopt(self, state: SessionState, native: dict) -> None:
         """Take over a native session that exists upstream: its record, if one matches its version, says

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import secrets
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Iterator
@@ -34,6 +35,14 @@ BRANCH_PREFIX = "~"  # header-less branches' session names start with it: no X-M
 def native_session_id(tenant: str, session: str) -> str:
     """Tenant-scoped, collision-resistant native session ID within the native grammar."""
     return "p-" + hashlib.sha256(f"{tenant}\x00{session}".encode()).hexdigest()[:40]
+
+
+OFFLOAD_PREFIX = "o-"  # offload snapshots' names (tenant snapshots start with 't', Responses' with 'r')
+
+
+def offload_file(native: str) -> str:
+    """A new upstream file for offloading ``native``: its own, so deleting it once restored touches no other."""
+    return f"{OFFLOAD_PREFIX}{native}-{secrets.token_hex(8)}.safetensors"
 
 
 def snapshot_file(tenant: str, name: str) -> str:

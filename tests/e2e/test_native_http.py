@@ -807,6 +807,25 @@ def test_export_overwrite_rules(wire, nano_server):
     wire.ctl("close", h2)
 
 
+def test_delete_snapshot_removes_a_named_file_and_never_a_content_addressed_one(wire, nano_server):
+    h = wire.open()
+    wire.write(h, TURN)
+    file = f"{h.session}-gone.safetensors"
+    wire.export(h, file)
+    hashed = wire.ctl("export", h, encoding=wire.encoding)["file"]  # content-addressed: sha256-<hex>
+    assert wire.control("delete_snapshot", file=file) == {"file": file, "deleted": True}
+    assert not (nano_server.state_directory / file).exists()
+    assert wire.control("delete_snapshot", file=file) == {"file": file, "deleted": False}  # idempotent
+    assert_error(wire.post_control({"action": "delete_snapshot", "epoch": wire.epoch, "file": hashed}), 400, match="content-addressed")
+    assert (nano_server.state_directory / hashed).is_file()
+    assert_error(wire.post_control({"action": "delete_snapshot", "epoch": wire.epoch, "file": "../x.safetensors"}), 400, match="snapshot")
+    h2 = wire.open()
+    wire.ctl("begin", h2, transaction="t")
+    wire.ctl("import", h2, transaction="t", file=file, encoding=wire.encoding, expect=400)  # "does not exist"
+    wire.ctl("close", h)
+    wire.ctl("close", h2)
+
+
 def test_import_refuses_bad_files(wire, nano_server, flash_server):
     state = nano_server.state_directory
     (state / "junk.safetensors").write_bytes(b"\x00" * 64)

@@ -50,6 +50,8 @@ def test_a_full_upstream_offloads_idle_sessions_and_restores_them(memt_servers, 
         for other in others:  # more conversations than the upstream has room for: none is refused
             say(client, [], "hello", other)
         assert not native_exists(upstream, first)  # offloaded: its native session was closed to make room
+        offloads = lambda: sorted(p.name for p in upstream.state_directory.glob("o-*.safetensors"))  # noqa: E731
+        assert f"o-{native_session_id('default', first)}" in " ".join(offloads())
         assert recall(client, first) == before  # restored first: the same memory answers the same
         reply = say(client, history, "Where do I live?", first)
         # the resent transcript was trimmed to the new question: the record came back with the memory
@@ -60,6 +62,7 @@ def test_a_full_upstream_offloads_idle_sessions_and_restores_them(memt_servers, 
             for session in [first, *others]:  # offloaded or not, every session can be closed
                 assert http.delete(f"/v1/memt/sessions/{session}").status_code == 200
             assert http.get(f"/v1/memt/sessions/{others[0]}").status_code == 404  # closed means gone, offloaded or not
+        assert offloads() == []  # each offload snapshot deleted once restored (a close restores first)
     if records == "state-directory":
         assert not list((tmp_path / "proxy-state").glob("*.offload.json"))
 

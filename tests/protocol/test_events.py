@@ -35,6 +35,7 @@ from memt_core.protocol.events import (
     Cancel,
     Close,
     Create,
+    DeleteSnapshot,
     Export,
     Import,
     Inspect,
@@ -218,7 +219,13 @@ CONTROL_CASES = {
     "reset": (LEASED, Reset(session="s1", lease="L")),
     "close": (LEASED, Close(session="s1", lease="L")),
     "unload": (LEASED, Unload(session="s1", lease="L")),
+    "delete_snapshot": ({"file": "m.safetensors"}, DeleteSnapshot(session="", lease=None, file="m.safetensors")),
 }
+
+
+def test_delete_snapshot_names_a_file_and_no_session():
+    refused(parse_control, {"action": "delete_snapshot"}, match="field 'file' is required")
+    refused(parse_control, {"action": "delete_snapshot", "file": "m.safetensors", "session": "s1"}, match="session")
 
 
 @pytest.mark.parametrize("action", sorted(CONTROL_CASES))
@@ -270,13 +277,13 @@ def test_control_body_and_action(body, match):
     refused(parse_control, body, match=match)
 
 
-@pytest.mark.parametrize("action", sorted(set(CONTROL_CASES) - {"create"}))
+@pytest.mark.parametrize("action", sorted(set(CONTROL_CASES) - {"create", "delete_snapshot"}))
 def test_session_is_required_except_for_create(action):
     fields = {k: v for k, v in CONTROL_CASES[action][0].items() if k != "session"}
     refused(parse_control, {"action": action, **fields}, match="field 'session' is required")
 
 
-LEASE_ACTIONS = sorted(set(CONTROL_CASES) - {"create", "acquire", "inspect"})
+LEASE_ACTIONS = sorted(set(CONTROL_CASES) - {"create", "acquire", "inspect", "delete_snapshot"})
 
 
 @pytest.mark.parametrize("action", LEASE_ACTIONS)

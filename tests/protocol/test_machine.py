@@ -957,3 +957,13 @@ def test_a_full_durable_server_makes_room_by_unloading_the_session_given_up_long
     fresh = Driver(max_sessions=1, durable=True)
     fresh.do("create", session="a")
     assert fresh.proto.room_unload(fresh.now) is None
+
+
+def test_delete_snapshot_is_a_sessionless_plan_of_one_effect():
+    d = Driver()
+    plan = d.plan("delete_snapshot", file="offload-1.safetensors")
+    assert plan.effects == (fx.DeleteSnapshot(session="", file="offload-1.safetensors"),)
+    d.effects.clear()
+    assert d.run(plan) == {"file": "offload-1.safetensors", "deleted": False}  # the fake engine found none
+    d.refuse_control(InvalidRequest, 400, "delete_snapshot", file="../etc/passwd")
+    d.refuse_control(EpochMismatch, 409, "delete_snapshot", file="m.safetensors", epoch="other")
