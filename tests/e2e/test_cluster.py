@@ -160,13 +160,13 @@ def stored_version(store: Path, session: str) -> int:
 class Conversation:
     """One session's transcript, sent whole each turn through SMG with the OpenAI SDK (the proxy trims it)."""
 
-    def __init__(self, router: Router, name: str):
+    def __init__(self, router: Router, name: str, *, routing_key: bool = True):
         from openai import OpenAI
 
         self.name = name
         self.messages: list[dict] = []
-        self.client = OpenAI(base_url=router.url + "/v1", api_key="none", max_retries=0, timeout=120,
-                             default_headers={"X-SMG-Routing-Key": name})
+        headers = {"X-SMG-Routing-Key": name} if routing_key else {}  # without: a header-less conversation
+        self.client = OpenAI(base_url=router.url + "/v1", api_key="none", max_retries=0, timeout=120, default_headers=headers)
         self.nodes: list[str] = []  # the worker that answered each turn
         self.prompts: list[tuple[list[dict], int]] = []  # each turn's messages and the prompt tokens the proxy sent
 
@@ -486,3 +486,23 @@ def test_a_headerless_conversation_continues_from_memory_on_another_node(pair):
     served.core.wait_unloaded(native_session_id("default", branch["name"]), timeout=WAIT)
     response = turn(clients[1], "What is my name?")
     assert response.usage.prompt_tokens == len(expected_prompt(demo_chat_format(), history[:-1], 4))
+
+
+def test_headerless_conversations_through_the_router(cluster, proxy_chat_format):
+    """Header-less memory behind SMG (issue 37), no header of any kind: SMG spreads a conversation's turns over
+    the nodes (no routing key to hash), and every turn is answered wherever it lands. A turn served by the node
+    that kept the conversation's branch reads it: the prompt holds only the last exchange and the new message;
+    elsewhere it reads as text what that node does not hold. Routing decides the prompt's length, not the answer."""
+    router, nodes, store = cluster
+    conversations = [Conversation(router, unique("h"), routing_key=False) for _ in range(6)]
+    run_turns(conversations, range(4))
+    flat = 0
+    for conversation in conversations:
+        for t in (2, 3):
+            sent, prompt_tokens = conversation.prompts[t]
+            assert prompt_tokens <= len(expected_prompt(proxy_chat_format, sent, None))
+            # turns 1-3 on one node: the branch made behind turn 2 (holding turn 1) is there for turn 3, and so on
+            if len(set(conversation.nodes[t - 2: t + 1])) == 1:
+                assert prompt_tokens == len(expected_prompt(proxy_chat_format, sent, len(sent) - 3)), (conversation.nodes, t)
+                flat += 1
+    print(f"header-less through SMG: {flat} of {2 * len(conversations)} later turns served where their branch was kept")
