@@ -37,6 +37,7 @@ from typing import AsyncIterator, Callable
 
 from memt_core.client.chat_format import ChatFormat
 from memt_core.client.parsers import OutputParser
+from memt_core.sampling_params import DEFAULT_MAX_NEW_TOKENS
 from memt_proxy.branches import BRANCH_TRIES, after_answer, find_shared, keep, plan_headerless, resumable
 from memt_proxy.conversations import SNAPSHOTS_PER_CHAIN, ResponseRecord, ResponseRecords, Thread, session_name
 from memt_proxy.errors import ProxyError
@@ -309,7 +310,7 @@ class ResponsesService:
         plan.prompt = prompt_ids(self.chat_format, request.instructions, tools, plan.context_ids, plan.turn_ids)
         check_prefill(plan.prompt, self.sessions.max_prefill_tokens, "input")
         plan.sampling = dict(self.chat_format.default_sampling())
-        plan.sampling["max_new_tokens"] = request.max_output_tokens or 1024
+        plan.sampling["max_new_tokens"] = request.max_output_tokens or DEFAULT_MAX_NEW_TOKENS
         for name in ("temperature", "top_p"):
             if getattr(request, name) is not None:
                 plan.sampling[name] = getattr(request, name)

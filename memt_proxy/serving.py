@@ -28,6 +28,7 @@ from typing import Any, AsyncIterator, Callable
 
 from memt_core.client.chat_format import ChatFormat
 from memt_core.client.parsers import Delta, OutputParser, hold_partial
+from memt_core.sampling_params import DEFAULT_MAX_NEW_TOKENS
 from memt_proxy.branches import BRANCH_TRIES, after_answer, find_shared, keep, plan_headerless, resumable
 from memt_proxy.errors import ProxyError
 from memt_proxy.protocol import ChatCompletionRequest, NamedToolChoice, Usage, choice, chunk_body, completion_id, logprobs_content, logprobs_sampling, response_body
@@ -276,7 +277,7 @@ class ChatService:
         """The native sampling params (log-probability fields included; a ``json_schema`` grammar means
         the answer is the JSON itself, see ``memt_proxy.structured``)."""
         sampling = dict(self.chat_format.default_sampling())
-        sampling["max_new_tokens"] = request.max_new_tokens or 1024
+        sampling["max_new_tokens"] = request.max_new_tokens or DEFAULT_MAX_NEW_TOKENS
         for name in ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"):
             if getattr(request, name) is not None:
                 sampling[name] = getattr(request, name)

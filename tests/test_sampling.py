@@ -145,3 +145,19 @@ def test_a_constraint_masks_every_step_and_sees_the_budget():
 def test_invalid_processor_params(kwargs, message):
     with pytest.raises(ValueError, match=message):
         SamplingParams(**kwargs)
+
+
+def test_one_default_for_max_new_tokens():
+    """The native client, the session API, the CLI and the proxy share one default (issue 40: there were five)."""
+    import re
+    from pathlib import Path
+
+    from memt_core.client.native import query_body
+    from memt_core.sampling_params import DEFAULT_MAX_NEW_TOKENS
+
+    root = Path(__file__).resolve().parents[1]
+    defined = [str(p.relative_to(root)) for package in ("memt_core", "memt_proxy") for p in (root / package).rglob("*.py")
+               if re.search(r"^DEFAULT_MAX_NEW_TOKENS\s*=", p.read_text(), re.M)]
+    assert defined == ["memt_core/sampling_params.py"]
+    assert SamplingParams().max_new_tokens == DEFAULT_MAX_NEW_TOKENS
+    assert query_body("E", "s", "L", [1], None, False, "n")["sampling_params"]["max_new_tokens"] == DEFAULT_MAX_NEW_TOKENS

@@ -20,6 +20,7 @@ from memt_core.client.chat_format import load_chat_format
 from memt_core.client.errors import MemTClientError
 from memt_core.client.native import NativeClient
 from memt_core.client.session import MemTSession
+from memt_core.sampling_params import DEFAULT_MAX_NEW_TOKENS
 
 DEFAULT_URL = "http://127.0.0.1:30000"
 #: Tool rounds the CLI answers itself (it has no tools) before leaving a turn pending.
@@ -62,8 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--deepseek-encoder", metavar="PATH", default=None,
                         help=f"{encoder_families} only: the encoding_dsv4.py to execute for prompts (default: the one in --tokenizer)")
     parser.add_argument("--system", metavar="PROMPT", default=None, help="system prompt for the conversation")
-    parser.add_argument("--max-new-tokens", type=int, default=1024, metavar="N",
-                        help="most tokens generated per reply (default: 1024); longer replies are truncated and not auto-committed")
+    parser.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS, metavar="N",
+                        help=f"most tokens generated per reply (default: {DEFAULT_MAX_NEW_TOKENS}); longer replies are truncated and not auto-committed")
     parser.add_argument("--thinking", choices=("on", "off"), default=None,
                         help="reasoning before answering (default: the chat format's own default)")
     parser.add_argument("--session", metavar="ID", default=None, help="session ID to create (default: the server picks one)")

@@ -19,10 +19,10 @@ import httpx
 
 from memt_core.client.errors import MemTClientError
 from memt_core.errors import Conflict, EpochMismatch, LeaseConflict, SessionExists, UnknownSession, error_from_wire
+from memt_core.sampling_params import DEFAULT_MAX_NEW_TOKENS
 
 #: Control actions that change nothing on the server (never uncertain).
 READ_ONLY_ACTIONS = {"inspect", "status"}
-DEFAULT_MAX_NEW_TOKENS = 512
 STREAM_END_WAIT = 1.0  # seconds to read a stream's end after [DONE] before dropping its connection instead
 
 

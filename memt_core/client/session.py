@@ -40,9 +40,9 @@ from memt_core.client.parsers import OutputParser
 from memt_core.client.turns import (
     AbortStep, BeginStep, CommitStep, ExportStep, ImportStep, MemoryWrite, PublishStep, Step, WaitStep,
 )
+from memt_core.sampling_params import DEFAULT_MAX_NEW_TOKENS
 
 LEASE_TTL = 3600
-DEFAULT_MAX_NEW_TOKENS = 1024
 
 
 @dataclass

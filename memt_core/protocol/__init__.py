@@ -12,7 +12,6 @@ from memt_core.protocol.events import (
     PlainGeneration,
     Query,
     Rid,
-    Sampling,
     action_name,
     check_name,
     check_snapshot_name,
@@ -25,6 +24,6 @@ from memt_core.protocol.machine import APPLIED, FAILED, UNKNOWN, Limits, MemTPro
 
 __all__ = [
     "APPLIED", "FAILED", "UNKNOWN", "Action", "Commit", "Create", "Effect", "Limits", "MemTProtocol", "PlainGeneration",
-    "Plan", "Query", "Rid", "Sampling", "Ticket", "action_name", "check_name", "check_snapshot_name",
+    "Plan", "Query", "Rid", "Ticket", "action_name", "check_name", "check_snapshot_name",
     "is_memt_rid", "parse_control", "parse_generate", "parse_rid",
 ]

@@ -16,6 +16,7 @@ from typing import Any, Callable
 from memt_core.errors import InvalidRequest
 from memt_core.names import check_name, check_snapshot_name  # noqa: F401 (re-exported)
 from memt_core.request_body import MAX_DEPTH, parse_json
+from memt_core.sampling_params import SamplingParams
 
 MIN_TTL, MAX_TTL, DEFAULT_TTL = 1, 3600, 300
 #: Longest request ID (a MemT RID of the longest names is about 360 characters); answers echo request IDs,
@@ -320,34 +321,10 @@ COMMIT_REFUSED = ("return_logprob", "return_hidden_states", "top_logprobs_num", 
 
 
 @dataclass(frozen=True)
-class Sampling:
-    """Validated ``sampling_params``; engine-neutral."""
-
-    max_new_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    stop_token_ids: tuple[int, ...] = ()
-    skip_special_tokens: bool = True
-    min_p: float = 0.0
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    min_new_tokens: int = 0
-    logit_bias: tuple[tuple[int, float], ...] = ()
-    grammar: tuple[str, str] | None = None  # ("json_schema" | "regex" | "ebnf", source)
-    logprobs: bool = False  # return_logprob
-    top_logprobs: int = 0  # top_logprobs_num
-    logprob_text: bool = False  # return_text_in_logprobs
-
-
-@dataclass(frozen=True)
 class Query:
     rid: Rid
     input_ids: tuple[int, ...]
-    sampling: Sampling
+    sampling: SamplingParams
     lease: str
     epoch: str | None
     stream: bool = False
@@ -370,11 +347,11 @@ class PlainGeneration:
     rid: str | None
     input_ids: tuple[int, ...] | None
     text: str | None
-    sampling: Sampling
+    sampling: SamplingParams
     stream: bool = False
 
 
-def parse_sampling(params: Any, *, where: str, vocab_size: int | None = None) -> Sampling:
+def parse_sampling(params: Any, *, where: str, vocab_size: int | None = None) -> SamplingParams:
     if params is None:
         raise InvalidRequest(f"{where}: 'sampling_params' with an explicit 'max_new_tokens' is required")
     if not isinstance(params, dict):
@@ -439,7 +416,7 @@ def parse_sampling(params: Any, *, where: str, vocab_size: int | None = None) ->
     f.get("no_stop_trim", "a boolean")
     f.get("spaces_between_special_tokens", "a boolean")
     skip_special = f.get("skip_special_tokens", "a boolean", default=True)
-    return Sampling(
+    return SamplingParams(
         max_new_tokens=max_new, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
         stop=tuple(stop), stop_token_ids=tuple(stop_ids), skip_special_tokens=skip_special,
         min_p=min_p, repetition_penalty=repetition, min_new_tokens=min_new, logit_bias=logit_bias, grammar=grammar,
@@ -459,7 +436,7 @@ def _logit_bias(bias: dict, where: str, vocab_size: int | None) -> tuple[tuple[i
     return tuple(sorted(items))
 
 
-def _logprob_request(body: dict, where: str, sampling: Sampling) -> Sampling:
+def _logprob_request(body: dict, where: str, sampling: SamplingParams) -> SamplingParams:
     """Fold the request's log-probability fields into its sampling (queries and plain generations)."""
     f = _Fields(body, where)
     want = f.get("return_logprob", "a boolean", default=False)

@@ -11,27 +11,14 @@ import asyncio
 import logging
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, AsyncIterator
 
 from memt_core.detokenize import IncrementalDecoder
 from memt_core.engine.base import Engine, TokenEvent
-from memt_core.grammar import GrammarCompiler
 from memt_core.errors import CapacityExceeded, InvalidRequest, MemTError, WorkerUnavailable
-from memt_core.protocol import (
-    APPLIED,
-    FAILED,
-    Commit,
-    Create,
-    MemTProtocol,
-    PlainGeneration,
-    Query,
-    Sampling,
-    Ticket,
-    action_name,
-    parse_control,
-    parse_generate,
-)
+from memt_core.grammar import GrammarCompiler
+from memt_core.protocol import APPLIED, FAILED, Commit, Create, MemTProtocol, PlainGeneration, Query, Ticket, action_name, parse_control, parse_generate
 from memt_core.sampling import SamplingParams
 
 log = logging.getLogger("memt.server")
@@ -177,23 +164,16 @@ class MemTService:
         events = self.engine.query(rid, ids, await self._params(request.sampling), incremental=_incremental(request))
         return await self._respond(rid, ids, request.sampling, events, request.stream, None)
 
-    async def _params(self, sampling: Sampling) -> SamplingParams:
-        """The engine's sampling parameters; a grammar is compiled here, so a bad one is refused before admission."""
-        constraint = None
-        if sampling.grammar is not None:
-            if self.grammars is None:
-                raise InvalidRequest("this server has no tokenizer; grammar-constrained decoding needs one")
-            constraint = await asyncio.to_thread(self.grammars.compile, *sampling.grammar)
-        return SamplingParams(
-            max_new_tokens=sampling.max_new_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
-            top_k=sampling.top_k, min_p=sampling.min_p, seed=sampling.seed, stop_token_ids=sampling.stop_token_ids,
-            stop=sampling.stop, frequency_penalty=sampling.frequency_penalty, presence_penalty=sampling.presence_penalty,
-            repetition_penalty=sampling.repetition_penalty, min_new_tokens=sampling.min_new_tokens,
-            logit_bias=sampling.logit_bias, logprobs=sampling.logprobs, top_logprobs=sampling.top_logprobs,
-            constraint=constraint,
-        )
+    async def _params(self, sampling: SamplingParams) -> SamplingParams:
+        """The request's sampling with its grammar compiled (a constraint of its own): a bad grammar is refused
+        before admission."""
+        if sampling.grammar is None:
+            return sampling
+        if self.grammars is None:
+            raise InvalidRequest("this server has no tokenizer; grammar-constrained decoding needs one")
+        return replace(sampling, constraint=await asyncio.to_thread(self.grammars.compile, *sampling.grammar))
 
-    def _check_context(self, prompt: int, sampling: Sampling) -> None:
+    def _check_context(self, prompt: int, sampling: SamplingParams) -> None:
         if prompt + sampling.max_new_tokens > self.context_length:
             raise InvalidRequest(
                 f"{prompt} prompt tokens + max_new_tokens {sampling.max_new_tokens} exceed the context length {self.context_length}"
@@ -279,7 +259,7 @@ def _retrieved(task: asyncio.Task) -> None:
 class _Generation:
     """Turns engine token events into response bodies, applying stop strings."""
 
-    def __init__(self, service: MemTService, rid, prompt, sampling: Sampling, events, ticket: Ticket | None):
+    def __init__(self, service: MemTService, rid, prompt, sampling: SamplingParams, events, ticket: Ticket | None):
         self.service, self.rid, self.prompt, self.sampling = service, rid, prompt, sampling
         self.events, self.ticket = events, ticket
         self.memt = {"session": ticket.session, "memory_read": ticket.memory_read} if ticket else None
