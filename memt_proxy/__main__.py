@@ -11,7 +11,7 @@ from pathlib import Path
 
 from memt_core.checkpoint import read_checkpoint
 from memt_core.errors import CheckpointError
-from memt_proxy.app import DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_REQUEST_BYTES
+from memt_proxy.route_inputs import DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_REQUEST_BYTES
 from memt_proxy.conversations import SNAPSHOTS_PER_CHAIN
 from memt_proxy.sessions import LEASE_IDLE, MAX_MEMORY_STATES, MAX_SESSIONS
 

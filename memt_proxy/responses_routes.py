@@ -1,14 +1,13 @@
 """FastAPI routes of the Responses and Conversations APIs: thin adapters over ``ResponsesService``.
 
-Added to the proxy's app by ``create_app`` with its tenant and body readers, so that auth, request
-limits and error bodies are the chat path's. Streams are SSE as OpenAI sends them: ``event: <type>``
+Added to the proxy's app by ``create_app`` with its request ``Inputs``, so that auth, request limits and
+error bodies are the chat path's. Streams are SSE as OpenAI sends them: ``event: <type>``
 and ``data: <event>`` per event, ending when the response is done (no ``[DONE]`` sentinel).
 """
 
 from __future__ import annotations
 
 import json
-from typing import Awaitable, Callable
 
 from fastapi import FastAPI, Query, Request
 from sse_starlette.sse import EventSourceResponse
@@ -17,22 +16,20 @@ from memt_core.client.errors import MemTClientError
 from memt_proxy.errors import ProxyError, from_native
 from memt_proxy.responses import ResponsesService
 from memt_proxy.responses_protocol import ConversationRequest, ItemsRequest, ResponseRequest
+from memt_proxy.route_inputs import Inputs, request_body
 
 ORDER = Query(default="desc", pattern="^(asc|desc)$")
 LIMIT = Query(default=20, ge=1, le=100)
 
 
-def add_responses_routes(
-    app: FastAPI, service: ResponsesService, *, tenant_of: Callable[[Request], str], model_body: Callable[..., Awaitable], request_body: Callable[..., dict],
-) -> None:
-    """``tenant_of(request)`` authenticates; ``model_body(request, Model, empty=…)`` reads a bounded JSON body;
-    ``request_body(Model, required=…)`` describes it in the OpenAPI document."""
+def add_responses_routes(app: FastAPI, service: ResponsesService, inputs: Inputs) -> None:
+    """The routes read requests through ``inputs`` (tenant, bounded JSON body), as the chat routes do."""
 
     @app.post("/v1/responses", tags=["responses"], summary="Create a response (conversation / previous_response_id continue latent memory)",
               openapi_extra=request_body(ResponseRequest))
     async def create(request: Request):
-        tenant = tenant_of(request)
-        body = await model_body(request, ResponseRequest)
+        tenant = inputs.tenant(request)
+        body = await inputs.model(request, ResponseRequest)
         memory = request.headers.get("x-memt-memory")
         if memory is not None and memory.lower() not in ("auto", "read", "off"):
             raise ProxyError(400, "X-MemT-Memory must be one of auto, read, off", param="X-MemT-Memory")
@@ -45,40 +42,40 @@ def add_responses_routes(
 
     @app.get("/v1/responses/{response_id}", tags=["responses"], summary="A stored response")
     async def get(response_id: str, request: Request) -> dict:
-        return service.get(tenant_of(request), response_id)
+        return service.get(inputs.tenant(request), response_id)
 
     @app.delete("/v1/responses/{response_id}", tags=["responses"], summary="Delete a stored response")
     async def delete(response_id: str, request: Request) -> dict:
-        return service.delete(tenant_of(request), response_id)
+        return service.delete(inputs.tenant(request), response_id)
 
     @app.get("/v1/responses/{response_id}/input_items", tags=["responses"], summary="The input items of a stored response")
     async def input_items(response_id: str, request: Request, after: str | None = None, limit: int = LIMIT, order: str = ORDER) -> dict:
-        return service.input_items(tenant_of(request), response_id, after=after, limit=limit, order=order)
+        return service.input_items(inputs.tenant(request), response_id, after=after, limit=limit, order=order)
 
     @app.post("/v1/conversations", tags=["conversations"], summary="Create a conversation (a new memory session)",
               openapi_extra=request_body(ConversationRequest, required=False))
     async def create_conversation(request: Request) -> dict:
-        tenant = tenant_of(request)
-        body = await model_body(request, ConversationRequest, empty=ConversationRequest())
+        tenant = inputs.tenant(request)
+        body = await inputs.model(request, ConversationRequest, empty=ConversationRequest())
         return service.create_conversation(tenant, body)
 
     @app.get("/v1/conversations/{conversation_id}", tags=["conversations"], summary="A conversation")
     async def conversation(conversation_id: str, request: Request) -> dict:
-        return service.conversation(tenant_of(request), conversation_id)
+        return service.conversation(inputs.tenant(request), conversation_id)
 
     @app.delete("/v1/conversations/{conversation_id}", tags=["conversations"], summary="Delete a conversation with its memory")
     async def delete_conversation(conversation_id: str, request: Request) -> dict:
-        return await service.delete_conversation(tenant_of(request), conversation_id)
+        return await service.delete_conversation(inputs.tenant(request), conversation_id)
 
     @app.get("/v1/conversations/{conversation_id}/items", tags=["conversations"], summary="The items this proxy recorded for a conversation")
     async def items(conversation_id: str, request: Request, after: str | None = None, limit: int = LIMIT, order: str = Query(default="asc", pattern="^(asc|desc)$")) -> dict:
-        return service.conversation_items(tenant_of(request), conversation_id, after=after, limit=limit, order=order)
+        return service.conversation_items(inputs.tenant(request), conversation_id, after=after, limit=limit, order=order)
 
     @app.post("/v1/conversations/{conversation_id}/items", tags=["conversations"], summary="Add items (sent and committed with the next response)",
               openapi_extra=request_body(ItemsRequest))
     async def add_items(conversation_id: str, request: Request) -> dict:
-        tenant = tenant_of(request)
-        body = await model_body(request, ItemsRequest)
+        tenant = inputs.tenant(request)
+        body = await inputs.model(request, ItemsRequest)
         return await service.add_items(tenant, conversation_id, body.items)
 
 

@@ -1,0 +1,37 @@
+"""FastAPI routes of the Chat Completions API and the model list: thin adapters over ``ChatService``."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI, Header, Request
+from sse_starlette.sse import EventSourceResponse
+
+from memt_proxy.errors import ProxyError
+from memt_proxy.metrics import ProxyMetrics
+from memt_proxy.protocol import ChatCompletionRequest
+from memt_proxy.route_inputs import DIVERGENCE_HEADER, MEMORY_HEADER, SESSION_HEADER, Inputs, request_body, sse
+from memt_proxy.serving import DIVERGENCE, ChatService
+
+
+def add_chat_routes(app: FastAPI, service: ChatService, inputs: Inputs, metrics: ProxyMetrics) -> None:
+    @app.get("/v1/models")
+    async def models(request: Request) -> dict:
+        inputs.tenant(request)
+        return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "memt"} for name in service.model_names]}
+
+    @app.post("/v1/chat/completions", openapi_extra=request_body(ChatCompletionRequest))
+    async def chat_completions(
+        request: Request,
+        x_memt_session: str | None = Header(default=None, alias=SESSION_HEADER),
+        x_memt_memory: str | None = Header(default=None, alias=MEMORY_HEADER),
+        x_memt_on_divergence: str | None = Header(default=None, alias=DIVERGENCE_HEADER),
+    ):
+        tenant = inputs.tenant(request)
+        completion = await inputs.model(request, ChatCompletionRequest)
+        if x_memt_on_divergence not in (None, *DIVERGENCE):
+            raise ProxyError(400, f"{DIVERGENCE_HEADER} must be one of {', '.join(DIVERGENCE)}", param=DIVERGENCE_HEADER)
+        result = await service.complete(
+            completion, tenant=tenant, session=inputs.session(x_memt_session), memory=x_memt_memory, on_divergence=x_memt_on_divergence
+        )
+        if isinstance(result, dict):
+            return result
+        return EventSourceResponse(sse(result, metrics.observe_error), sep="\n", ping=15)

@@ -1,0 +1,154 @@
+"""What every route of the proxy reads from a request, read one way: its tenant, its session header, its body.
+
+Every JSON body is read through ``memt_core.request_body``: at most ``max_request_bytes`` (413 past it,
+refused from ``Content-Length`` before anything is read), parsed with bounded integers, nesting and valid
+Unicode (400 naming where), a large one parsed off the event loop, and then validated by a pydantic model
+(400 naming the field). With API keys, every route but the two health checks needs one.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import re
+from typing import Any, TypeVar
+
+from fastapi import Request
+from pydantic import BaseModel, ValidationError
+
+from memt_core.client.errors import MemTClientError
+from memt_core.errors import InvalidRequest, PayloadTooLarge, RequestTimeout
+from memt_core.protocol.events import check_name
+from memt_core.request_body import read_json
+from memt_proxy.errors import ProxyError, from_native
+
+SESSION_HEADER = "X-MemT-Session"
+MEMORY_HEADER = "X-MemT-Memory"
+DIVERGENCE_HEADER = "X-MemT-On-Divergence"
+#: default --max-request-bytes: far above any chat a context window holds, far below what stalls a server
+DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024
+#: default --body-timeout: seconds a client has to send its whole body (408 past it)
+DEFAULT_BODY_TIMEOUT = 60.0
+_WHERE = re.compile(r"\$((?:\.[^ .\[]+|\[\d+\])*)")
+
+Model = TypeVar("Model", bound=BaseModel)
+
+
+class Inputs:
+    """Reads a request's tenant (``api_keys``: key → tenant; without keys every caller is "default"), its
+    session header and its bounded JSON body."""
+
+    def __init__(self, api_keys: dict[str, str] | None = None, *, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+                 body_timeout: float = DEFAULT_BODY_TIMEOUT):
+        self.api_keys, self.max_request_bytes, self.body_timeout = api_keys, max_request_bytes, body_timeout
+
+    def tenant(self, request: Request) -> str:
+        if not self.api_keys:
+            return "default"
+        if (tenant := keyed(request, self.api_keys)) is None:
+            raise ProxyError(401, "invalid API key; send 'Authorization: Bearer <key>'", code="invalid_api_key")
+        return tenant
+
+    @staticmethod
+    def session(value: str | None) -> str | None:
+        if value is None:
+            return None
+        try:
+            return check_name(value, SESSION_HEADER)
+        except InvalidRequest as exc:
+            raise ProxyError(400, exc.message, param=SESSION_HEADER, code="invalid_session") from None
+
+    async def json(self, request: Request) -> Any:
+        """The request's JSON body, read and parsed within the bounds above."""
+        try:
+            return await read_json(request.stream(), limit=self.max_request_bytes, declared=request.headers.get("content-length"), timeout=self.body_timeout)
+        except RequestTimeout:
+            raise ProxyError(408, f"the request body did not arrive within {self.body_timeout:g} s (--body-timeout)", code="request_timeout") from None
+        except PayloadTooLarge as exc:
+            raise ProxyError(413, f"{exc.message}; send a smaller request, or raise the proxy's --max-request-bytes", code="request_too_large") from None
+        except InvalidRequest as exc:
+            found = _WHERE.search(exc.message)
+            param = found.group(1).lstrip(".") if found and found.group(1) else None
+            raise ProxyError(400, exc.message, param=param, code="invalid_json") from None
+
+    async def model(self, request: Request, model: type[Model], *, empty: Model | None = None) -> Model:
+        """The body validated as ``model`` (``empty`` stands for an absent body, where one may be)."""
+        if empty is not None and not _has_body(request):
+            return empty
+        body = await self.json(request)
+        try:
+            return model.model_validate(body)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            param = _field_path(body, first.get("loc", ())) or None
+            raise ProxyError(400, f"invalid request: {param}: {first.get('msg')}", param=param) from None
+
+
+def keyed(request: Request, keys) -> Any:
+    """What ``keys`` (key → value, or a list of keys) holds for the request's bearer token, compared in
+    constant time; None without a match."""
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer":
+        return None
+    token = token.strip().encode()
+    for key in keys:
+        if hmac.compare_digest(token, key.encode()):
+            return keys[key] if isinstance(keys, dict) else key
+    return None
+
+
+def request_body(model: type[BaseModel], *, required: bool = True) -> dict:
+    """The OpenAPI ``requestBody`` of a route that reads its JSON itself: ``model``'s schema, inlined."""
+    schema = model.model_json_schema()
+    definitions = schema.pop("$defs", {})
+
+    def inline(node: Any) -> Any:
+        if isinstance(node, dict):
+            if "$ref" in node:
+                return inline(definitions[node["$ref"].rsplit("/", 1)[-1]])
+            return {key: inline(value) for key, value in node.items()}
+        if isinstance(node, list):
+            return [inline(item) for item in node]
+        return node
+
+    return {"requestBody": {"required": required, "content": {"application/json": {"schema": inline(schema)}}}}
+
+
+async def sse(chunks, observe_error):
+    """``data: <chunk>`` frames then ``data: [DONE]``; an error mid-stream becomes an error frame (and is
+    told to ``observe_error``)."""
+    error = None
+    try:
+        async for chunk in chunks:
+            yield {"data": json.dumps(chunk, ensure_ascii=False)}
+    except ProxyError as exc:
+        error = exc
+    except MemTClientError as exc:  # mapped where it enters; this is the last line of defence
+        error = from_native(exc)
+    if error is not None:
+        observe_error(error)
+        yield {"data": json.dumps(error.body())}
+    yield {"data": "[DONE]"}
+
+
+def _has_body(request: Request) -> bool:
+    """Whether the request declares or carries a body (an optional body may be left out)."""
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        return declared.strip() != "0"
+    return "transfer-encoding" in request.headers
+
+
+def _field_path(body: Any, loc: tuple) -> str:
+    """The dotted path of a validation error's field in ``body``: pydantic's ``loc`` without the names it
+    gives the members of a union (``literal[...]``, ``NamedToolChoice``), which are not fields."""
+    parts, node = [], body
+    for index, item in enumerate(loc):
+        if isinstance(node, dict) and item in node:
+            node = node[item]
+        elif isinstance(node, list) and isinstance(item, int) and item < len(node):
+            node = node[item]
+        elif not (isinstance(node, dict) and index == len(loc) - 1):
+            continue  # a union member's tag; a missing field (the last item) is named
+        parts.append(str(item))
+    return ".".join(parts)
