@@ -21,7 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from memt_core.server.docs import mount_assets, swagger_page
 from memt_proxy.admin_routes import add_session_routes
 from memt_proxy.chat_routes import add_chat_routes
-from memt_proxy.errors import ProxyError
+from memt_proxy.errors import BadRequest, Forbidden, ProxyError, Unavailable
 from memt_proxy.metrics import CONTENT_TYPE, CountRequests, ProxyMetrics
 from memt_proxy.responses import ResponsesService
 from memt_proxy.responses_routes import add_responses_routes
@@ -77,9 +77,9 @@ def create_app(
         try:
             await asyncio.wait_for(service.sessions.check_upstream(refresh=True), READY_TIMEOUT)
         except asyncio.TimeoutError:
-            raise ProxyError(503, f"not ready: the upstream MemT server did not answer within {READY_TIMEOUT:g} s", code="upstream_timeout") from None
+            raise Unavailable(f"not ready: the upstream MemT server did not answer within {READY_TIMEOUT:g} s", code="upstream_timeout") from None
         except ProxyError as exc:
-            raise ProxyError(503, f"not ready: {exc.message}", code=exc.code or "upstream_unavailable") from None
+            raise Unavailable(f"not ready: {exc.message}", code=exc.code or "upstream_unavailable") from None
         return {"status": "ready"}
 
     mount_assets(app)
@@ -89,7 +89,7 @@ def create_app(
         # node-wide counts: the operator's alone when an operator key is set (a tenant sees 403), else any key's
         if admin_keys and keyed(request, list(admin_keys)) is None:
             inputs.tenant(request)  # 401 for no key or an unknown one
-            raise ProxyError(403, "/metrics shows every tenant's figures: it needs the operator key (--admin-key)", code="forbidden")
+            raise Forbidden("/metrics shows every tenant's figures: it needs the operator key (--admin-key)", code="forbidden")
         if not admin_keys:
             inputs.tenant(request)
         return Response(metrics.render(), media_type=CONTENT_TYPE)
@@ -131,4 +131,4 @@ def _add_error_handlers(app: FastAPI, metrics: ProxyMetrics) -> None:
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0] if exc.errors() else {}
         param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
-        return JSONResponse(ProxyError(400, f"invalid request: {first.get('msg', exc)}", param=param).body(), status_code=400)
+        return JSONResponse(BadRequest(f"invalid request: {first.get('msg', exc)}", param=param).body(), status_code=400)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import FastAPI, Header, Request
 from sse_starlette.sse import EventSourceResponse
 
-from memt_proxy.errors import ProxyError
+from memt_proxy.errors import BadRequest
 from memt_proxy.metrics import ProxyMetrics
 from memt_proxy.protocol import ChatCompletionRequest
 from memt_proxy.route_inputs import DIVERGENCE_HEADER, MEMORY_HEADER, SESSION_HEADER, Inputs, request_body, sse
@@ -28,7 +28,7 @@ def add_chat_routes(app: FastAPI, service: ChatService, inputs: Inputs, metrics:
         tenant = inputs.tenant(request)
         completion = await inputs.model(request, ChatCompletionRequest)
         if x_memt_on_divergence not in (None, *DIVERGENCE):
-            raise ProxyError(400, f"{DIVERGENCE_HEADER} must be one of {', '.join(DIVERGENCE)}", param=DIVERGENCE_HEADER)
+            raise BadRequest(f"{DIVERGENCE_HEADER} must be one of {', '.join(DIVERGENCE)}", param=DIVERGENCE_HEADER)
         result = await service.complete(
             completion, tenant=tenant, session=inputs.session(x_memt_session), memory=x_memt_memory, on_divergence=x_memt_on_divergence
         )

@@ -19,6 +19,7 @@ MAX_MESSAGE = 2000
 TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
+    403: "permission_error",
     404: "invalid_request_error",
     408: "invalid_request_error",
     409: "conflict",
@@ -47,16 +48,88 @@ class ProxyError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
+class BadRequest(ProxyError):
+    """400: the request is malformed or asks for something this proxy does not do."""
+
+    status_code = 400
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None, type: str | None = None):
+        super().__init__(self.status_code, message, param=param, code=code, type=type)
+
+
+class Unauthorized(BadRequest):
+    """401: no API key, or one the proxy does not know."""
+
+    status_code = 401
+
+
+class Forbidden(BadRequest):
+    """403: a known key that may not do this (a tenant's key on operator routes)."""
+
+    status_code = 403
+
+
+class NotFound(BadRequest):
+    """404: no such session, snapshot, response or conversation for this tenant."""
+
+    status_code = 404
+
+
+class BodyTimeout(BadRequest):
+    """408: the client did not send its body in time."""
+
+    status_code = 408
+
+
+class Conflict(BadRequest):
+    """409: the request contradicts the session's state (divergence, a busy or expired state)."""
+
+    status_code = 409
+
+
+class TooLarge(BadRequest):
+    """413: the body is over --max-request-bytes."""
+
+    status_code = 413
+
+
+class RateLimited(BadRequest):
+    """429: no room now (sessions, states); retry later."""
+
+    status_code = 429
+
+
+class BadGateway(BadRequest):
+    """502: the upstream answered something that is not its protocol."""
+
+    status_code = 502
+
+
+class Unavailable(BadRequest):
+    """503: not ready, draining, or the upstream cannot serve now."""
+
+    status_code = 503
+
+
+class UpstreamTimeout(BadRequest):
+    """504: the upstream did not answer within --timeout."""
+
+    status_code = 504
+
+
+BY_STATUS = {cls.status_code: cls for cls in (BadRequest, Unauthorized, Forbidden, NotFound, BodyTimeout, Conflict, TooLarge, RateLimited, BadGateway, Unavailable, UpstreamTimeout)}
+
+
 def from_native(exc: MemTError) -> ProxyError:
     """Translate a native (client or server) MemT error."""
     if _timed_out(exc):
-        return ProxyError(504, f"upstream MemT server did not answer in time (the proxy's --timeout): {getattr(exc, 'stage', None) or 'request'}", code="upstream_timeout")
+        return UpstreamTimeout(f"upstream MemT server did not answer in time (the proxy's --timeout): {getattr(exc, 'stage', None) or 'request'}", code="upstream_timeout")
     status = getattr(exc, "status", 503) or 503
     if status not in TYPES or status in (404, 408, 413, 504):  # 408/504 are the proxy's own answers
         status = 503 if status >= 500 else 400
     codes = {409: "session_conflict", 429: "rate_limit_exceeded", 502: "upstream_invalid_response", 503: "upstream_unavailable"}
     message = exc.message if hasattr(exc, "message") else str(exc)
-    return ProxyError(status, f"upstream MemT server: {message}", code=codes.get(status))
+    return BY_STATUS[status](f"upstream MemT server: {message}", code=codes.get(status))
 
 
 def _timed_out(exc: BaseException) -> bool:

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, Strict
 
-from memt_proxy.errors import ProxyError
+from memt_proxy.errors import BadRequest
 
 
 #: Bounds of integer fields: Python integers are unbounded, the engine's are not.
@@ -134,42 +134,42 @@ class ChatCompletionRequest(BaseModel):
     def validate_semantics(self) -> list[str]:
         """Refuse what cannot be honoured; return the names of ignored unknown fields."""
         if self.top_logprobs and not self.logprobs:
-            raise ProxyError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+            raise BadRequest("top_logprobs needs logprobs: true", param="top_logprobs")
         if self.top_k == 0:
-            raise ProxyError(400, "top_k must be -1 (no limit) or a positive integer", param="top_k")
+            raise BadRequest("top_k must be -1 (no limit) or a positive integer", param="top_k")
         self.output_schema()  # raises on a malformed response_format
         for key, value in (self.logit_bias or {}).items():
             if not (key.isascii() and key.isdigit() and len(key) <= 18):
-                raise ProxyError(400, f"logit_bias keys must be token ids (as strings), got {key[:40]!r}", param="logit_bias")
+                raise BadRequest(f"logit_bias keys must be token ids (as strings), got {key[:40]!r}", param="logit_bias")
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not -100 <= value <= 100:
-                raise ProxyError(400, f"logit_bias[{key!r}] must be a number in [-100, 100]", param="logit_bias")
+                raise BadRequest(f"logit_bias[{key!r}] must be a number in [-100, 100]", param="logit_bias")
         stops = [self.stop] if isinstance(self.stop, str) else self.stop or []
         if not all(stops):
-            raise ProxyError(400, "stop strings must be nonempty", param="stop")
+            raise BadRequest("stop strings must be nonempty", param="stop")
         if self.modalities and any(m != "text" for m in self.modalities) or self.audio:
-            raise ProxyError(400, "audio output is not supported; text only", param="modalities" if self.modalities else "audio", code="unsupported_parameter")
+            raise BadRequest("audio output is not supported; text only", param="modalities" if self.modalities else "audio", code="unsupported_parameter")
         if self.functions or self.function_call:
-            raise ProxyError(400, "legacy 'functions' are not supported; use 'tools'", param="functions", code="unsupported_parameter")
+            raise BadRequest("legacy 'functions' are not supported; use 'tools'", param="functions", code="unsupported_parameter")
         if self.prediction:
-            raise ProxyError(400, "predicted outputs are not supported", param="prediction", code="unsupported_parameter")
+            raise BadRequest("predicted outputs are not supported", param="prediction", code="unsupported_parameter")
         if self.max_tokens is not None and self.max_completion_tokens is not None and self.max_tokens != self.max_completion_tokens:
-            raise ProxyError(400, "max_tokens and max_completion_tokens disagree", param="max_completion_tokens")
+            raise BadRequest("max_tokens and max_completion_tokens disagree", param="max_completion_tokens")
         for index, message in enumerate(self.messages):
             if isinstance(message.content, list):
                 for number, part in enumerate(message.content):
                     if part.type != "text":
-                        raise ProxyError(
-                            400, f"content part type {part.type[:100]!r} is not supported; text only",
+                        raise BadRequest(
+                            f"content part type {part.type[:100]!r} is not supported; text only",
                             param=f"messages[{index}].content", code="unsupported_content",
                         )
                     if part.text is None:
-                        raise ProxyError(400, "a text content part needs its text", param=f"messages[{index}].content[{number}].text")
+                        raise BadRequest("a text content part needs its text", param=f"messages[{index}].content[{number}].text")
         if self.tool_choice not in (None, "auto", "none") and not self.tools:
-            raise ProxyError(400, "tool_choice needs tools", param="tool_choice")
+            raise BadRequest("tool_choice needs tools", param="tool_choice")
         if isinstance(self.tool_choice, NamedToolChoice):
             name = self.tool_choice.function.name
             if name not in {t.function.name for t in self.tools or []}:
-                raise ProxyError(400, f"tool_choice names an unknown function {name!r}", param="tool_choice")
+                raise BadRequest(f"tool_choice names an unknown function {name!r}", param="tool_choice")
         return sorted(set(self.model_extra or {}) | {n for n in HARMLESS if getattr(self, n, None) is not None})
 
     @property
@@ -188,20 +188,20 @@ def output_schema(format: Any, param: str, *, flat: bool = False) -> dict | None
     if format is None:
         return None
     if not isinstance(format, dict):
-        raise ProxyError(400, f"{param} must be an object such as {{'type': 'json_schema', ...}}", param=param)
+        raise BadRequest(f"{param} must be an object such as {{'type': 'json_schema', ...}}", param=param)
     kind = format.get("type")
     if kind in (None, "text"):
         return None
     if kind == "json_object":
         return {"type": "object"}
     if kind != "json_schema":
-        raise ProxyError(400, f"{param} type {str(kind)[:40]!r} is not supported; use 'text', 'json_object' or 'json_schema'", param=param, code="unsupported_parameter")
+        raise BadRequest(f"{param} type {str(kind)[:40]!r} is not supported; use 'text', 'json_object' or 'json_schema'", param=param, code="unsupported_parameter")
     spec = format if flat else format.get("json_schema")
     if not isinstance(spec, dict):
-        raise ProxyError(400, f"{param}.json_schema must be an object with 'name' and 'schema'", param=param)
+        raise BadRequest(f"{param}.json_schema must be an object with 'name' and 'schema'", param=param)
     schema = spec.get("schema", {})
     if not isinstance(schema, dict):
-        raise ProxyError(400, f"{param} schema must be a JSON schema object", param=param)
+        raise BadRequest(f"{param} schema must be a JSON schema object", param=param)
     return schema or {"type": "object"}
 
 

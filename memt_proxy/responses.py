@@ -40,7 +40,7 @@ from memt_core.client.parsers import OutputParser
 from memt_core.sampling_params import DEFAULT_MAX_NEW_TOKENS
 from memt_proxy.branches import BRANCH_TRIES, after_answer, find_shared, keep, plan_headerless, resumable
 from memt_proxy.conversations import SNAPSHOTS_PER_CHAIN, ResponseRecord, ResponseRecords, Thread, session_name
-from memt_proxy.errors import ProxyError
+from memt_proxy.errors import BadRequest, Conflict, NotFound, ProxyError, Unavailable
 from memt_proxy.protocol import logprobs_content, logprobs_sampling
 from memt_proxy.responses_protocol import (
     ConversationRequest, Events, InputItems, ResponseRequest, conversation_object, function_call_item, item_list,
@@ -114,7 +114,7 @@ class ResponsesService:
         if ignored:
             log.info("ignoring request field(s): %s", ", ".join(ignored))
         if request.model not in self.model_names:
-            raise ProxyError(404, f"model {request.model!r} does not exist; this proxy serves {', '.join(self.model_names)}", param="model", code="model_not_found")
+            raise NotFound(f"model {request.model!r} does not exist; this proxy serves {', '.join(self.model_names)}", param="model", code="model_not_found")
         dumped = request.model_dump_json()
         request._size = len(dumped)  # decides where its prompt is prepared (``turn_plan.off_loop``)
         request._digest = request_digest(dumped)  # an identical retry is answered again, not run twice
@@ -127,7 +127,7 @@ class ResponsesService:
         if request.conversation_id is not None:
             thread = self.records.thread(tenant, request.conversation_id)
             if thread is None or not thread.conversation:
-                raise ProxyError(404, f"conversation {request.conversation_id!r} not found; create one with POST /v1/conversations", param="conversation", code="conversation_not_found")
+                raise NotFound(f"conversation {request.conversation_id!r} not found; create one with POST /v1/conversations", param="conversation", code="conversation_not_found")
             return await self._in_thread(request, items, tenant, thread, None)
         if request.previous_response_id is not None:
             return await self._continue(request, items, tenant, self._previous(request, tenant))
@@ -181,10 +181,10 @@ class ResponsesService:
     def _previous(self, request: ResponseRequest, tenant: str) -> ResponseRecord:
         previous = self.records.response(tenant, request.previous_response_id)
         if previous is None:
-            raise ProxyError(400, f"previous response {request.previous_response_id!r} not found (it was never stored, was deleted, or belongs to another API key)", param="previous_response_id", code="previous_response_not_found")
+            raise BadRequest(f"previous response {request.previous_response_id!r} not found (it was never stored, was deleted, or belongs to another API key)", param="previous_response_id", code="previous_response_not_found")
         thread = self.records.thread(tenant, previous.thread) if previous.thread else None
         if thread is not None and thread.conversation:
-            raise ProxyError(400, f"response {previous.id!r} belongs to conversation {thread.id!r}: continue it with 'conversation', not 'previous_response_id'", param="previous_response_id", code="invalid_request")
+            raise BadRequest(f"response {previous.id!r} belongs to conversation {thread.id!r}: continue it with 'conversation', not 'previous_response_id'", param="previous_response_id", code="invalid_request")
         return previous
 
     async def _continue(self, request: ResponseRequest, items: list[dict], tenant: str, previous: ResponseRecord):
@@ -202,8 +202,8 @@ class ResponsesService:
                     return result
             restore = thread.snapshot(previous.snapshot_of) if thread is not None else None
             if previous.version > 0 and restore is None:
-                raise ProxyError(
-                    409, f"response {previous.id!r} is no longer the latest of its chain and its memory snapshot was dropped: the proxy keeps snapshots "
+                raise Conflict(
+                    f"response {previous.id!r} is no longer the latest of its chain and its memory snapshot was dropped: the proxy keeps snapshots "
                     f"for the {self.snapshots_per_chain} most recent responses of each chain (--response-snapshots). Continue a more recent response, or the latest.",
                     param="previous_response_id", code="snapshot_expired",
                 )
@@ -262,8 +262,8 @@ class ResponsesService:
             thread.uncommitted = thread.behind + thread.uncommitted
             thread.version, thread.behind, thread.snapshot_of = version, [], None
         elif version != thread.version:
-            raise ProxyError(
-                409, f"the memory of {thread.id!r} is at version {version} upstream but this proxy recorded version {thread.version}: "
+            raise Conflict(
+                f"the memory of {thread.id!r} is at version {version} upstream but this proxy recorded version {thread.version}: "
                 "it was changed outside the proxy; start a new conversation", code="memory_version_mismatch",
             )
         thread.behind = []
@@ -293,11 +293,11 @@ class ResponsesService:
         new = item_messages([item for item in items if not (item["type"] == "function_call" and item["call_id"] in echoed)])
         answered = {m["tool_call_id"] for m in new if m["role"] == "tool"}
         if calls and not set(calls) <= answered:
-            raise ProxyError(400, f"the previous response called functions and waits for their results: send a function_call_output item for each of call_id(s) {sorted(set(calls) - answered)} first", param="input", code="tool_results_missing")
+            raise BadRequest(f"the previous response called functions and waits for their results: send a function_call_output item for each of call_id(s) {sorted(set(calls) - answered)} first", param="input", code="tool_results_missing")
         messages = (list(uncommitted) + new)[held:]
         last_user = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=None)
         if last_user is None:
-            raise ProxyError(400, "input must hold a user message (or function_call_output items answering the previous response's function calls)", param="input", code="invalid_input")
+            raise BadRequest("input must hold a user message (or function_call_output items answering the previous response's function calls)", param="input", code="invalid_input")
         plan.context, plan.turn = messages[:last_user], messages[last_user:]
         continued = continued_turn_ids(self.chat_format, pending if calls else None, plan.turn)
         if continued is not None:  # function results continue the pending turn from the model's exact tokens
@@ -345,7 +345,7 @@ class ResponsesService:
     async def _stream(self, plan: Plan, held: HeldSession | None, hold: contextlib.AsyncExitStack | None) -> AsyncIterator[dict]:
         """The Responses stream events; the last one (``response.completed``) carries the settled response."""
         if plan.started:  # too late: the session was already let go
-            raise ProxyError(503, "the stream was not consumed in time", code="stream_expired")
+            raise Unavailable("the stream was not consumed in time", code="stream_expired")
         plan.started = True
         response_id, created, events = new_id("resp"), int(time.time()), Events()
         try:
@@ -479,7 +479,7 @@ class ResponsesService:
     def _stored(self, tenant: str, response_id: str) -> ResponseRecord:
         record = self.records.response(tenant, response_id)
         if record is None:
-            raise ProxyError(404, f"response {response_id!r} not found (it was never stored, was deleted, or belongs to another API key)", param="response_id", code="response_not_found")
+            raise NotFound(f"response {response_id!r} not found (it was never stored, was deleted, or belongs to another API key)", param="response_id", code="response_not_found")
         return record
 
     # ------------------------------------------------------------------ conversations
@@ -517,7 +517,7 @@ class ResponsesService:
         items = InputItems.of(raw).items
         async with self.sessions.turn(tenant, conversation.session):  # not while a response runs on it
             if conversation.calls:
-                raise ProxyError(400, f"the conversation's latest response waits for function results (call_id(s) {conversation.calls}); send them with POST /v1/responses first", param="items", code="tool_results_missing")
+                raise BadRequest(f"the conversation's latest response waits for function results (call_id(s) {conversation.calls}); send them with POST /v1/responses first", param="items", code="tool_results_missing")
             conversation.items += items
             conversation.uncommitted += item_messages(items)
             self.records.save(conversation)
@@ -526,7 +526,7 @@ class ResponsesService:
     def _conversation(self, tenant: str, conversation_id: str) -> Thread:
         conversation = self.records.thread(tenant, conversation_id)
         if conversation is None or not conversation.conversation:
-            raise ProxyError(404, f"conversation {conversation_id!r} not found", param="conversation_id", code="conversation_not_found")
+            raise NotFound(f"conversation {conversation_id!r} not found", param="conversation_id", code="conversation_not_found")
         return conversation
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
-from memt_proxy.errors import ProxyError
+from memt_proxy.errors import BadRequest
 from memt_proxy.protocol import StrictBool, StrictFloat, StrictInt, output_schema
 
 ITEM_TYPES = ("message", "function_call", "function_call_output", "reasoning")
@@ -94,15 +94,15 @@ class ResponseRequest(BaseModel):
     def checked(self) -> list[str]:
         """Refuse what cannot be honoured; returns the names of ignored fields (for the log)."""
         if self.conversation is not None and self.previous_response_id is not None:
-            raise ProxyError(400, "send either 'conversation' or 'previous_response_id', not both: a conversation already continues its latest response", param="previous_response_id", code="invalid_request")
+            raise BadRequest("send either 'conversation' or 'previous_response_id', not both: a conversation already continues its latest response", param="previous_response_id", code="invalid_request")
         if self.background:
-            raise ProxyError(400, "background responses are not supported by this proxy; send 'background': false or leave it out", param="background", code="unsupported_parameter")
+            raise BadRequest("background responses are not supported by this proxy; send 'background': false or leave it out", param="background", code="unsupported_parameter")
         self.output_schema()  # raises on a malformed text.format
         for index, tool in enumerate(self.tools or []):
             if tool.type != "function":
-                raise ProxyError(400, f"tools[{index}]: built-in tool type {tool.type!r} is not supported by this proxy; only function tools ({{'type': 'function', 'name': …, 'parameters': …}})", param=f"tools[{index}].type", code="unsupported_tool")
+                raise BadRequest(f"tools[{index}]: built-in tool type {tool.type!r} is not supported by this proxy; only function tools ({{'type': 'function', 'name': …, 'parameters': …}})", param=f"tools[{index}].type", code="unsupported_tool")
             if not tool.name:
-                raise ProxyError(400, f"tools[{index}]: a function tool needs a 'name'", param=f"tools[{index}].name")
+                raise BadRequest(f"tools[{index}]: a function tool needs a 'name'", param=f"tools[{index}].name")
         self._check_tool_choice()
         InputItems.of(self.input)  # raises on unknown item types or bad content
         extra = set(self.model_extra or {})
@@ -118,7 +118,7 @@ class ResponseRequest(BaseModel):
         names = {t.name for t in self.tools or []}
         if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("name"), str) and choice["name"] in names:
             return
-        raise ProxyError(400, f"tool_choice must be 'none', 'auto', 'required' or {{'type': 'function', 'name': <one of the request's function tools>}}; got {choice!r}", param="tool_choice", code="invalid_tool_choice")
+        raise BadRequest(f"tool_choice must be 'none', 'auto', 'required' or {{'type': 'function', 'name': <one of the request's function tools>}}; got {choice!r}", param="tool_choice", code="invalid_tool_choice")
 
     def output_schema(self) -> dict | None:
         """The JSON schema ``text.format`` asks the answer to match (``json_object``: any object), or None."""
@@ -142,12 +142,12 @@ def _text(content: Any, where: str) -> str:
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
-        raise ProxyError(400, f"{where}.content must be a string or a list of input_text parts", param=f"{where}.content")
+        raise BadRequest(f"{where}.content must be a string or a list of input_text parts", param=f"{where}.content")
     texts = []
     for index, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
         if kind not in TEXT_PARTS or not isinstance(part.get("text"), str):
-            raise ProxyError(400, f"{where}.content[{index}]: content part type {kind!r} is not supported; send text parts ({{'type': 'input_text', 'text': …}})", param=f"{where}.content[{index}].type", code="unsupported_content")
+            raise BadRequest(f"{where}.content[{index}]: content part type {kind!r} is not supported; send text parts ({{'type': 'input_text', 'text': …}})", param=f"{where}.content[{index}].type", code="unsupported_content")
         texts.append(part["text"])
     return "".join(texts)
 
@@ -167,7 +167,7 @@ class InputItems:
             where = f"input[{index}]"
             kind = raw.get("type", "message" if "role" in raw else None)
             if kind not in ITEM_TYPES:
-                raise ProxyError(400, f"{where}: item type {kind!r} is not supported; this proxy accepts {', '.join(ITEM_TYPES)}", param=f"{where}.type", code="unsupported_item_type")
+                raise BadRequest(f"{where}: item type {kind!r} is not supported; this proxy accepts {', '.join(ITEM_TYPES)}", param=f"{where}.type", code="unsupported_item_type")
             items.append(_stored_item(kind, raw, where))
         return cls(items)
 
@@ -179,13 +179,13 @@ def _stored_item(kind: str, raw: dict, where: str) -> dict:
     """One input item normalised as the API lists it back (``input_items``, conversation items)."""
     def need(field: str) -> Any:
         if not isinstance(raw.get(field), str):
-            raise ProxyError(400, f"{where}: a {kind} item needs a string {field!r}", param=f"{where}.{field}")
+            raise BadRequest(f"{where}: a {kind} item needs a string {field!r}", param=f"{where}.{field}")
         return raw[field]
 
     if kind == "message":
         role = raw.get("role")
         if role not in ("user", "assistant", "system", "developer"):
-            raise ProxyError(400, f"{where}: message role must be user, assistant, system or developer; got {role!r}", param=f"{where}.role")
+            raise BadRequest(f"{where}: message role must be user, assistant, system or developer; got {role!r}", param=f"{where}.role")
         part = "output_text" if role == "assistant" else "input_text"
         text = _text(raw.get("content"), where)
         content = {"type": part, "text": text, **({"annotations": []} if part == "output_text" else {})}
@@ -280,7 +280,7 @@ def item_list(items: list[dict], *, after: str | None, limit: int, order: str) -
     if after is not None:
         ids = [item["id"] for item in ordered]
         if after not in ids:
-            raise ProxyError(400, f"'after' must be the id of an item in this list; {after!r} is not", param="after")
+            raise BadRequest(f"'after' must be the id of an item in this list; {after!r} is not", param="after")
         ordered = ordered[ids.index(after) + 1:]
     page = ordered[:limit]
     return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None, "last_id": page[-1]["id"] if page else None, "has_more": len(ordered) > limit}

@@ -13,7 +13,7 @@ from fastapi import FastAPI, Query, Request
 from sse_starlette.sse import EventSourceResponse
 
 from memt_core.client.errors import MemTClientError
-from memt_proxy.errors import ProxyError, from_native
+from memt_proxy.errors import BadRequest, ProxyError, from_native
 from memt_proxy.responses import ResponsesService
 from memt_proxy.responses_protocol import ConversationRequest, ItemsRequest, ResponseRequest
 from memt_proxy.route_inputs import Inputs, request_body
@@ -32,7 +32,7 @@ def add_responses_routes(app: FastAPI, service: ResponsesService, inputs: Inputs
         body = await inputs.model(request, ResponseRequest)
         memory = request.headers.get("x-memt-memory")
         if memory is not None and memory.lower() not in ("auto", "read", "off"):
-            raise ProxyError(400, "X-MemT-Memory must be one of auto, read, off", param="X-MemT-Memory")
+            raise BadRequest("X-MemT-Memory must be one of auto, read, off", param="X-MemT-Memory")
         retries = request.headers.get("x-stainless-retry-count", "0")
         result = await service.create(body, tenant=tenant, stateless=memory is not None and memory.lower() == "off",
                                       retry=retries.isdigit() and int(retries) > 0)

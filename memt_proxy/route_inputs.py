@@ -20,7 +20,7 @@ from memt_core.client.errors import MemTClientError
 from memt_core.errors import InvalidRequest, PayloadTooLarge, RequestTimeout
 from memt_core.protocol.events import check_name
 from memt_core.request_body import read_json
-from memt_proxy.errors import ProxyError, from_native
+from memt_proxy.errors import BadRequest, BodyTimeout, ProxyError, TooLarge, Unauthorized, from_native
 
 SESSION_HEADER = "X-MemT-Session"
 MEMORY_HEADER = "X-MemT-Memory"
@@ -46,7 +46,7 @@ class Inputs:
         if not self.api_keys:
             return "default"
         if (tenant := keyed(request, self.api_keys)) is None:
-            raise ProxyError(401, "invalid API key; send 'Authorization: Bearer <key>'", code="invalid_api_key")
+            raise Unauthorized("invalid API key; send 'Authorization: Bearer <key>'", code="invalid_api_key")
         return tenant
 
     @staticmethod
@@ -56,20 +56,20 @@ class Inputs:
         try:
             return check_name(value, SESSION_HEADER)
         except InvalidRequest as exc:
-            raise ProxyError(400, exc.message, param=SESSION_HEADER, code="invalid_session") from None
+            raise BadRequest(exc.message, param=SESSION_HEADER, code="invalid_session") from None
 
     async def json(self, request: Request) -> Any:
         """The request's JSON body, read and parsed within the bounds above."""
         try:
             return await read_json(request.stream(), limit=self.max_request_bytes, declared=request.headers.get("content-length"), timeout=self.body_timeout)
         except RequestTimeout:
-            raise ProxyError(408, f"the request body did not arrive within {self.body_timeout:g} s (--body-timeout)", code="request_timeout") from None
+            raise BodyTimeout(f"the request body did not arrive within {self.body_timeout:g} s (--body-timeout)", code="request_timeout") from None
         except PayloadTooLarge as exc:
-            raise ProxyError(413, f"{exc.message}; send a smaller request, or raise the proxy's --max-request-bytes", code="request_too_large") from None
+            raise TooLarge(f"{exc.message}; send a smaller request, or raise the proxy's --max-request-bytes", code="request_too_large") from None
         except InvalidRequest as exc:
             found = _WHERE.search(exc.message)
             param = found.group(1).lstrip(".") if found and found.group(1) else None
-            raise ProxyError(400, exc.message, param=param, code="invalid_json") from None
+            raise BadRequest(exc.message, param=param, code="invalid_json") from None
 
     async def model(self, request: Request, model: type[Model], *, empty: Model | None = None) -> Model:
         """The body validated as ``model`` (``empty`` stands for an absent body, where one may be)."""
@@ -81,7 +81,7 @@ class Inputs:
         except ValidationError as exc:
             first = exc.errors()[0]
             param = _field_path(body, first.get("loc", ())) or None
-            raise ProxyError(400, f"invalid request: {param}: {first.get('msg')}", param=param) from None
+            raise BadRequest(f"invalid request: {param}: {first.get('msg')}", param=param) from None
 
 
 def keyed(request: Request, keys) -> Any:

@@ -30,7 +30,7 @@ from memt_core.client.chat_format import ChatFormat
 from memt_core.client.parsers import Delta, OutputParser, hold_partial
 from memt_core.sampling_params import DEFAULT_MAX_NEW_TOKENS
 from memt_proxy.branches import BRANCH_TRIES, after_answer, find_shared, keep, plan_headerless, resumable
-from memt_proxy.errors import ProxyError
+from memt_proxy.errors import BadRequest, NotFound, ProxyError, Unavailable
 from memt_proxy.protocol import ChatCompletionRequest, NamedToolChoice, Usage, choice, chunk_body, completion_id, logprobs_content, logprobs_sampling, response_body
 from memt_proxy.sessions import HeldSession, MemoryFound, PendingTurn, Sessions, SessionState
 from memt_proxy.structured import structure
@@ -143,13 +143,13 @@ class ChatService:
         if ignored:
             log.info("ignoring request field(s): %s", ", ".join(ignored))
         if request.model not in self.model_names:
-            raise ProxyError(404, f"model {request.model!r} does not exist; this proxy serves {', '.join(self.model_names)}", param="model", code="model_not_found")
+            raise NotFound(f"model {request.model!r} does not exist; this proxy serves {', '.join(self.model_names)}", param="model", code="model_not_found")
         policy = (memory or self.default_memory).lower()
         if policy not in POLICIES:
-            raise ProxyError(400, f"X-MemT-Memory must be one of {', '.join(POLICIES)}", param="X-MemT-Memory")
+            raise BadRequest(f"X-MemT-Memory must be one of {', '.join(POLICIES)}", param="X-MemT-Memory")
         if (request.n or 1) > 1 and session is not None and policy != "off":
-            raise ProxyError(
-                400, "n > 1 needs a stateless request: a session's turn has one answer to commit; "
+            raise BadRequest(
+                "n > 1 needs a stateless request: a session's turn has one answer to commit; "
                 "leave out X-MemT-Session or send X-MemT-Memory: off", param="n", code="unsupported_parameter",
             )
         await self.sessions.check_upstream()
@@ -289,7 +289,7 @@ class ChatService:
             vocab = len(self.chat_format.tokenizer)
             for key in request.logit_bias:
                 if int(key) >= vocab:
-                    raise ProxyError(400, f"logit_bias key {key[:40]!r} is not a token id of this model (its vocabulary has {vocab})", param="logit_bias")
+                    raise BadRequest(f"logit_bias key {key[:40]!r} is not a token id of this model (its vocabulary has {vocab})", param="logit_bias")
             sampling["logit_bias"] = {str(int(key)): float(value) for key, value in request.logit_bias.items()}
         if request.logprobs:
             sampling.update(logprobs_sampling(request.top_logprobs))
@@ -484,7 +484,7 @@ class ChatService:
     async def _stream(self, request: ChatCompletionRequest, prepared: Prepared, held: HeldSession | None, held_until: contextlib.AsyncExitStack | None) -> AsyncIterator[dict]:
         cid, created = completion_id(), int(time.time())
         if prepared.started:  # too late: the session was already freed for others
-            raise ProxyError(503, "the stream was not consumed in time", code="stream_expired")
+            raise Unavailable("the stream was not consumed in time", code="stream_expired")
         prepared.started = True
         try:
             completion = 0

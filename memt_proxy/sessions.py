@@ -74,7 +74,7 @@ import time
 from typing import AsyncIterator
 
 from memt_core.client.native import AsyncNativeClient, new_nonce
-from memt_proxy.errors import ProxyError
+from memt_proxy.errors import Conflict
 from memt_proxy.prefix_index import PrefixIndex
 from memt_proxy.session.held import HeldSession
 from memt_proxy.session.leases import Leases
@@ -180,7 +180,7 @@ class Sessions(Upstream, Leases, Placement, Writes):
             try:
                 await asyncio.wait_for(state.lock.acquire(), timeout=self.lease_wait)
             except asyncio.TimeoutError:
-                raise ProxyError(409, f"session busy: another request on this session is still running after {self.lease_wait:.0f}s; retry later", code="session_busy") from None
+                raise Conflict(f"session busy: another request on this session is still running after {self.lease_wait:.0f}s; retry later", code="session_busy") from None
             held = HeldSession(self, state)
             try:
                 yield held

@@ -35,7 +35,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from memt_proxy.errors import ProxyError
+from memt_proxy.errors import BadRequest
 
 #: JSON as the chat templates render it (``json.dumps``): what the model saw in tool calls.
 JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
@@ -60,7 +60,7 @@ def check_schema(schema: dict, param: str) -> None:
     """A 400 naming ``param`` when llguidance cannot compile ``schema``."""
     error = _schema_error(schema)
     if error:
-        raise ProxyError(400, f"{param}: the JSON schema is not supported: {error[:300]}", param=param, code="invalid_schema")
+        raise BadRequest(f"{param}: the JSON schema is not supported: {error[:300]}", param=param, code="invalid_schema")
 
 
 def _schema_error(schema) -> str:
@@ -123,7 +123,7 @@ def _lark(rules: list[str], tools_param: str) -> Structure:
     source = "%llguidance {}\n" + "\n".join(rules) + "\n"
     error = _lark_error(source)
     if error:
-        raise ProxyError(400, f"{tools_param}: no tool-call grammar can be built for these tools: {error[:300]}", param=tools_param, code="invalid_schema")
+        raise BadRequest(f"{tools_param}: no tool-call grammar can be built for these tools: {error[:300]}", param=tools_param, code="invalid_schema")
     return Structure("ebnf", source, raw=False)
 
 
@@ -135,7 +135,7 @@ def _offered(tools: list[dict], tools_param: str, name: str | None):
             continue
         parameters = function.get("parameters") or {"type": "object"}
         if not isinstance(parameters, dict):
-            raise ProxyError(400, "a tool's parameters must be a JSON schema object", param=f"{tools_param}[{index}].function.parameters")
+            raise BadRequest("a tool's parameters must be a JSON schema object", param=f"{tools_param}[{index}].function.parameters")
         check_schema(parameters, f"{tools_param}[{index}].function.parameters")
         yield index, function, parameters
 
@@ -175,7 +175,7 @@ def _dsml_call_rules(chat_format, tools: list[dict], tools_param: str, name: str
 def _check_dsml_name(name: str, param: str) -> None:
     """DSML writes names in ``name="…"`` as they are: one with a quote (or none) cannot be read back."""
     if not name or '"' in name:
-        raise ProxyError(400, f"{param}: the name {name[:60]!r} cannot be written in this model's tool calls (DSML): it must be non-empty, without '\"'", param=param)
+        raise BadRequest(f"{param}: the name {name[:60]!r} cannot be written in this model's tool calls (DSML): it must be non-empty, without '\"'", param=param)
 
 
 def _dsml_parameters(tokenizer, schema: dict, rule: str, param: str) -> tuple[str, list[str]]:

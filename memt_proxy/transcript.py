@@ -21,7 +21,7 @@ import json
 from json.encoder import encode_basestring as _string  # a JSON string literal, as json.dumps(ensure_ascii=False) writes it
 from dataclasses import dataclass, field
 
-from memt_proxy.errors import ProxyError
+from memt_proxy.errors import BadRequest, Conflict
 from memt_proxy.protocol import Message, text_of
 
 
@@ -93,8 +93,7 @@ def split_transcript(messages: list[Message], committed: list[str], *, history_k
         hashes = [message_hash(m) for m in earlier]
     overlap = _overlap(hashes, committed)
     if earlier and overlap == 0 and (committed or not history_known):
-        raise ProxyError(
-            409,
+        raise Conflict(
             "the transcript does not continue this session's memory: its earlier messages differ from what was "
             "committed (edited history, or another conversation on the same session). Reset the session "
             "(POST /v1/memt/sessions/{id}/reset), use a new X-MemT-Session, or send only the new messages.",
@@ -127,9 +126,9 @@ def check_turn(conversation: list[Message]) -> int:
     index of the last user message."""
     last_user = max((i for i, m in enumerate(conversation) if m.role == "user"), default=None)
     if last_user is None:
-        raise ProxyError(400, "messages must contain a user message", param="messages")
+        raise BadRequest("messages must contain a user message", param="messages")
     if conversation[-1].role == "assistant":
-        raise ProxyError(400, "the last message must come from the user or a tool", param="messages")
+        raise BadRequest("the last message must come from the user or a tool", param="messages")
     check_tool_rounds(conversation)
     return last_user
 
@@ -140,8 +139,8 @@ def check_tool_rounds(conversation: list[Message]) -> None:
     called: set = set()
     for index, message in enumerate(conversation):
         if message.role == "tool" and message.tool_call_id not in called:
-            raise ProxyError(
-                400, f"messages[{index}] is a tool result for tool_call_id {str(message.tool_call_id)[:80]!r}, which no assistant "
+            raise BadRequest(
+                f"messages[{index}] is a tool result for tool_call_id {str(message.tool_call_id)[:80]!r}, which no assistant "
                 "message before it called", param="messages", code="invalid_tool_result",
             )
         if message.role != "tool":
@@ -157,8 +156,7 @@ def check_tool_rounds(conversation: list[Message]) -> None:
             answered.add(following.tool_call_id)
         missing = expected - answered
         if missing:
-            raise ProxyError(
-                400,
+            raise BadRequest(
                 "an assistant message with 'tool_calls' must be followed by tool messages answering each call; "
                 f"no result for tool_call_id(s) {sorted(missing)}. A pending tool call cannot be skipped by a new "
                 "user message: send the tool results (or drop the tool-call message) first.",

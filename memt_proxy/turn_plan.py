@@ -13,7 +13,7 @@ import functools
 from concurrent.futures import ThreadPoolExecutor
 
 from memt_core.client.chat_format import ChatFormat
-from memt_proxy.errors import ProxyError
+from memt_proxy.errors import BadRequest
 from memt_proxy.session.state import PendingTurn
 from memt_proxy.transcript import message_hash
 
@@ -68,4 +68,4 @@ def prompt_ids(chat_format: ChatFormat, instructions: str | None, tools: list[di
 def check_prefill(prompt: list[int], limit: int | None, param: str) -> None:
     """Refuse (400 ``context_length_exceeded``) a prompt longer than the upstream's ``max_prefill_tokens``."""
     if limit and len(prompt) > limit:
-        raise ProxyError(400, f"the prompt has {len(prompt)} tokens; the upstream accepts at most {limit}", param=param, code="context_length_exceeded")
+        raise BadRequest(f"the prompt has {len(prompt)} tokens; the upstream accepts at most {limit}", param=param, code="context_length_exceeded")

@@ -10,7 +10,7 @@ from memt_core.client.errors import MemTClientError
 from memt_core.client.native import new_nonce, new_transaction
 from memt_core.client.turns import MemoryWrite
 from memt_core.errors import Conflict, LeaseConflict, UnknownSession
-from memt_proxy.errors import ProxyError
+from memt_proxy.errors import NotFound, ProxyError
 from memt_proxy.session.state import LeaseTaken, MemoryFound, SessionState
 
 if TYPE_CHECKING:
@@ -202,7 +202,7 @@ class HeldSession:
             elif sessions.records.load_offload(state.native) is not None or sessions.records.recorded_elsewhere(state.native):
                 await sessions.ensure(state)
             else:
-                raise ProxyError(404, f"session {session!r} does not exist", code="session_not_found") from None
+                raise NotFound(f"session {session!r} does not exist", code="session_not_found") from None
             return None
         if not state.exists:
             sessions.adopt(state, native)

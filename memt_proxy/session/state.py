@@ -16,7 +16,7 @@ from typing import Iterator
 
 from memt_core.errors import InvalidRequest
 from memt_core.names import check_snapshot_name
-from memt_proxy.errors import ProxyError
+from memt_proxy.errors import BadRequest, RateLimited
 
 MAX_SESSIONS = 1024  # default --max-sessions: session states kept in memory
 MAX_MEMORY_STATES = 256  # default --max-memory-states: header-less branches kept as native sessions
@@ -50,10 +50,10 @@ def snapshot_file(tenant: str, name: str) -> str:
     try:
         check_snapshot_name(name)
     except InvalidRequest as exc:
-        raise ProxyError(400, exc.message, param="name", code="invalid_snapshot_name") from None
+        raise BadRequest(exc.message, param="name", code="invalid_snapshot_name") from None
     file = f"t{hashlib.sha256(tenant.encode()).hexdigest()[:16]}-{name}"
     if len(file) > SNAPSHOT_NAME_LIMIT:
-        raise ProxyError(400, f"snapshot names are at most {SNAPSHOT_NAME_LIMIT - len(file) + len(name)} characters here", param="name", code="invalid_snapshot_name")
+        raise BadRequest(f"snapshot names are at most {SNAPSHOT_NAME_LIMIT - len(file) + len(name)} characters here", param="name", code="invalid_snapshot_name")
     return file
 
 
@@ -173,8 +173,8 @@ class SessionTable:
             if state.lease is not None or state.branch and state.exists:  # a branch's native session is closed with it
                 self.evicted.append(state)
             return
-        raise ProxyError(
-            429, f"the proxy is serving {self.capacity} sessions at once (--max-sessions); retry when one finishes",
+        raise RateLimited(
+            f"the proxy is serving {self.capacity} sessions at once (--max-sessions); retry when one finishes",
             code="too_many_sessions",
         )
 

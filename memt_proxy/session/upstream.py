@@ -9,7 +9,7 @@ from typing import AsyncIterator
 from memt_core.client.chat_format import serves
 from memt_core.client.errors import MemTClientError
 from memt_core.errors import EpochMismatch
-from memt_proxy.errors import ProxyError, from_native
+from memt_proxy.errors import ProxyError, Unavailable, from_native
 
 log = logging.getLogger("memt.proxy")
 
@@ -33,7 +33,7 @@ class Upstream:
             except MemTClientError as exc:
                 raise from_native(exc) from None
         if not serves(self.identity, self.served, capabilities, described):
-            raise ProxyError(503, "the upstream MemT server serves a different model/tokenizer than this proxy's --model-path", code="upstream_identity_mismatch")
+            raise Unavailable("the upstream MemT server serves a different model/tokenizer than this proxy's --model-path", code="upstream_identity_mismatch")
         self.max_prefill_tokens = capabilities.get("max_prefill_tokens")
         self.chunk_tokens = capabilities.get("chunk_tokens")
         self.upstream_sessions = capabilities.get("max_sessions_per_rank")  # our core's extension; None elsewhere

@@ -20,7 +20,7 @@ from memt_core.client.turns import (
     Step,
     WaitStep,
 )
-from memt_proxy.errors import ProxyError
+from memt_proxy.errors import ProxyError, Unavailable
 from memt_proxy.session.state import COMMIT_CAPACITY_WAIT, PendingTurn, SessionState
 
 log = logging.getLogger("memt.proxy")
@@ -112,7 +112,7 @@ class Writes:
         if write.outcome == "published":
             self.changed(state, committed)
             return
-        raise self.upstream_error(error) if error is not None else ProxyError(503, f"upstream MemT server: the memory write ended {write.outcome}", code="upstream_unavailable")
+        raise self.upstream_error(error) if error is not None else Unavailable(f"upstream MemT server: the memory write ended {write.outcome}", code="upstream_unavailable")
 
     async def _send(self, step: Step, state: SessionState, lease: str) -> dict:
         """One step of a memory write as its native request."""

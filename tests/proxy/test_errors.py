@@ -60,3 +60,20 @@ def test_wire_errors_rebuilt_by_status():
     for status in (400, 401, 409, 429, 502, 503):
         native = error_from_wire(status, {"error": {"type": "invalid_memory_request", "message": "m"}})
         assert from_native(MemTClientError("m", cause=native)).status == status
+
+
+def test_each_failure_kind_is_named_once():
+    """One class per status (issue 40): each carries its status and OpenAI type, and no module of the proxy
+    spells a status out where it raises."""
+    import re
+    from pathlib import Path
+
+    from memt_proxy import errors
+
+    for status, cls in errors.BY_STATUS.items():
+        error = cls("why", param="p", code="c")
+        assert isinstance(error, errors.ProxyError) and error.status == status
+        assert error.body() == {"error": {"message": "why", "type": errors.TYPES[status], "param": "p", "code": "c"}}
+    package = Path(errors.__file__).parent
+    literal = re.compile(r"ProxyError\(\s*\d{3}")
+    assert [str(p) for p in package.rglob("*.py") if p.name != "errors.py" and literal.search(p.read_text())] == []
