@@ -24,11 +24,9 @@ import logging
 import shlex
 from typing import Any, AsyncIterator
 
-from fastapi.encoders import jsonable_encoder
 
-from memt_core.client.native import AsyncNativeClient, _json_or_text, check_response, stream_chunk
-from memt_core.errors import MemTError
-from memt_core.request_body import OFF_LOOP_BYTES, parse_json
+from memt_core.client.native import AsyncNativeClient, check_response, json_or_text, stream_chunk
+from memt_core.request_body import OFF_LOOP_BYTES
 
 log = logging.getLogger("memt.proxy")
 
@@ -126,20 +124,6 @@ async def asgi_exchange(app, method: str, path: str, body: bytes, headers: dict[
             task.result()
 
 
-async def _answer(call, data: bytes, stage: str) -> tuple[int, Any]:
-    """(status, body) of a route that calls ``call``: the body parsed as the route parses it, the answer as JSON
-    carries it, an error as the status and body the app sends for it."""
-    try:
-        answer = await call(parse_json(data))
-        text = json.dumps(jsonable_encoder(answer), allow_nan=False)  # as the route's JSON response writes it
-    except MemTError as exc:
-        return exc.status, exc.to_wire()
-    except Exception:  # what the app's server-error handler answers
-        log.exception("the embedded core failed on %s", stage)
-        return 500, "Internal Server Error"
-    return 200, json.loads(text)
-
-
 class InProcessNativeClient(AsyncNativeClient):
     """``AsyncNativeClient`` whose requests go straight to the core in this process: to its ``service`` where
     given (control actions, plain generations; see the module docstring), else through its ASGI ``app``.
@@ -168,12 +152,14 @@ class InProcessNativeClient(AsyncNativeClient):
                 text = b"".join([chunk async for chunk in chunks]).decode("utf-8")
         except ConnectionResetError as exc:
             raise self._broken(stage, exc, changes_state) from exc
-        return check_response(status, _json_or_text(text), stage, changes_state=changes_state)
+        return check_response(status, json_or_text(text), stage, changes_state=changes_state)
 
     async def _call(self, call, stage: str, data: bytes, changes_state: bool) -> Any:
         """What the core's route answers to ``data``, from calling the service it wraps. The call is a task of its
         own that runs to its end even if this request is cancelled, as a route does when its client leaves."""
-        status, answer = await asyncio.shield(asyncio.ensure_future(_answer(call, data, stage)))
+        from memt_core.server.app import route_answer  # the core's own answer (imported with the core)
+
+        status, answer = await asyncio.shield(asyncio.ensure_future(route_answer(call, data, stage)))
         return check_response(status, answer, stage, changes_state=changes_state)
 
     async def _stream(self, body: dict, stage: str) -> AsyncIterator[dict]:
@@ -182,7 +168,7 @@ class InProcessNativeClient(AsyncNativeClient):
             async with asgi_exchange(self.app, "POST", "/generate", data, self.headers) as (status, chunks):
                 if status >= 400:
                     text = b"".join([chunk async for chunk in chunks]).decode("utf-8")
-                    check_response(status, _json_or_text(text), stage)
+                    check_response(status, json_or_text(text), stage)
                 pending = b""
                 async for data in chunks:
                     *lines, pending = (pending + data).split(b"\n")

@@ -141,7 +141,7 @@ def _renamed(exc: MemTClientError, kind: type[Conflict] | None) -> MemTClientErr
     return exc
 
 
-def _json_or_text(text: str) -> Any:
+def json_or_text(text: str) -> Any:
     try:
         return json.loads(text)
     except ValueError:
@@ -213,7 +213,7 @@ class NativeClient(_Base):
     def _send(self, stage: str, method: str, path: str, *, body: dict | None = None, changes_state: bool) -> Any:
         with self._mapped(stage, changes_state=changes_state):
             response = self._http.request(method, path, json=body)
-        return check_response(response.status_code, _json_or_text(response.text), stage, changes_state=changes_state)
+        return check_response(response.status_code, json_or_text(response.text), stage, changes_state=changes_state)
 
     def capabilities(self, *, refresh: bool = False) -> dict:
         """``GET /memt/capabilities`` (cached); also records the server epoch."""
@@ -252,7 +252,7 @@ class NativeClient(_Base):
             with self._http.stream("POST", "/generate", json=body) as response:
                 if response.status_code >= 400:
                     response.read()
-                    check_response(response.status_code, _json_or_text(response.text), stage)
+                    check_response(response.status_code, json_or_text(response.text), stage)
                 for line in response.iter_lines():
                     chunk = stream_chunk(line, stage)
                     if chunk is None:
@@ -311,7 +311,7 @@ class AsyncNativeClient(_Base):
         with self._mapped(stage, changes_state=changes_state, failures=_aiohttp_failures()):
             async with self._session().request(method, self.base_url + path, json=body) as response:
                 status, text = response.status, await response.text()
-        return check_response(status, _json_or_text(text), stage, changes_state=changes_state)
+        return check_response(status, json_or_text(text), stage, changes_state=changes_state)
 
     async def capabilities(self, *, refresh: bool = False) -> dict:
         if self._capabilities is None or refresh:
@@ -385,7 +385,7 @@ class AsyncNativeClient(_Base):
         with self._mapped(stage, changes_state=False, failures=_aiohttp_failures()):
             async with self._session().post(self.base_url + "/generate", json=body) as response:
                 if response.status >= 400:
-                    check_response(response.status, _json_or_text(await response.text()), stage)
+                    check_response(response.status, json_or_text(await response.text()), stage)
                 finished = False
                 try:
                     pending = b""  # SSE lines can outgrow aiohttp's line limit (bodies are cumulative): split here

@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 
-from memt_core.client.native import _json_or_text, check_response
+from memt_core.client.native import json_or_text, check_response
 
 
 class ProxySessions:
@@ -26,7 +26,7 @@ class ProxySessions:
     def _call(self, action: str, method: str, session: str, suffix: str = "", body: dict | None = None) -> Any:
         with httpx.Client(headers=self.headers, timeout=self.timeout, transport=self.transport) as http:
             response = http.request(method, f"{self.base_url}/memt/sessions/{session}{suffix}", json=body)
-        return check_response(response.status_code, _json_or_text(response.text), f"session {action}")
+        return check_response(response.status_code, json_or_text(response.text), f"session {action}")
 
     def inspect(self, session: str) -> dict:
         """The session's state on the proxy (committed messages, pending tool call) and on the MemT server."""

@@ -12,21 +12,24 @@ from __future__ import annotations
 
 import hmac
 import json
+import logging
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
+from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse, Response
 from sse_starlette.sse import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from memt_core.errors import WIRE_TYPE, AuthenticationError, MemTError, RouteDisabled, WorkerUnavailable
-from memt_core.request_body import read_json
+from memt_core.request_body import parse_json, read_json
 from memt_core.server.openapi_bodies import CONTROL, GENERATE, request_body
 from memt_core.server.docs import offline_docs
 from memt_core.server.metrics import CONTENT_TYPE, Metrics
 from memt_core.server.service import MemTService
 
 #: Administrative routes of SGLang that a MemT server keeps disabled (they would bypass memory rules).
+log = logging.getLogger("memt.server")
 DISABLED_ROUTES = (
     "/update_weights_from_disk", "/update_weights_from_tensor", "/update_weights_from_distributed",
     "/init_weights_update_group", "/flush_cache", "/load_lora_adapter", "/unload_lora_adapter",
@@ -139,6 +142,20 @@ def create_app(
     for path in DISABLED_ROUTES:
         app.add_api_route(path, _disabled(path), methods=["GET", "POST"], dependencies=guard, include_in_schema=False)
     return app
+
+
+async def route_answer(call, data: bytes, stage: str) -> tuple[int, Any]:
+    """(status, body) the control or generate route answers for the body ``data`` when ``call`` is the service
+    method it wraps (non-streamed, not ``--spec-strict``): for an in-process caller (``memt_proxy.embedded``)."""
+    try:
+        answer = await call(parse_json(data))
+        text = json.dumps(jsonable_encoder(answer), allow_nan=False)  # as the route's JSON response writes it
+    except MemTError as exc:
+        return exc.status, exc.to_wire()
+    except Exception:  # what the app's server-error handler answers
+        log.exception("the embedded core failed on %s", stage)
+        return 500, "Internal Server Error"
+    return 200, json.loads(text)
 
 
 async def _sse(bodies, wire):

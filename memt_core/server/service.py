@@ -19,7 +19,7 @@ from memt_core.engine.base import Engine, TokenEvent
 from memt_core.errors import CapacityExceeded, InvalidRequest, MemTError, WorkerUnavailable
 from memt_core.grammar import GrammarCompiler
 from memt_core.protocol import APPLIED, FAILED, Commit, Create, MemTProtocol, PlainGeneration, Query, Ticket, action_name, parse_control, parse_generate
-from memt_core.sampling import SamplingParams
+from memt_core.sampling_params import SamplingParams
 
 log = logging.getLogger("memt.server")
 
