@@ -10,15 +10,11 @@ Results flow back to the asyncio side through per-request queues and futures.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
-import os
 import queue
 import threading
 import time
-import weakref
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 import torch
@@ -27,6 +23,8 @@ from transformers import DynamicCache
 from memt_core.checkpoint import Checkpoint
 from memt_core.engine import kv
 from memt_core.engine.base import CommitInfo, Engine, EngineOptions, EngineStats, TokenEvent
+from memt_core.engine.device import claim_architecture, compile_model, cpu_threads, inductor_options  # noqa: F401 (cpu_threads re-exported)
+from memt_core.engine.jobs import CommitJob, QueryJob, put_all, set_exception, set_result
 from memt_core.engine.store import MemoryStore, RetainedKV
 from memt_core.errors import BadGeneration, CheckpointError, InvalidRequest, MemTError, WorkerUnavailable
 from memt_core.models.passes import commit_batch, eos_token_ids, memory_batch
@@ -43,82 +41,9 @@ log = logging.getLogger("memt.engine")
 #: their own to the compiler, and stay eager.
 COMPILED_PREFILL_TOKENS = (3, 256)
 
-#: The compiled step's guards leave out the model's own modules (``_compiled``): graphs compiled for one model are
-#: taken for another of the same class, so a process compiles models of one architecture only (model → its
-#: architecture, while the model lives). Their weights are the graphs' inputs, read at every call.
-_COMPILED_ARCHITECTURES: "weakref.WeakKeyDictionary[MemTForCausalLM, str]" = weakref.WeakKeyDictionary()
-
-
-@dataclass(eq=False)
-class _Query:
-    rid: str
-    prompt: list[int]
-    memory: MemoryState | None
-    params: SamplingParams
-    events: asyncio.Queue
-    loop: asyncio.AbstractEventLoop
-    session: str | None = None
-    retain: bool = False  # keep native context afterwards (retain_kv session)
-    retained: RetainedKV | None = None  # context handed over from the previous query
-    memory_version: int = 0
-    memory_read: bool = True
-    cancelled: bool = False
-    incremental: bool = True  # False: events after the first are held and sent with the last (one wake-up)
-    held: list[TokenEvent] = field(default_factory=list)
-    sampler: Sampler | None = None
-    output: list[int] = field(default_factory=list)
-    cache: Any = None  # own cache while not in the shared batch
-    fed: int = 0  # tokens whose keys/values are cached
-
-    @property
-    def last(self) -> int:
-        return self.output[-1]
-
-
-@dataclass(eq=False)
-class _Commit:
-    session: str
-    transaction: str
-    nonce: str
-    ids: list[int]
-    future: asyncio.Future
-    loop: asyncio.AbstractEventLoop
-
-
 #: effects that read or write the durable snapshot store when there is one
 DURABLE_EFFECTS = (fx.NewMemory, fx.CopyMemory, fx.PublishCandidate, fx.ClearMemory, fx.DropSession, fx.UnloadSession)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
-
-
-def cpu_threads(options: EngineOptions) -> int | None:
-    """``--torch-threads``, or when unset on the CPU: one fewer than torch's default (a thread per core), at
-    least 1, leaving a core to the server's event loop, the proxy and the app. A thread pool whose worker
-    waits for a busy core stalls at every op: with one other busy process on 2 cores, a demo answer took
-    3.6x as long on 2 threads as on 1 (scripts/bench/demo_turn.py --busy 1). None (torch's default) on a GPU,
-    or where ``OMP_NUM_THREADS`` is set (torch's default follows it)."""
-    if options.threads is not None:
-        return options.threads
-    if options.device == "cpu" and not os.environ.get("OMP_NUM_THREADS"):
-        return max(1, torch.get_num_threads() - 1)
-    return None
-
-
-def inductor_options(device: torch.device) -> dict:
-    """Inductor options of the compiled decode step on ``device``. On the CPU a decode step of a small model is
-    mostly the cost of calling its kernels: inductor's C++ wrapper calls them from generated C++ instead of
-    generated Python, a demo-model step in about 0.75x the time (scripts/bench/compile.py); elsewhere, the defaults."""
-    return {"cpp_wrapper": True} if torch.device(device).type == "cpu" else {}
-
-
-def architecture(model: MemTForCausalLM) -> str:
-    """A digest of what a compiled graph of ``model`` takes from its modules rather than from its inputs: the
-    checkpoint's identity, the configuration (with private fields such as the attention and experts
-    implementations), every module's type and hooks, and the parameters' shapes, dtypes and devices."""
-    parts = [model.checkpoint.identity(), repr(sorted(vars(model.config).items()))]
-    parts += [f"{name} {type(module).__qualname__} {len(module._forward_hooks)} {len(module._forward_pre_hooks)}"
-              for name, module in model.named_modules()]
-    parts += [f"{name} {tuple(p.shape)} {p.dtype} {p.device}" for name, p in model.named_parameters()]
-    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
 class TorchEngine(Engine):
@@ -208,7 +133,7 @@ class TorchEngine(Engine):
         self.compiled = torch_compile
         self._prefill_compiled = False
         self.compile_options = inductor_options(self.device) if compile_options is None else dict(compile_options)
-        self._decoder = self._compiled(model, module_guards) if torch_compile else model
+        self._decoder = compile_model(self.compile_options, model, module_guards) if torch_compile else model
         memory = self.checkpoint.memory
         self.store = MemoryStore(
             identity=self.checkpoint.identity(),
@@ -224,14 +149,14 @@ class TorchEngine(Engine):
         self.max_commit_batch = max_commit_batch
         self._stats = EngineStats()
         self._inbox: queue.Queue = queue.Queue()
-        self._waiting: deque[_Query] = deque()
-        self._commits: deque[_Commit] = deque()
-        self._rows: list[_Query] = []  # the shared decode batch (batchable caches)
-        self._solo: list[_Query] = []  # running queries whose caches cannot be batched
+        self._waiting: deque[QueryJob] = deque()
+        self._commits: deque[CommitJob] = deque()
+        self._rows: list[QueryJob] = []  # the shared decode batch (batchable caches)
+        self._solo: list[QueryJob] = []  # running queries whose caches cannot be batched
         self._batch_cache = None
         self._batch_mask: torch.Tensor | None = None
-        self._batch_read: tuple[list[_Query], dict | None] = ([], None)  # the rows it was stacked for, their memory read
-        self._by_rid: dict[str, _Query] = {}
+        self._batch_read: tuple[list[QueryJob], dict | None] = ([], None)  # the rows it was stacked for, their memory read
+        self._by_rid: dict[str, QueryJob] = {}
         self._stopping = False
         self._thread = threading.Thread(target=self._loop, name="memt-engine", daemon=True)
         self._failed: BaseException | None = None
@@ -245,29 +170,6 @@ class TorchEngine(Engine):
             self._warm_up()
         self._thread.start()
         return self
-
-    def _compiled(self, model: MemTForCausalLM, module_guards: bool):
-        """``model`` compiled for the decode step and short prefills. Its guards (the checks run before every call
-        that the graph still fits) leave out those on the model's modules: thousands of attribute checks that no call
-        can fail (nothing changes a loaded model), which cost a compiled demo-model turn 10-30 % of its time on the CPU
-        (scripts/bench/guards.py); those on the step's inputs and on global state stay. ``module_guards`` keeps them
-        all (to measure them)."""
-        options = dict(self.compile_options)
-        if not module_guards:
-            options["guard_filter_fn"] = torch.compiler.skip_guard_on_all_nn_modules_unsafe
-        return torch.compile(model, dynamic=True, options=options)
-
-    def _claim_architecture(self) -> None:
-        """Refuse to compile a model whose architecture differs from another compiled model's in this process
-        (see ``_COMPILED_ARCHITECTURES``): their graphs would be taken for each other's."""
-        mine = architecture(self.model)
-        if any(theirs != mine for model, theirs in _COMPILED_ARCHITECTURES.items() if model is not self.model):
-            raise RuntimeError(
-                "this process already serves a compiled model of another architecture (modules, configuration or "
-                "parameter shapes): torch.compile's graphs of one would be taken for the other's; compile one "
-                "architecture per process (or leave out --enable-torch-compile)"
-            )
-        _COMPILED_ARCHITECTURES[self.model] = mine
 
     def _warm_up(self) -> None:
         """Compile the decode step for one row and for several, after prompts of one token and of more (a size
@@ -286,7 +188,7 @@ class TorchEngine(Engine):
                         log.info("this model's caches decode one row at a time, uncompiled: nothing to compile")
                         return
                     if not claimed:  # before anything is compiled for it
-                        self._claim_architecture()
+                        claim_architecture(self.model)
                         claimed = True
                     own = torch.ones(1, length, dtype=torch.long, device=self.device)
                     cache, mask = (out.past_key_values, own) if cache is None else kv.join(cache, mask, out.past_key_values, own)
@@ -353,7 +255,7 @@ class TorchEngine(Engine):
         self.store.candidate(session, transaction)  # fail fast if the protocol and engine disagree
         self._check_alive()
         loop = asyncio.get_running_loop()
-        job = _Commit(session, transaction, nonce, list(ids), loop.create_future(), loop)
+        job = CommitJob(session, transaction, nonce, list(ids), loop.create_future(), loop)
         self._inbox.put(job)
         return await asyncio.shield(job.future)
 
@@ -385,7 +287,7 @@ class TorchEngine(Engine):
             version = state.version
             if retain:
                 retained = self._take_retained(session, state, prompt, version, memory_read)
-        job = _Query(
+        job = QueryJob(
             rid=rid, prompt=list(prompt), memory=memory, params=params, events=asyncio.Queue(), loop=loop,
             session=session, retain=retain, retained=retained, memory_version=version, memory_read=memory_read,
             incremental=incremental,
@@ -416,7 +318,7 @@ class TorchEngine(Engine):
             return None  # memory changed since: rebuild the context from the prompt
         return retained
 
-    async def _events(self, job: _Query) -> AsyncIterator[TokenEvent]:
+    async def _events(self, job: QueryJob) -> AsyncIterator[TokenEvent]:
         try:
             while True:
                 event = await job.events.get()
@@ -467,9 +369,9 @@ class TorchEngine(Engine):
         while True:
             if item is None:
                 self._stopping = True
-            elif isinstance(item, _Query):
+            elif isinstance(item, QueryJob):
                 self._waiting.append(item)
-            elif isinstance(item, _Commit):
+            elif isinstance(item, CommitJob):
                 self._commits.append(item)
             try:
                 item = self._inbox.get_nowait()
@@ -486,7 +388,7 @@ class TorchEngine(Engine):
             log.exception("commit failed")
             error = exc if isinstance(exc, MemTError) else BadGeneration(f"commit failed in the engine: {exc!r}")
             for job in jobs:
-                job.loop.call_soon_threadsafe(_set_exception, job.future, error)
+                job.loop.call_soon_threadsafe(set_exception, job.future, error)
             return
         for job, candidate, result in zip(jobs, candidates, results):
             candidate.memory = result.memory
@@ -494,7 +396,7 @@ class TorchEngine(Engine):
             self._stats.commits += 1
             self._stats.commit_tokens += result.tokens
             self._stats.write_events += result.write_events * len(self.model.memory_layers)
-            job.loop.call_soon_threadsafe(_set_result, job.future, CommitInfo(result.tokens, result.write_events))
+            job.loop.call_soon_threadsafe(set_result, job.future, CommitInfo(result.tokens, result.write_events))
 
     def _admit(self) -> None:
         while self._waiting and len(self._rows) + len(self._solo) < self.max_running:
@@ -526,7 +428,7 @@ class TorchEngine(Engine):
         self._stats.running = len(self._rows) + len(self._solo)
         self._stats.waiting = len(self._waiting)
 
-    def _prefill(self, job: _Query) -> None:
+    def _prefill(self, job: QueryJob) -> None:
         job.sampler = Sampler(job.params, prompt=tuple(job.prompt), end_ids=frozenset(self.stop_ids | set(job.params.stop_token_ids)))
         if job.retained is not None:
             cache, start = job.retained.cache, len(job.retained.tokens)
@@ -547,7 +449,7 @@ class TorchEngine(Engine):
             return self._decoder(feed, memory=read, past_key_values=cache, use_cache=True, logits_to_keep=1)
         return self.model(feed, memory=memory_batch(self.model, [memory]), past_key_values=cache, use_cache=True, logits_to_keep=1)
 
-    def _verdict(self, job: _Query) -> tuple[str, int | None] | None:
+    def _verdict(self, job: QueryJob) -> tuple[str, int | None] | None:
         """Whether the newest token ends the request: (finish_reason, matched stop token) or None."""
         token = job.output[-1]
         if job.cancelled:
@@ -558,7 +460,7 @@ class TorchEngine(Engine):
             return "length", None
         return None
 
-    def _emit(self, job: _Query, cache_of_row=None) -> bool:
+    def _emit(self, job: QueryJob, cache_of_row=None) -> bool:
         """Send the newest token, or finish the request with it. Returns True when finished.
 
         ``cache_of_row`` produces the request's own cache when it must be retained at the end.
@@ -578,29 +480,29 @@ class TorchEngine(Engine):
         self._finish(job, reason, token=job.output[-1], matched=matched)
         return True
 
-    def _finish(self, job: _Query, reason: str | None, *, token: int | None = None, matched: int | None = None, error: Exception | None = None) -> None:
+    def _finish(self, job: QueryJob, reason: str | None, *, token: int | None = None, matched: int | None = None, error: Exception | None = None) -> None:
         self._by_rid.pop(job.rid, None)
         event = self._token_event(job) if token is not None else TokenEvent(None)
         event.finish_reason, event.matched_stop, event.error = reason, matched, error
         self._post(job, event, last=True)
 
     @staticmethod
-    def _post(job: _Query, event: TokenEvent, *, last: bool = False) -> None:
+    def _post(job: QueryJob, event: TokenEvent, *, last: bool = False) -> None:
         """Hand ``event`` to the consumer's loop; a non-incremental job's events after the first wait for the last."""
         if not job.incremental and not last and len(job.output) > 1:
             job.held.append(event)
             return
         events, job.held = job.held + [event], []
-        job.loop.call_soon_threadsafe(_put_all, job.events, events)
+        job.loop.call_soon_threadsafe(put_all, job.events, events)
 
     @staticmethod
-    def _token_event(job: _Query) -> TokenEvent:
+    def _token_event(job: QueryJob) -> TokenEvent:
         choice = job.sampler.last if job.sampler is not None else None
         if choice is None:
             return TokenEvent(job.output[-1])
         return TokenEvent(choice.token, logprob=choice.logprob, top_logprobs=choice.top_logprobs)
 
-    def _retain(self, job: _Query, cache) -> None:
+    def _retain(self, job: QueryJob, cache) -> None:
         state = self.store.sessions.get(job.session)
         if state is None:
             return
@@ -666,7 +568,7 @@ class TorchEngine(Engine):
         else:
             self._batch_cache, self._batch_mask = None, None
 
-    def _solo_step(self, job: _Query) -> None:
+    def _solo_step(self, job: QueryJob) -> None:
         if job.cancelled:
             self._solo.remove(job)
             self._finish(job, "abort")
@@ -685,19 +587,4 @@ class TorchEngine(Engine):
         for job in list(self._waiting) + self._rows + self._solo:
             self._post(job, TokenEvent(None, error=error), last=True)
         for job in self._commits:
-            job.loop.call_soon_threadsafe(_set_exception, job.future, error)
-
-
-def _put_all(queue: asyncio.Queue, events: list[TokenEvent]) -> None:
-    for event in events:
-        queue.put_nowait(event)
-
-
-def _set_result(future: asyncio.Future, value) -> None:
-    if not future.done():
-        future.set_result(value)
-
-
-def _set_exception(future: asyncio.Future, error: BaseException) -> None:
-    if not future.done():
-        future.set_exception(error)
+            job.loop.call_soon_threadsafe(set_exception, job.future, error)

@@ -9,7 +9,7 @@ tokens (end-of-sequence skipped) while 1 and then ``--sessions`` sessions ask at
 between the engines, so a busy machine slows all alike. Prints the compile time, each engine's median turn
 latency, compiled / eager, compiled / compiled with the Python wrapper, and whether all gave the same tokens.
 (A variant that differs in what its graphs take from the model's modules, such as transformers' ``grouped_mm``
-experts, cannot share a process with these: see ``TorchEngine._compiled``. The guards the engine leaves out are
+experts, cannot share a process with these: see ``memt_core.engine.device.compile_model``. The guards the engine leaves out are
 measured by ``scripts/bench/guards.py``, each engine in a process of its own.)
 
     python scripts/bench/compile.py [--model-path DIR] [--tokens 24] [--sessions 4] [--repeats 15]

@@ -3,7 +3,7 @@
 
 ``--enable-torch-compile`` leaves out the guards (the checks dynamo runs before every call that a compiled graph
 still fits) on the model's modules: thousands of attribute checks that no call can fail, since nothing changes a
-loaded model (``memt_core.engine.torch_engine.TorchEngine._compiled``). Compiled engines of one process share
+loaded model (``memt_core.engine.device.compile_model``). Compiled engines of one process share
 their graphs, so the two engines compared here run in two child processes, and the parent has them take turns:
 a memory turn answered with exactly ``--tokens`` greedy tokens, ``--repeats`` times each, so a busy machine slows
 both alike. Each child also measures, alternating in its own process, the same turn with every guard but those

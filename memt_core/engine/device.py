@@ -1,0 +1,75 @@
+"""How the torch engine runs on a device: its CPU threads, and compiling a model (options, guards, one architecture
+per process)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import weakref
+
+import torch
+
+from memt_core.engine.base import EngineOptions
+from memt_core.models.memt import MemTForCausalLM
+
+
+#: The compiled step's guards leave out the model's own modules (``_compiled``): graphs compiled for one model are
+#: taken for another of the same class, so a process compiles models of one architecture only (model → its
+#: architecture, while the model lives). Their weights are the graphs' inputs, read at every call.
+_COMPILED_ARCHITECTURES: "weakref.WeakKeyDictionary[MemTForCausalLM, str]" = weakref.WeakKeyDictionary()
+
+
+def cpu_threads(options: EngineOptions) -> int | None:
+    """``--torch-threads``, or when unset on the CPU: one fewer than torch's default (a thread per core), at
+    least 1, leaving a core to the server's event loop, the proxy and the app. A thread pool whose worker
+    waits for a busy core stalls at every op: with one other busy process on 2 cores, a demo answer took
+    3.6x as long on 2 threads as on 1 (scripts/bench/demo_turn.py --busy 1). None (torch's default) on a GPU,
+    or where ``OMP_NUM_THREADS`` is set (torch's default follows it)."""
+    if options.threads is not None:
+        return options.threads
+    if options.device == "cpu" and not os.environ.get("OMP_NUM_THREADS"):
+        return max(1, torch.get_num_threads() - 1)
+    return None
+
+
+def inductor_options(device: torch.device) -> dict:
+    """Inductor options of the compiled decode step on ``device``. On the CPU a decode step of a small model is
+    mostly the cost of calling its kernels: inductor's C++ wrapper calls them from generated C++ instead of
+    generated Python, a demo-model step in about 0.75x the time (scripts/bench/compile.py); elsewhere, the defaults."""
+    return {"cpp_wrapper": True} if torch.device(device).type == "cpu" else {}
+
+
+def architecture(model: MemTForCausalLM) -> str:
+    """A digest of what a compiled graph of ``model`` takes from its modules rather than from its inputs: the
+    checkpoint's identity, the configuration (with private fields such as the attention and experts
+    implementations), every module's type and hooks, and the parameters' shapes, dtypes and devices."""
+    parts = [model.checkpoint.identity(), repr(sorted(vars(model.config).items()))]
+    parts += [f"{name} {type(module).__qualname__} {len(module._forward_hooks)} {len(module._forward_pre_hooks)}"
+              for name, module in model.named_modules()]
+    parts += [f"{name} {tuple(p.shape)} {p.dtype} {p.device}" for name, p in model.named_parameters()]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+def compile_model(options: dict, model: MemTForCausalLM, module_guards: bool):
+    """``model`` compiled for the decode step and short prefills. Its guards (the checks run before every call
+    that the graph still fits) leave out those on the model's modules: thousands of attribute checks that no call
+    can fail (nothing changes a loaded model), which cost a compiled demo-model turn 10-30 % of its time on the CPU
+    (scripts/bench/guards.py); those on the step's inputs and on global state stay. ``module_guards`` keeps them
+    all (to measure them)."""
+    options = dict(options)
+    if not module_guards:
+        options["guard_filter_fn"] = torch.compiler.skip_guard_on_all_nn_modules_unsafe
+    return torch.compile(model, dynamic=True, options=options)
+
+
+def claim_architecture(model: MemTForCausalLM) -> None:
+    """Refuse to compile a model whose architecture differs from another compiled model's in this process
+    (see ``_COMPILED_ARCHITECTURES``): their graphs would be taken for each other's."""
+    mine = architecture(model)
+    if any(theirs != mine for other, theirs in _COMPILED_ARCHITECTURES.items() if other is not model):
+        raise RuntimeError(
+            "this process already serves a compiled model of another architecture (modules, configuration or "
+            "parameter shapes): torch.compile's graphs of one would be taken for the other's; compile one "
+            "architecture per process (or leave out --enable-torch-compile)"
+        )
+    _COMPILED_ARCHITECTURES[model] = mine
