@@ -51,7 +51,7 @@ from memt_proxy.serving import MemoryTokens, RawStream, no_usage, request_digest
 from memt_proxy.sessions import HeldSession, PendingTurn, Sessions
 from memt_proxy.structured import structure
 from memt_proxy.transcript import message_hash
-from memt_proxy.turn_plan import check_prefill, continued_turn_ids, encode, forced_prefix, off_loop, prompt_ids
+from memt_proxy.turn_plan import check_prefill, check_text_fits, continued_turn_ids, encode, forced_prefix, off_loop, prompt_ids
 
 log = logging.getLogger("memt.proxy")
 
@@ -300,6 +300,7 @@ class ResponsesService:
         if last_user is None:
             raise BadRequest("input must hold a user message (or function_call_output items answering the previous response's function calls)", param="input", code="invalid_input")
         plan.context, plan.turn = messages[:last_user], messages[last_user:]
+        check_text_fits(self.chat_format, messages, request.instructions, self.sessions.max_prefill_tokens, "input")
         continued = continued_turn_ids(self.chat_format, pending if calls else None, plan.turn)
         if continued is not None:  # function results continue the pending turn from the model's exact tokens
             plan.turn_ids = continued

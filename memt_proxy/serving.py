@@ -35,7 +35,7 @@ from memt_proxy.protocol import ChatCompletionRequest, NamedToolChoice, Usage, c
 from memt_proxy.sessions import HeldSession, MemoryFound, PendingTurn, Sessions, SessionState
 from memt_proxy.structured import structure
 from memt_proxy.transcript import Split, as_dict, check_turn, message_hash, split_transcript
-from memt_proxy.turn_plan import check_prefill, continued_turn_ids, encode, forced_prefix, off_loop, prompt_ids
+from memt_proxy.turn_plan import check_prefill, check_text_fits, continued_turn_ids, encode, forced_prefix, off_loop, prompt_ids
 
 log = logging.getLogger("memt.proxy")
 
@@ -305,6 +305,7 @@ class ChatService:
         thinking, tools, prefix, parallel = self._options(request)
         check_turn([m for m in request.messages if m.role not in ("system", "developer")])  # as with a session
         messages = [as_dict(m) for m in request.messages]
+        check_text_fits(self.chat_format, messages, None, self.sessions.max_prefill_tokens, "messages")
         prompt = self.chat_format.conversation_ids(messages, tools=tools, enable_thinking=thinking) + encode(self.chat_format, prefix)
         check_prefill(prompt, self.sessions.max_prefill_tokens, "messages")
         sampling = self._sampling(request, tools)
@@ -326,13 +327,15 @@ class ChatService:
         thinking, tools, prefix, parallel = self._options(request)
         split = split_transcript(request.messages, state.committed, history_known=state.history_known, hashes=hashes)
         turn = [as_dict(m) for m in split.turn]
+        context = [as_dict(m) for m in split.context]
+        check_text_fits(self.chat_format, context + turn, split.instructions, self.sessions.max_prefill_tokens, "messages")
         turn_ids = continued_turn_ids(self.chat_format, state.pending, turn)
         continues = turn_ids is not None
         if continues:
             thinking = state.pending.thinking and not _structured(request, prefix)  # a grammar starts at the answer
         else:
             turn_ids = self.chat_format.open_turn_ids(turn, enable_thinking=thinking)
-        context_ids = self.chat_format.history_ids([as_dict(m) for m in split.context])
+        context_ids = self.chat_format.history_ids(context)
         forced = encode(self.chat_format, prefix)
         prompt = prompt_ids(self.chat_format, split.instructions, tools, context_ids, turn_ids + forced)
         check_prefill(prompt, self.sessions.max_prefill_tokens, "messages")

@@ -65,6 +65,35 @@ def prompt_ids(chat_format: ChatFormat, instructions: str | None, tools: list[di
     return list(chat_format.bos_ids) + chat_format.system_ids(instructions, tools) + context_ids + turn_ids
 
 
+_LONGEST: dict[int, int] = {}  # id(tokenizer) → characters of its longest vocabulary entry
+
+
+def check_text_fits(chat_format: ChatFormat, messages: list[dict], instructions: str | None, limit: int | None, param: str) -> None:
+    """Refuse (400 ``context_length_exceeded``), before templating and tokenizing, text that cannot fit ``limit``
+    tokens: no token covers more characters than the longest vocabulary entry, so ``n`` characters need at least
+    ``n / longest`` tokens. A multi-megabyte message then costs no tokenization (a 3.9 MB one took 0.8 GB)."""
+    if not limit:
+        return
+    tokenizer = chat_format.tokenizer
+    if id(tokenizer) not in _LONGEST:
+        _LONGEST[id(tokenizer)] = max(map(len, tokenizer.get_vocab()), default=1) or 1
+    chars = len(instructions or "") + sum(_characters(m.get("content")) for m in messages)
+    least = chars // _LONGEST[id(tokenizer)]
+    if least > limit:
+        raise BadRequest(
+            f"the prompt has at least {least} tokens ({chars} characters of text); the upstream accepts at most {limit}",
+            param=param, code="context_length_exceeded",
+        )
+
+
+def _characters(content) -> int:
+    if isinstance(content, str):
+        return len(content)
+    if isinstance(content, list):
+        return sum(len(part.get("text") or "") for part in content if isinstance(part, dict))
+    return 0
+
+
 def check_prefill(prompt: list[int], limit: int | None, param: str) -> None:
     """Refuse (400 ``context_length_exceeded``) a prompt longer than the upstream's ``max_prefill_tokens``."""
     if limit and len(prompt) > limit:

@@ -62,3 +62,20 @@ def test_a_large_request_is_prepared_in_the_worker_thread_a_small_one_in_place()
     small, large = asyncio.run(both())
     assert small == ("small", threading.current_thread().name)
     assert large[0] == "large" and large[1].startswith("memt-prepare")
+
+
+def test_text_that_cannot_fit_is_refused_before_tokenizing(chat_format):
+    """The bound never refuses what fits (the real count is at least chars / longest entry), and refuses a text
+    far too long for the limit from its length alone."""
+    from memt_proxy.turn_plan import check_text_fits
+
+    longest = max(map(len, chat_format.tokenizer.get_vocab()))
+    text = "lorem ipsum dolor sit amet " * 400
+    tokens = len(chat_format.tokenizer.encode(text, add_special_tokens=False))
+    assert tokens >= len(text) // longest
+    check_text_fits(chat_format, [{"role": "user", "content": text}], None, tokens, "messages")  # fits: no refusal
+    huge = [{"role": "user", "content": [{"type": "text", "text": "x" * (longest * 1001)}]}]
+    with pytest.raises(ProxyError) as info:
+        check_text_fits(chat_format, huge, "system text", 1000, "messages")
+    assert info.value.status == 400 and info.value.code == "context_length_exceeded" and "at least 1001 tokens" in info.value.message
+    check_text_fits(chat_format, huge, None, None, "messages")  # no limit known: nothing refused
