@@ -51,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--host", default="127.0.0.1", help="address to bind")
     parser.add_argument("--port", type=int, default=8000, help="port to bind")
     parser.add_argument("--api-key", action="append", default=[], help="accept this Bearer key (tenant 'default'); repeatable")
-    parser.add_argument("--admin-key", action="append", default=[k for k in [os.environ.get("MEMT_ADMIN_KEY")] if k], help="operator key (Bearer) for node-wide admin: POST /admin/drain (--cluster) and, once set, GET /metrics, which no tenant's API key may do (403); repeatable (default: $MEMT_ADMIN_KEY). Without it and without API keys, anyone who reaches the proxy may drain it")
+    parser.add_argument("--admin-key", action="append", default=[k for k in [os.environ.get("MEMT_ADMIN_KEY")] if k], help="operator key (Bearer) for node-wide admin: POST /admin/drain and /admin/undrain (--cluster) and, once set, GET /metrics, which no tenant's API key may do (403); repeatable (default: $MEMT_ADMIN_KEY). Without it and without API keys, anyone who reaches the proxy may drain it")
     parser.add_argument("--api-keys-file", default=None, help="JSON object {key: tenant} or lines 'KEY TENANT'; each tenant's sessions are separate")
     parser.add_argument("--default-memory", choices=["auto", "read", "off"], default="auto", help="memory policy when a request has no X-MemT-Memory header: auto = read memory and commit each completed turn, read = read only, off = neither")
     parser.add_argument("--model-path", default=None, help="the checkpoint the upstream serves (its tokenizer and chat format are used here); default: the bundled demo model")

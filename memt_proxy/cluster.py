@@ -12,7 +12,8 @@ Two pieces, switched on by ``--cluster`` (``install``):
   makes ``/health/ready`` fail (the router's health check then stops sending here), waits for the
   requests and commits under way, then hands every session off (``Sessions.unload``: its core frees it
   and gives up its ownership; its memory is in the snapshot store), so the node the router picks next
-  takes it over at once.
+  takes it over at once. ``POST /admin/undrain`` (the same key) takes requests again: the router's health
+  check re-admits the node, and sessions come back as they are routed here (from the store).
 
 A session a core restores from the store (``restored_version`` on create) is adopted at its version by
 every proxy (``Sessions.ensure``), and its record in ``--records-directory`` (a shared filesystem) lets
@@ -33,6 +34,7 @@ log = logging.getLogger("memt.proxy")
 ROUTING_KEY_HEADER = b"x-smg-routing-key"
 SESSION_HEADER = b"x-memt-session"
 DRAIN_PATH = "/admin/drain"
+UNDRAIN_PATH = "/admin/undrain"
 READY_PATH = "/health/ready"
 DRAIN_WAIT = 120.0  # seconds a drain waits for the requests and commits under way
 
@@ -93,10 +95,14 @@ class ClusterMiddleware:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         node, path = self.node, scope.get("path", "")
-        if path == DRAIN_PATH and scope["method"] == "POST":
+        if path in (DRAIN_PATH, UNDRAIN_PATH) and scope["method"] == "POST":
             refusal = self.authorize(scope["headers"]) if self.authorize else None
             if refusal is not None:
                 return await _answer(send, *refusal)
+            if path == UNDRAIN_PATH:
+                node.draining = False
+                log.info("undrained: taking requests again")
+                return await _answer(send, 200, {"draining": False})
             try:
                 return await _answer(send, 200, await node.drain())
             except TimeoutError as exc:
@@ -149,7 +155,7 @@ def install(app, sessions, *, api_keys: dict[str, str] | None = None, admin_keys
         if matches(token, admin_keys):
             return None
         if matches(token, api_keys or {}):
-            return 403, _error(403, "draining a node needs the operator key (--admin-key); a tenant's API key may not", "forbidden")
+            return 403, _error(403, "draining (or undraining) a node needs the operator key (--admin-key); a tenant's API key may not", "forbidden")
         return 401, _error(401, "invalid API key; send 'Authorization: Bearer <operator key>'", "invalid_api_key")
 
     app.add_middleware(ClusterMiddleware, node=node, authorize=authorize)

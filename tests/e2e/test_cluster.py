@@ -332,6 +332,13 @@ def test_a_drained_node_hands_its_sessions_off(cluster, proxy_chat_format):
         assert stored_version(store, conversation.name) == 3
         assert trimmed(proxy_chat_format, conversation)
 
+    # undrain: the node takes requests again, the router's health check re-admits it
+    assert httpx.post(leaving.url + "/admin/undrain", timeout=30).json() == {"draining": False}
+    assert httpx.get(leaving.url + "/health/ready").status_code == 200
+    router.wait_healthy({node.url for node in nodes})
+    again = httpx.post(leaving.url + "/v1/chat/completions", json={"model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}, timeout=120)
+    assert again.status_code == 200, again.text
+
 
 def test_the_routing_key_is_the_session_and_may_not_contradict_it(cluster):
     """Behind SMG the session arrives as X-SMG-Routing-Key; a request naming two different sessions is refused."""

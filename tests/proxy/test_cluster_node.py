@@ -111,3 +111,21 @@ def test_a_drain_waits_for_the_requests_under_way_then_refuses_and_fails_readine
     assert drained.status_code == 200 and drained.json()["drained"] is True
     assert refused.status_code == 503 and refused.json()["error"]["code"] == "draining" and refused.headers["retry-after"] == "1"
     assert not_ready.status_code == 503
+
+
+def test_undrain_takes_requests_again_with_the_operator_key_only():
+    app, node, release = node_app()
+
+    async def go():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://node") as http:
+            operator = {"Authorization": "Bearer operator"}
+            await http.post("/admin/drain", headers=operator)
+            tenant = await http.post("/admin/undrain", headers={"Authorization": "Bearer k"})
+            still = await http.get("/health/ready")
+            undrained = await http.post("/admin/undrain", headers=operator)
+            return tenant, still, undrained, await http.get("/health/ready")
+
+    tenant, still, undrained, ready = run(go())
+    assert tenant.status_code == 403 and still.status_code == 503  # a tenant's key changes nothing
+    assert undrained.json() == {"draining": False} and not node.draining
+    assert ready.status_code != 503
