@@ -46,7 +46,7 @@ from memt_proxy.responses_protocol import (
     ConversationRequest, Events, InputItems, ResponseRequest, conversation_object, function_call_item, item_list,
     item_messages, message_item, new_id, reasoning_item, response_object, usage,
 )
-from memt_proxy.responses_stream import StreamedItems
+from memt_proxy.responses_stream import StreamedItems, replayed
 from memt_proxy.serving import MemoryTokens, RawStream, no_usage, request_digest
 from memt_proxy.sessions import HeldSession, PendingTurn, Sessions
 from memt_proxy.structured import structure
@@ -120,9 +120,10 @@ class ResponsesService:
         request._size = len(dumped)  # decides where its prompt is prepared (``turn_plan.off_loop``)
         request._digest = request_digest(dumped)  # an identical retry is answered again, not run twice
         request._retry = retry
-        if retry and not request.stream and (tenant, request._digest) in self._answers:
+        if retry and (tenant, request._digest) in self._answers:
             log.info("an identical retry of a response: answered again")
-            return self._answers[(tenant, request._digest)]
+            body = self._answers[(tenant, request._digest)]
+            return replayed(body) if request.stream else body
         items = await off_loop(request._size, lambda: InputItems.of(request.input).items)
         await self.sessions.check_upstream()
         if request.conversation_id is not None:
@@ -220,11 +221,11 @@ class ResponsesService:
         handed_off = False
         try:
             answered = thread.answered
-            if request._retry and not request.stream and answered and answered["digest"] == request._digest and thread.head == answered["id"]:
+            if request._retry and answered and answered["digest"] == request._digest and thread.head == answered["id"]:
                 # a client's retry of the response that is this thread's latest (its answer lost on the way, or
-                # a timeout): the same response again, its turn not committed twice (issue 38)
+                # a timeout): the same response again, streamed if asked so, its turn not committed twice (issue 38)
                 log.info("an identical retry of %s on %s: answered again", answered["id"], thread.id)
-                return answered["body"]
+                return replayed(answered["body"]) if request.stream else answered["body"]
             if head is not None and thread.head != head:
                 return None
             await self._planned(request, tenant, items, thread, thread.uncommitted, thread.calls, None)  # a refusal creates nothing upstream

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import AsyncIterator
+
 from memt_proxy.protocol import logprobs_content
 from memt_proxy.responses_protocol import Events, function_call_item, message_item, reasoning_item
 
@@ -78,3 +80,24 @@ class StreamedItems:
         done = message_item("".join(self.texts), item_id=self.text["id"], logprobs=self.logprobs)
         self.output[index] = self.text = done
         return self.events.text_closed(index, done)
+
+
+async def replayed(body: dict) -> AsyncIterator[dict]:
+    """A settled response (``body``) as the stream events that announced it: what a client's retry of a streamed
+    request gets when its answer is kept (nothing is generated or committed again)."""
+    events = Events()
+    opening = {**body, "status": "in_progress", "output": [], "usage": None}
+    yield events.event("response.created", response=opening)
+    yield events.event("response.in_progress", response=opening)
+    for index, item in enumerate(body["output"]):
+        if item["type"] == "message":
+            for event in events.text_opened(index, {**item, "status": "in_progress", "content": []}):
+                yield event
+            text = "".join(part.get("text", "") for part in item["content"])
+            yield events.text_delta(index, item["id"], text)
+            for event in events.text_closed(index, item):
+                yield event
+        else:
+            for event in events.call(index, item) if item["type"] == "function_call" else events.item(index, item):
+                yield event
+    yield events.event("response.completed" if body["status"] == "completed" else "response.incomplete", response=body)

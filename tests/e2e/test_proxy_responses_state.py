@@ -170,3 +170,28 @@ def test_an_identical_retry_is_answered_again_not_committed_twice(proxy):
         first = http.post("/v1/responses", json=chained).json()
         again = http.post("/v1/responses", json=chained, headers=retry).json()
         assert again == first  # not a branch of its own
+
+
+def test_a_streamed_retry_gets_the_kept_response_as_a_stream(proxy):
+    """A streamed request retried (``x-stainless-retry-count``) after its answer was kept: the same response,
+    streamed again (its text, then the end event carrying it), and the turn is in the conversation once."""
+    with proxy.http(KEY_A) as http:
+        conversation = http.post("/v1/conversations", json={}).json()["id"]
+        body = {"model": MODEL, "input": "Stream it.", "conversation": conversation, "max_output_tokens": 6, "temperature": 0, "stream": True}
+
+        def events(headers=None) -> list[dict]:
+            with http.stream("POST", "/v1/responses", json=body, headers=headers or {}) as response:
+                assert response.status_code == 200
+                return [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: ")]
+
+        first = events()
+        again = events({"x-stainless-retry-count": "1"})
+        ends = ("response.completed", "response.incomplete")
+        done = [e["response"] for e in first if e["type"] in ends]
+        replay = [e["response"] for e in again if e["type"] in ends]
+        assert done and replay == done
+        text = lambda stream: "".join(e["delta"] for e in stream if e["type"] == "response.output_text.delta")  # noqa: E731
+        assert text(again) == text(first) == done[0]["output"][0]["content"][0]["text"]
+        assert [e["sequence_number"] for e in again] == list(range(len(again)))
+        items = http.get(f"/v1/conversations/{conversation}/items").json()["data"]
+        assert [item["type"] for item in items].count("message") == 2  # the input and the answer, once
