@@ -8,6 +8,12 @@ that ..."): replies here are neutral. The split follows :mod:`memt_core.demo.val
 (``rng.heldout_templates`` / ``rng.heldout_values``) take only those, with numbers from
 :data:`HELDOUT_NUMBERS`; names and cities come from the generators of :mod:`memt_core.demo.values`,
 which hold out their own share.
+
+Besides the fixed sentences of :data:`CHATTER`, chatter is composed from :data:`FRAMES` and word pools
+(verbs, times, moods, weather, relations...), statements that sound like facts but are none ("I'm tired
+today.", "Jazz is underrated.") among them, each answered by one of a few neutral replies: many more
+distinct messages than sentences, so a model learns to let any small talk pass rather than a list of it.
+Every pool is split like the templates (:func:`values.template_split`).
 """
 
 from __future__ import annotations
@@ -84,6 +90,57 @@ TRIVIA = (
     "Lightning is hotter than the surface of the sun.", "Cows have best friends.",
 )
 
+TRIVIA += (
+    "Some frogs can freeze and thaw again.", "Butterflies taste with their feet.", "A cloud can weigh a lot.",
+    "The moon drifts away from the earth a little every year.", "Owls cannot move their eyes.",
+    "Penguins have knees.", "Hot water can freeze faster than cold water.", "Koalas sleep most of the day.",
+    "A bolt of lightning is very thin.", "Starfish have no brain.",
+)
+
+#: User message frame → neutral replies. Slots besides :data:`CHATTER`'s: {o} an opener, {v} a verb phrase, {w} a
+#: time, {a} an adjective, {m} a mood, {now} a moment, {x} weather, {r} a relation, {rv} what the relation does,
+#: {q} a trivia sentence in lower case.
+FRAMES: dict[str, tuple[str, ...]] = {
+    "{o}, I {v} {t} {w}.": ("That sounds interesting.", "Nice! Tell me more if you like.", "Oh, {t}! What did you think?", "Thanks for sharing that."),
+    "I {v} {t} {w}.": ("That sounds interesting.", "Nice! Tell me more if you like.", "Thanks for sharing that."),
+    "{w} I {v} {t}.": ("Oh, {t}! What did you think?", "That sounds interesting."),
+    "{T} is {a}.": ("Many people think so.", "I can see why you say that.", "Interesting! What makes it {a} for you?"),
+    "I think {t} is {a}.": ("That's a fair thought.", "I can see why you say that.", "Many people think so."),
+    "{o}, {t} is {a}, right?": ("Many people would agree.", "It can be! What do you think?"),
+    "I'm {m} {now}.": ("Thanks for telling me.", "I see. Want to chat for a while?", "Okay! I'm here if you want to talk."),
+    "{o}, I'm feeling {m}.": ("Thanks for telling me.", "I see. Want to chat for a while?"),
+    "I feel {m} {now}.": ("Okay! I'm here if you want to talk.", "Thanks for telling me."),
+    "It's {x} today.": ("Thanks for the update!", "Sounds like a {x} day."),
+    "It was {x} {w}.": ("I see. Thanks for telling me.", "Sounds like it was {x}."),
+    "What do you know about {t}?": ("{T} is a big topic. What would you like to know?", "A little! What about {t} interests you?"),
+    "Can you tell me something about {t}?": ("Sure! {trivia}", "{T} is a big topic. Where should we start?"),
+    "Did you know that {q}": ("I did not know that! Thanks.", "Interesting! Thanks for telling me."),
+    "My {r} {p} {rv} {t}.": ("That's nice for {p}!", "Nice! Do you like {t} too?"),
+    "My {r} told me about {t} {w}.": ("That sounds interesting.", "Nice! What did they say?"),
+    "Let's chat about {t} for a bit.": ("Sure, let's talk about {t}.", "Happy to! What about {t}?"),
+    "{o}, what should we talk about?": ("Anything you like! Maybe {t}?", "How about {t}?"),
+    "{o}, never mind.": ("No problem.", "Okay! I'm here if you need me."),
+}
+
+#: Every chatter message template → its replies: :data:`CHATTER`'s sentences and the :data:`FRAMES`.
+TEMPLATES: dict[str, tuple[str, ...]] = {**{user: (reply,) for user, reply in CHATTER.items()}, **FRAMES}
+
+#: Word pools of the frames' slots (split like the templates: a fifth of each is held out).
+WORDS: dict[str, tuple[str, ...]] = {
+    "{o}": ("So", "Well", "Anyway", "Oh", "Hey", "Honestly", "By the way", "You know", "Okay", "Hmm", "Alright", "Ah"),
+    "{v}": ("watched a show about", "read about", "talked about", "heard a podcast about", "saw a video about",
+            "thought about", "learned about", "dreamed about", "looked at pictures of", "argued about"),
+    "{w}": ("yesterday", "this morning", "last week", "today", "last night", "on the weekend", "an hour ago",
+            "after lunch", "on the train", "before bed"),
+    "{a}": ("nice", "fun", "interesting", "a bit boring", "amazing", "strange", "relaxing", "hard to explain",
+            "underrated", "beautiful"),
+    "{m}": ("bored", "tired", "hungry", "happy", "sleepy", "busy", "a bit sad", "excited", "calm", "grumpy"),
+    "{now}": ("today", "right now", "again", "this evening", "at the moment"),
+    "{x}": ("sunny", "cold", "windy", "rainy", "warm", "cloudy", "foggy", "snowy", "humid", "stormy"),
+    "{r}": ("neighbour", "cousin", "colleague", "uncle", "aunt", "classmate", "brother", "sister", "teacher", "roommate"),
+    "{rv}": ("likes", "is into", "talked about", "keeps mentioning", "wrote a poem about"),
+}
+
 TRAINING_NUMBERS = range(1, 60)
 HELDOUT_NUMBERS = range(60, 100)
 
@@ -92,9 +149,13 @@ def _capitalise(text: str) -> str:
     return text[:1].upper() + text[1:]
 
 
-def topic(rng: random.Random) -> str:
-    train, held = values.template_split(TOPICS)
+def _drawn(rng: random.Random, pool: tuple[str, ...]) -> str:
+    train, held = values.template_split(pool)
     return rng.choice(held if getattr(rng, "heldout_values", False) else train)
+
+
+def topic(rng: random.Random) -> str:
+    return _drawn(rng, TOPICS)
 
 
 def number(rng: random.Random) -> str:
@@ -106,18 +167,21 @@ def chatter(rng: random.Random) -> tuple[str, str, tuple[str, ...]]:
 
     A training message is perturbed by :func:`values.vary` like other training phrasings (``rng.variation``).
     """
-    train, held = values.template_split(tuple(CHATTER))
+    train, held = values.template_split(tuple(TEMPLATES))
     heldout = getattr(rng, "heldout_templates", False)
     template = rng.choice(held if heldout else train)
-    user, reply = template, CHATTER[template]
+    user, reply = template, rng.choice(TEMPLATES[template])
     variation = getattr(rng, "variation", 0.0)
     if not heldout and variation and rng.random() < variation:
         user = values.vary(rng, template, held)
-    slots = {"{n}": number(rng), "{p}": values.person_name(rng), "{c}": values.city(rng), "{trivia}": rng.choice(TRIVIA)}
-    slots["{t}"] = topic(rng)
+    trivia = _drawn(rng, TRIVIA)
+    slots = {"{n}": number(rng), "{p}": values.person_name(rng), "{c}": values.city(rng), "{trivia}": trivia,
+             "{q}": trivia[:1].lower() + trivia[1:], "{t}": topic(rng)}
     slots["{T}"] = _capitalise(slots["{t}"])
-    for key, value in slots.items():
-        user, reply = user.replace(key, value), reply.replace(key, value)
+    slots.update({key: _drawn(rng, pool) for key, pool in WORDS.items()})
+    for key in sorted(slots, key=len, reverse=True):  # {now} before {n}
+        user, reply = user.replace(key, slots[key]), reply.replace(key, slots[key])
+    user, reply = _capitalise(user), _capitalise(reply)
     copied = tuple(v for k, v in slots.items() if k in ("{p}", "{c}", "{n}") and v in reply)
     return user, reply, copied
 

@@ -25,7 +25,10 @@ def _chatter_pattern(template: str) -> re.Pattern:
 
 
 def _is_chatter(turn) -> bool:
-    return any(_chatter_pattern(u).fullmatch(turn.user) and _chatter_pattern(r).fullmatch(turn.reply) for u, r in chatter.CHATTER.items())
+    return any(
+        _chatter_pattern(u).fullmatch(turn.user) and any(_chatter_pattern(r).fullmatch(turn.reply) for r in replies)
+        for u, replies in chatter.TEMPLATES.items()
+    )
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +88,7 @@ def test_some_facts_are_asked_twice_and_some_never(long_episodes):
 
 
 def test_chatter_split_holds_out_a_fifth():
-    for pool in (tuple(chatter.CHATTER), chatter.TOPICS):
+    for pool in (tuple(chatter.TEMPLATES), chatter.TOPICS):
         train, held = values.template_split(pool)
         assert train and held and not set(train) & set(held)
         assert 0.1 <= len(held) / len(pool) <= 0.34
@@ -93,7 +96,7 @@ def test_chatter_split_holds_out_a_fifth():
 
 
 def test_held_out_chatter_never_shows_in_training(training_episodes):
-    train, held = values.template_split(tuple(chatter.CHATTER))
+    train, held = values.template_split(tuple(chatter.TEMPLATES))
     held_topics = values.template_split(chatter.TOPICS)[1]
     messages, text = [], []
     for episode in training_episodes:
@@ -103,7 +106,7 @@ def test_held_out_chatter_never_shows_in_training(training_episodes):
         text += [m["content"] for m in episode.query.messages if isinstance(m.get("content"), str)]
     kinds = {e.kind for e in training_episodes}
     assert "long" in kinds
-    for template in held:
+    for template in (t for t in held if t in chatter.CHATTER):  # sentences (frames: disjoint draws, tested below)
         pattern = _chatter_pattern(template)
         assert not any(pattern.fullmatch(m) for m in messages), template
     joined = "\n".join(text).lower()
@@ -115,7 +118,7 @@ def test_held_out_chatter_never_shows_in_training(training_episodes):
 
 def test_held_out_draws_use_only_held_out_chatter():
     rng = values.DemoRandom(4, heldout_values=True, heldout_templates=True)
-    train, held = values.template_split(tuple(chatter.CHATTER))
+    train, held = values.template_split(tuple(chatter.TEMPLATES))
     held_topics = values.template_split(chatter.TOPICS)[1]
     for _ in range(300):
         user, reply, _ = chatter.chatter(rng)
@@ -132,4 +135,21 @@ def test_acknowledgements_are_fact_shaped_and_chatter_is_not():
     facts = ep.sample_facts(rng, 2)
     assert chatter.is_fact_shaped(ep.acknowledgement(facts))
     assert chatter.is_fact_shaped("Got it! I will remember that your favourite food is long walks.")
-    assert not any(chatter.is_fact_shaped(reply) for reply in chatter.CHATTER.values())
+    assert not any(chatter.is_fact_shaped(reply) for replies in chatter.TEMPLATES.values() for reply in replies)
+
+
+def test_chatter_is_composed_from_frames_and_words_split_like_the_templates():
+    """Many distinct messages, not a list to learn (issue #41's second run): training and held-out draws share
+    no message and no word of the split pools; no reply is fact-shaped; no message tells a personal fact."""
+    train_rng, held_rng = values.DemoRandom(5), values.DemoRandom(6, heldout_values=True, heldout_templates=True)
+    train = [chatter.chatter(train_rng) for _ in range(2000)]
+    held = [chatter.chatter(held_rng) for _ in range(2000)]
+    assert len({user for user, _, _ in train}) > 500
+    assert not {user for user, _, _ in train} & {user for user, _, _ in held}
+    for key, pool in chatter.WORDS.items():
+        kept, out = values.template_split(pool)
+        assert out and not set(kept) & set(out) and any(key in frame for frame in chatter.FRAMES), key
+    fact = re.compile(r"(?i)\b(my name is|i live in|years old|my favou?rite|my best friend|my birthday|i work as)\b")
+    for user, reply, _ in train + held:
+        assert not chatter.is_fact_shaped(reply), reply
+        assert not fact.search(user), user
