@@ -26,7 +26,7 @@ def average(runs: list[Path], out: Path, command: str) -> dict:
     from safetensors import safe_open
     from safetensors.torch import save_file
 
-    from memt_core.demo.train import run_minutes
+    from memt_demo.train import run_minutes
 
     records = [json.loads((run / "training.json").read_text()) for run in runs]
     for run, record in zip(runs[1:], records[1:]):

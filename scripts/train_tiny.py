@@ -7,7 +7,7 @@
 Everything runs on CPU. The script builds the tokenizer (a byte-level BPE trained on the synthetic
 corpus, saved in Hugging Face format with the Nano chat template), writes ``config.json``
 (``model_type: memt_qwen3_5_moe``, loaded by ``memt_core.models.load_model`` like real Nano
-checkpoints), trains on synthetic episodes (:mod:`memt_core.demo.episodes`) through the engine's commit
+checkpoints), trains on synthetic episodes (:mod:`memt_demo.episodes`) through the engine's commit
 → write → query-reads-memory path with gradients through the write, saves BF16 safetensors, and ends
 with the recall evaluation of ``scripts/eval_tiny.py`` on fresh random episodes.
 
@@ -33,10 +33,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from memt_core.demo.episodes import Mix  # noqa: E402
-from memt_core.demo.train import TrainConfig, chain_entry, run_minutes  # noqa: E402
+from memt_demo.episodes import Mix  # noqa: E402
+from memt_demo.train import TrainConfig, chain_entry, run_minutes  # noqa: E402
 
-from memt_core.demo import BUNDLED_MODEL as DEFAULT_OUT  # noqa: E402
+from memt_demo import BUNDLED_MODEL as DEFAULT_OUT  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warm-up", type=float, default=0.2, help="fraction of training on single facts (curriculum)")
     parser.add_argument("--full-mix", type=float, default=0.5, help="fraction of training where the full mix is reached")
     parser.add_argument("--mix", nargs="*", default=[], metavar="FIELD=VALUE", type=mix_override,
-                        help="change a field of the full mix (memt_core.demo.episodes.Mix), e.g. unknown=0.02 "
+                        help="change a field of the full mix (memt_demo.episodes.Mix), e.g. unknown=0.02 "
                              "(a kind's weight) or max_facts=4; the curriculum then blends towards it")
     shape = defaults.shape
     parser.add_argument("--vocab-size", type=int, default=shape.vocab_size, help="tokenizer vocabulary target")
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
                          threads=args.threads, averaged=len(record.get("averages", [])))
         return 0
 
-    from memt_core.demo.train import train
+    from memt_demo.train import train
 
     shape = replace(defaults.shape, vocab_size=args.vocab_size, hidden_size=args.hidden_size, memory_heads=args.memory_heads,
                     key_dim=args.key_dim, value_dim=args.value_dim)
@@ -149,7 +149,7 @@ def mix_override(text: str) -> tuple[str, float | int]:
 
 def config_from_dict(data: dict) -> TrainConfig:
     """The :class:`TrainConfig` recorded in a ``training.json``."""
-    from memt_core.demo.train import ModelShape
+    from memt_demo.train import ModelShape
 
     shape = ModelShape(**{**data["shape"], "memory_layers": tuple(data["shape"]["memory_layers"])})
     return TrainConfig(**{**data, "shape": shape})
@@ -157,7 +157,7 @@ def config_from_dict(data: dict) -> TrainConfig:
 
 def write_evaluation(out: Path, episodes: int, seed: int, minutes: float, config: TrainConfig, *, threads: int, averaged: int = 0) -> dict:
     """Evaluate the checkpoint in ``out`` on both splits; write its ``eval.json`` and model card ``README.md``."""
-    from memt_core.demo.eval import evaluate, format_report
+    from memt_demo.eval import evaluate, format_report
 
     report = evaluate(out, episodes, seed, threads=threads)
     report["command"] = f"python scripts/eval_tiny.py --episodes {episodes} --seed {seed}"
@@ -184,7 +184,7 @@ def held_out_notes(splits: dict) -> str:
     gaps = [(ind[n] - held[n], n) for n in LABELS_FOR_GAPS if n in held and n in ind]
     worst = [n for gap, n in sorted(gaps, reverse=True) if gap >= 0.2]
     if worst:
-        from memt_core.demo.eval import LABELS
+        from memt_demo.eval import LABELS
 
         lines.append("- The largest drops from in distribution to held out: " + "; ".join(
             f"{LABELS[n]} {ind[n]:.0%} → {held[n]:.0%}" for n in worst) + ".")
@@ -203,7 +203,7 @@ LABELS_FOR_GAPS = ("fact1", "facts3", "phrasing", "document", "tool_call_correct
 
 def model_card(report: dict, minutes: float, config, averaged: int = 0) -> str:
     """README.md of the checkpoint: what it is, what it can and cannot do, how it was made and measured."""
-    from memt_core.demo.eval import LABELS, TARGETS, target_name
+    from memt_demo.eval import LABELS, TARGETS, target_name
 
     splits = report["splits"]
     names = [n for n in LABELS if n in splits["heldout"]["figures"]]

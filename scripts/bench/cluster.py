@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT))
 from demo import free_port, start  # noqa: E402  (the demo's: start a server process, wait for its /health)
 
-from memt_core.demo import BUNDLED_MODEL  # noqa: E402
+from memt_demo import BUNDLED_MODEL  # noqa: E402
 from memt_proxy.sessions import native_session_id  # noqa: E402
 
 ROUTED = "x-smg-routed-worker-id"

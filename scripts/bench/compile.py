@@ -46,7 +46,7 @@ def memory_turn(model_path: Path, tokens: int) -> tuple[list[int], list[int], ob
     prompt, and greedy sampling of exactly ``tokens`` tokens."""
     from transformers import PreTrainedTokenizerFast
 
-    from memt_core.demo.format import DemoChatFormat
+    from memt_demo.format import DemoChatFormat
     from memt_core.sampling import SamplingParams
 
     fmt = DemoChatFormat(PreTrainedTokenizerFast.from_pretrained(str(model_path)))

@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from transformers import PreTrainedTokenizerFast
 
-    from memt_core.demo.format import DemoChatFormat
+    from memt_demo.format import DemoChatFormat
     from memt_core.inference import MemTRuntime
     from memt_core.sampling import SamplingParams
 

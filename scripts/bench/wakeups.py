@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from transformers import PreTrainedTokenizerFast
 
-    from memt_core.demo.format import DemoChatFormat
+    from memt_demo.format import DemoChatFormat
 
     fmt = DemoChatFormat(PreTrainedTokenizerFast.from_pretrained(str(args.model_path)))
     told = fmt.turn_prompt(FACT) + fmt.reply(REPLY)

@@ -15,8 +15,8 @@ import torch
 
 from memt_core.checkpoint import read_checkpoint
 from memt_core.families import NANO
-from memt_core.demo import BUNDLED_MODEL
-from memt_core.demo.eval import SPLITS, TARGETS, evaluate
+from memt_demo import BUNDLED_MODEL
+from memt_demo.eval import SPLITS, TARGETS, evaluate
 from memt_core.models.weights import load_model, scan_weights
 
 
@@ -102,8 +102,8 @@ def test_held_out_recall_from_memory_stays_above_the_measured_floor(held_out_fac
 
 def test_the_diagnostic_answer_continues_from_the_given_opening(tokenizer):
     """``answer_after_opening`` decodes after "Your name is" from memory: the value told, not one from the prompt."""
-    from memt_core.demo import episodes as ep
-    from memt_core.demo.eval import Evaluator
+    from memt_demo import episodes as ep
+    from memt_demo.eval import Evaluator
     from memt_core.inference import MemTRuntime
 
     evaluator = Evaluator(MemTRuntime.load(BUNDLED_MODEL), tokenizer)
@@ -117,9 +117,9 @@ def test_the_diagnostic_answer_continues_from_the_given_opening(tokenizer):
 
 def test_training_backpropagates_through_the_memory_write(tokenizer):
     """k_proj is used only by writes: its gradient proves the loss reaches the commit through memory."""
-    from memt_core.demo.episodes import EpisodeSampler, Mix
-    from memt_core.demo.format import DemoChatFormat
-    from memt_core.demo.train import TrainConfig, episode_loss, init_model
+    from memt_demo.episodes import EpisodeSampler, Mix
+    from memt_demo.format import DemoChatFormat
+    from memt_demo.train import TrainConfig, episode_loss, init_model
 
     torch.manual_seed(0)
     model = init_model(BUNDLED_MODEL, TrainConfig())
@@ -139,7 +139,7 @@ def test_training_backpropagates_through_the_memory_write(tokenizer):
 
 
 def test_train_loop_writes_a_loadable_checkpoint(tmp_path):
-    from memt_core.demo.train import TrainConfig, train
+    from memt_demo.train import TrainConfig, train
 
     lines = []
     train(TrainConfig(steps=2, batch_size=2, log_every=1), tmp_path, log=lines.append)
@@ -150,7 +150,7 @@ def test_train_loop_writes_a_loadable_checkpoint(tmp_path):
 
 def test_learning_rate_decays_by_step_or_by_the_given_progress():
     """Scheduled by time, the fraction of training passed in drives the decay, ending at ``min_lr_ratio``."""
-    from memt_core.demo.train import TrainConfig, lr_at
+    from memt_demo.train import TrainConfig, lr_at
 
     config = TrainConfig(steps=1000)
     assert lr_at(400, config) == config.lr and lr_at(999, config) == pytest.approx(config.lr * config.min_lr_ratio, rel=1e-3)
@@ -232,7 +232,7 @@ def test_averaging_continued_runs_writes_their_mean_and_records_them(tmp_path):
 
 def test_train_tiny_mix_option_changes_the_full_mix_and_refuses_unknown_fields(capsys):
     """``--mix FIELD=VALUE``: a field of the full mix, of its type, ≥ 0; the curriculum ends on it."""
-    from memt_core.demo.episodes import Mix
+    from memt_demo.episodes import Mix
 
     train_tiny = _script("train_tiny")
     assert train_tiny.mix_override("unknown=0.02") == ("unknown", 0.02)
@@ -253,9 +253,9 @@ def test_training_on_cuda_computes_the_cpu_loss_and_saves_a_cpu_checkpoint(tmp_p
     checkpoint that loads on the CPU."""
     from transformers import PreTrainedTokenizerFast
 
-    from memt_core.demo.episodes import EpisodeSampler, Mix
-    from memt_core.demo.format import DemoChatFormat
-    from memt_core.demo.train import episode_loss
+    from memt_demo.episodes import EpisodeSampler, Mix
+    from memt_demo.format import DemoChatFormat
+    from memt_demo.train import episode_loss
 
     cpu = load_model(read_checkpoint(BUNDLED_MODEL), dtype=torch.float32)
     gpu = load_model(read_checkpoint(BUNDLED_MODEL), device="cuda", dtype=torch.float32)

@@ -12,14 +12,14 @@ import random
 
 import pytest
 
-from memt_core.demo import episodes as ep
-from memt_core.demo import pools
-from memt_core.demo.format import DemoChatFormat, Segment
+from memt_demo import episodes as ep
+from memt_demo import pools
+from memt_demo.format import DemoChatFormat, Segment
 
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
-    from memt_core.demo.train import ModelShape, build_demo_tokenizer
+    from memt_demo.train import ModelShape, build_demo_tokenizer
 
     return build_demo_tokenizer(tmp_path_factory.mktemp("demo-tokenizer"), vocab_size=ModelShape().vocab_size)
 
@@ -183,7 +183,7 @@ def test_replayed_context_is_what_a_client_with_memory_off_sends():
     """In-context episodes marked ``replayed`` put the earlier turns in the prompt as committed turns, exactly
     as MemTSession replays them with memory off (the chat format's open turn + the reply + end of turn)."""
     from memt_core.client.chat_format import load_chat_format, load_tokenizer
-    from memt_core.demo import BUNDLED_MODEL
+    from memt_demo import BUNDLED_MODEL
 
     tokenizer = load_tokenizer(BUNDLED_MODEL)
     fmt = DemoChatFormat(tokenizer)

@@ -12,8 +12,8 @@ import re
 
 import pytest
 
-from memt_core.demo import episodes as ep
-from memt_core.demo import pools, values
+from memt_demo import episodes as ep
+from memt_demo import pools, values
 
 
 def _episode_text(episode: ep.Episode) -> str:
@@ -244,7 +244,7 @@ def test_held_out_sampler_uses_held_out_phrasings():
 
 def test_values_split_into_known_pieces():
     """The byte-level BPE is open: an unseen value encodes to several pieces and decodes back exactly."""
-    from memt_core.demo import BUNDLED_MODEL
+    from memt_demo import BUNDLED_MODEL
     from transformers import PreTrainedTokenizerFast
 
     tokenizer = PreTrainedTokenizerFast.from_pretrained(str(BUNDLED_MODEL))

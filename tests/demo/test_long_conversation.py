@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from memt_core.demo import chatter, values
-from memt_core.demo import episodes as ep
+from memt_demo import chatter, values
+from memt_demo import episodes as ep
 
 OPEN = ("name", "pet_name", "friend", "city", "company", "address", "code")
 LONG_ONLY = ep.Mix(**{**{k: 0.0 for k in ep.EpisodeSampler.KINDS}, "long": 1.0})

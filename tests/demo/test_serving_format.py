@@ -1,6 +1,6 @@
 """The demo model is trained on exactly the token ids that the client and the proxy send.
 
-``memt_core.demo.format`` builds training prompts and commits itself (it also needs per-token loss
+``memt_demo.format`` builds training prompts and commits itself (it also needs per-token loss
 weights); these tests hold it equal to ``memt_core.client.chat_format.NanoChatFormat``, which
 ``MemTSession`` and ``memt_proxy`` use at serving time, on the bundled demo checkpoint.
 """
@@ -12,8 +12,8 @@ import random
 import pytest
 
 from memt_core.client.chat_format import load_chat_format, load_tokenizer
-from memt_core.demo import episodes as ep
-from memt_core.demo.format import DemoChatFormat
+from memt_demo import episodes as ep
+from memt_demo.format import DemoChatFormat
 from memt_core.bundled import BUNDLED_MODEL
 
 

@@ -40,7 +40,7 @@ import httpx
 import pytest
 from e2e.servers import HOST, REPO_ROOT, MemTServer, free_port, wait_healthy
 
-from memt_core.demo import BUNDLED_MODEL
+from memt_demo import BUNDLED_MODEL
 
 MODEL = "tiny-random-nano"
 #: The demo checkpoint: the bundled one, or $MEMT_DEMO_MODEL (e.g. a freshly trained candidate).

@@ -18,8 +18,8 @@ import pytest
 from e2e.proxies import DEMO_MODEL, DEMO_PATH, unique
 from e2e.servers import REPO_ROOT
 
-from memt_core.demo import pools, values
-from memt_core.demo.episodes import TOOLS
+from memt_demo import pools, values
+from memt_demo.episodes import TOOLS
 
 pytestmark = pytest.mark.timeout(600)
 

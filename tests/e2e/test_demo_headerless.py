@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 from e2e.proxies import DEMO_MODEL
 
-from memt_core.demo import pools
+from memt_demo import pools
 
 pytestmark = pytest.mark.timeout(900)
 

@@ -2,7 +2,7 @@
 
 A random checkpoint never writes a well-formed tool call, so these tests use the bundled demo model
 (``memt_core/bundled/memt-tiny-demo``, trained by ``scripts/train_tiny.py`` to call ``get_weather`` /
-``add`` / ``multiply`` in the format of :mod:`memt_core.demo`). Without it they FAIL (not skip): tool
+``add`` / ``multiply`` in the format of :mod:`memt_demo`). Without it they FAIL (not skip): tool
 calling end to end is a requirement of the proxy.
 
 Covered: two rounds (call → tool result → final answer), streamed and not; the follow-up request
@@ -19,7 +19,7 @@ import openai
 import pytest
 from e2e.proxies import DEMO_MODEL, assert_openai_error, demo_chat_format, unique
 
-from memt_core.demo.episodes import TOOLS
+from memt_demo.episodes import TOOLS
 
 pytestmark = pytest.mark.timeout(600)
 

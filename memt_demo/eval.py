@@ -10,7 +10,7 @@ into a fresh session (the answer must be identical, token for token).
 Each case runs twice: on the *in-distribution* split (fresh random episodes drawn like the training
 data) and on the *held-out* split (values from held-out syllables/letters and real names/cities that
 training never draws, phrased with the held-out ~20 % of each skill's templates; see
-:mod:`memt_core.demo.values`). The issue's targets are checked on the held-out split.
+:mod:`memt_demo.values`). The issue's targets are checked on the held-out split.
 
 Cases: ``fact1`` (one fact told, asked a turn later; ``fact1_values`` the same with training phrasings
 on both splits, which isolates never-seen values), ``facts3`` (three facts in one turn, then a
@@ -42,10 +42,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from memt_core.demo import chatter
-from memt_core.demo import episodes as ep
-from memt_core.demo import values
-from memt_core.demo.format import DemoChatFormat
+from memt_demo import chatter
+from memt_demo import episodes as ep
+from memt_demo import values
+from memt_demo.format import DemoChatFormat
 from memt_core.sampling import SamplingParams
 
 SPLITS = ("in_distribution", "heldout")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from memt_core.demo.episodes import Document, Episode, EpisodeQuestion, EpisodeTurn, ToolTurn, tool_call_text, tool_messages
+from memt_demo.episodes import Document, Episode, EpisodeQuestion, EpisodeTurn, ToolTurn, tool_call_text, tool_messages
 
 THINK_EMPTY = "<think>\n\n</think>\n\n"
 

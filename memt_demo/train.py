@@ -1,6 +1,6 @@
 """Training the demo model: a tiny Nano-architecture MemT, on CPU, through the engine's memory paths.
 
-Every training example is an :class:`~memt_core.demo.episodes.Episode`: its commits go through
+Every training example is an :class:`~memt_demo.episodes.Episode`: its commits go through
 :func:`memt_core.inference.commit_batch` (one forward over the commit tokens reading the memory as it
 was, then the gated-delta write, with autograd on), and its query through ``model(ids, memory=
 memory_batch(...))``, the read path of a query. The loss is next-token cross-entropy on the assistant's
@@ -23,8 +23,8 @@ import torch
 import torch.nn.functional as F
 
 from memt_core.checkpoint import read_checkpoint
-from memt_core.demo.episodes import EpisodeSampler, Mix, corpus
-from memt_core.demo.format import DemoChatFormat, Segment, TokenEpisode
+from memt_demo.episodes import EpisodeSampler, Mix, corpus
+from memt_demo.format import DemoChatFormat, Segment, TokenEpisode
 from memt_core.inference import commit_batch, memory_batch
 from memt_core.memory.state import MemoryState
 from memt_core.models.memt import MemTForCausalLM

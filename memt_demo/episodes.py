@@ -4,8 +4,8 @@ An :class:`Episode` is what one training example (or one evaluation case) is mad
 written to latent memory, in order (conversation turns, tool-calling turns, documents), and a final
 :class:`EpisodeQuestion` whose prompt holds *only* what a client would send after trimming committed turns, with
 the answer the model should give. Every value (names, cities, addresses, codes, …) is drawn for each
-episode by the open-vocabulary generators of :mod:`memt_core.demo.values` (or from the word lists of
-:mod:`memt_core.demo.pools`), so the only place an episode's facts can come from is the memory (or, for
+episode by the open-vocabulary generators of :mod:`memt_demo.values` (or from the word lists of
+:mod:`memt_demo.pools`), so the only place an episode's facts can come from is the memory (or, for
 in-context episodes, the prompt). ``EpisodeSampler(seed, heldout=True)`` draws the held-out split:
 held-out values and held-out phrasings that training never sees.
 
@@ -13,9 +13,9 @@ Skills: (1) personal facts said in one turn and asked about later, several facts
 turns; (2) a document ingested through memory and questions about it; (3) tool calls for
 ``get_weather``, ``add`` and ``multiply`` and answers from the tool's result, given as JSON or as plain
 text; (4) repeating or typing a text exactly; (5) long conversations: facts kept through many turns of
-neutrally answered chatter (:mod:`memt_core.demo.chatter`). :class:`EpisodeSampler` mixes them; :class:`Mix` says in what proportions, with a
+neutrally answered chatter (:mod:`memt_demo.chatter`). :class:`EpisodeSampler` mixes them; :class:`Mix` says in what proportions, with a
 curriculum from a warm-up on single facts to the full mix with many facts and distractor commits.
-Turning an episode into token ids is :mod:`memt_core.demo.format`'s job.
+Turning an episode into token ids is :mod:`memt_demo.format`'s job.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Callable, Union
 
-from memt_core.demo import chatter, pools, values
-from memt_core.demo.values import DemoRandom, phrasing
+from memt_demo import chatter, pools, values
+from memt_demo.values import DemoRandom, phrasing
 
 # --------------------------------------------------------------------------------------------------
 # Data model
@@ -101,7 +101,7 @@ class Attribute:
 
     Templates use ``{v}`` for the value, ``{a}`` for its article ("a"/"an") and ``{animal}`` for a pet's
     kind; statements are sentence fragments (lower-case unless they start with "I") so they can be joined
-    with "and". :func:`~memt_core.demo.values.phrasing` holds out ~20 % of each template tuple.
+    with "and". :func:`~memt_demo.values.phrasing` holds out ~20 % of each template tuple.
     """
 
     key: str
@@ -988,7 +988,7 @@ def repeat_turn(rng: random.Random, text: str | None = None) -> EpisodeTurn:
 
 
 def chatter_turn(rng: random.Random) -> EpisodeTurn:
-    """Small talk of a long conversation (:mod:`memt_core.demo.chatter`), answered neutrally: no fact about the user."""
+    """Small talk of a long conversation (:mod:`memt_demo.chatter`), answered neutrally: no fact about the user."""
     user, reply, copied = chatter.chatter(rng)
     return EpisodeTurn(user, reply, copied)
 

@@ -2,7 +2,7 @@
 
 Names, pets' names, cities, companies, addresses and codes come from generators (pronounceable names of
 1-4 syllables, random capitalised strings, multi-word values, numbers and dates), mixed with real words
-from :mod:`memt_core.demo.pools`, so the model must copy values token by token out of memory rather than
+from :mod:`memt_demo.pools`, so the model must copy values token by token out of memory rather than
 pick one of a few hundred known words.
 
 The split is deterministic: a fifth of the syllables and the letters ``HELDOUT_LETTERS`` are held out
@@ -19,7 +19,7 @@ import random
 import re
 from functools import lru_cache
 
-from memt_core.demo import pools
+from memt_demo import pools
 
 
 class DemoRandom(random.Random):

@@ -3,10 +3,10 @@
 A long conversation tells facts early, then goes on for many turns of chatter ("Tell me something,
 number 3.", "Do you like old films?") before a fact is asked. Every chatter turn is committed to memory
 like any other, so its reply must not restate or invent a fact about the user ("Got it! I will remember
-that ..."): replies here are neutral. The split follows :mod:`memt_core.demo.values`: about a fifth of
+that ..."): replies here are neutral. The split follows :mod:`memt_demo.values`: about a fifth of
 :data:`CHATTER` (by :func:`values.template_split`) and of :data:`TOPICS` is held out, and held-out draws
 (``rng.heldout_templates`` / ``rng.heldout_values``) take only those, with numbers from
-:data:`HELDOUT_NUMBERS`; names and cities come from the generators of :mod:`memt_core.demo.values`,
+:data:`HELDOUT_NUMBERS`; names and cities come from the generators of :mod:`memt_demo.values`,
 which hold out their own share.
 
 Besides the fixed sentences of :data:`CHATTER`, chatter is composed from :data:`FRAMES` and word pools
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import random
 
-from memt_core.demo import values
+from memt_demo import values
 
 #: User message → neutral reply. Slots: {n} a number, {t} a topic ({T} capitalised), {p} a person's name
 #: (not the user's), {c} a city (not the user's), {trivia} a sentence of :data:`TRIVIA`.
@@ -72,7 +72,7 @@ CHATTER: dict[str, str] = {
     "I'm not sure what to ask next.": "No problem. Ask anything you like.",
 }
 
-#: Things chatter is about. None is a value of a personal fact (not in :mod:`memt_core.demo.pools`).
+#: Things chatter is about. None is a value of a personal fact (not in :mod:`memt_demo.pools`).
 TOPICS = (
     "old films", "the ocean", "board games", "space travel", "jazz", "thunderstorms", "trains", "volcanoes",
     "lighthouses", "comic books", "street art", "the moon", "crossword puzzles", "bridges", "rainbows",
