@@ -1,9 +1,11 @@
 """``python -m scripts.reliability.battery``: the reliability battery of issue 13 against live servers.
 
 Starts a tiny-checkpoint core and proxies on 127.0.0.1 and runs, in order: schemathesis against both
-OpenAPI documents, the hand-made hostile cases, a 5 MB request while /health is timed, kill -9 of the
-core during commit/publish/export, kill -9 of the proxy mid-conversation, concurrent sessions with the
-async openai SDK, two tenants with the same names, and many distinct sessions past the core's capacity.
+OpenAPI documents, the hand-made hostile cases, large chat, Responses and core requests while /health
+is timed, the openai SDK's retries reaching a restarted proxy and a Responses conversation, who may drain
+a proxy, kill -9 of the core during commit/publish/export, kill -9 of the proxy mid-conversation and in
+front of a full core, concurrent sessions with the async openai SDK, two tenants with the same names, and
+many distinct sessions past the core's capacity.
 Prints each check's figures as it ends and a JSON summary last (also written to ``--report``); exits 1
 when a check fails. ``--quick`` runs every check small (what CI runs through ``tests/reliability``).
 """
@@ -22,6 +24,7 @@ from scripts.reliability import checks
 from scripts.reliability.servers import MemTServer, ProxyServer, tiny_checkpoint
 
 KEYS = {"battery-key-one": "one", "battery-key-two": "two"}
+ADMIN_KEY = "battery-operator-key"
 
 #: check sizes: (full, quick)
 SIZES = {
@@ -32,7 +35,9 @@ SIZES = {
     "concurrent": ((64, 20), (8, 3)),
     "tenant_sessions": (8, 2),
     "distinct_sessions": (2000, 90),  # past the core's 64: offloading is exercised either way
+    "large_mb": ((1.0, 2.0, 4.0, 5.0), (1.0,)),
 }
+NAMES = ["fuzz", "hostile", "large", "tenants", "concurrent", "retry", "drain", "kill_proxy", "restart", "distinct", "kill_core"]
 
 
 def run(*, quick: bool, only: set[str] | None = None, workdir: Path | None = None) -> dict:
@@ -82,14 +87,26 @@ def run(*, quick: bool, only: set[str] | None = None, workdir: Path | None = Non
             if wanted("hostile"):
                 check("hostile", lambda: checks.hostile(proxy, core, key=key))
             if wanted("large"):
-                check("large_body", lambda: checks.large_body(proxy, core, megabytes=1.0 if quick else 5.0, key=key))
+                check("large_body", lambda: checks.large_body(proxy, core, sizes=size["large_mb"], key=key))
             if wanted("tenants"):
                 check("two_tenants", lambda: checks.two_tenants(proxy, tuple(KEYS), sessions=size["tenant_sessions"]))
             if wanted("concurrent"):
                 sessions, turns = size["concurrent"]
                 check("concurrent_sessions", lambda: checks.concurrent_sessions(proxy, sessions=sessions, turns=turns, key=key))
+            if wanted("retry"):
+                check("responses_retry", lambda: checks.responses_retry(proxy, key=key))
+        if wanted("retry"):
+            check("restart_retry", lambda: checks.restart_retry(checkpoint, core, state_directory=workdir / "retry-proxy-state"))
         if wanted("kill_proxy"):
             check("kill_proxy", lambda: checks.kill_proxy(checkpoint, core, chat_format, rounds=size["kill_proxy_rounds"]))
+        if wanted("drain"):  # last on this core: a proxy of its own, drained
+            check("drain_auth", lambda: checks.drain_auth(checkpoint, core, keys_file, tuple(KEYS), admin_key=ADMIN_KEY))
+    if wanted("restart"):
+        # two full cores (4 sessions): one with a snapshot store, one without (the proxies share their records)
+        with MemTServer(checkpoint, state_directory=workdir / "stored-state",
+                        args=["--snapshot-store", str(workdir / "store"), "--max-sessions-per-rank", "4"]) as stored, \
+                MemTServer(checkpoint, state_directory=workdir / "bare-state", args=["--max-sessions-per-rank", "4"]) as bare:
+            check("restart_capacity", lambda: checks.restart_capacity(checkpoint, stored, bare, state_directory=workdir / "capacity-proxy-state"))
     if wanted("distinct"):
         # default proxy settings (no flags at all) in front of a core with the demo model's capacity: 64 sessions
         with MemTServer(checkpoint, state_directory=workdir / "distinct-state", args=["--max-sessions-per-rank", "64"]) as core, \
@@ -104,7 +121,7 @@ def run(*, quick: bool, only: set[str] | None = None, workdir: Path | None = Non
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m scripts.reliability.battery", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="every check at a small size (about what CI runs)")
-    parser.add_argument("--only", action="append", choices=["fuzz", "hostile", "large", "tenants", "concurrent", "kill_proxy", "distinct", "kill_core"], help="run only this check (repeatable)")
+    parser.add_argument("--only", action="append", choices=NAMES, help="run only this check (repeatable)")
     parser.add_argument("--report", default=None, help="also write the JSON summary to this file")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stopped: the servers it started are stopped too

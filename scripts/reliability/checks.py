@@ -68,44 +68,53 @@ def hostile(proxy: ProxyServer, core: MemTServer, *, key: str | None = None) -> 
     return figures
 
 
-def large_body(proxy: ProxyServer, core: MemTServer, *, megabytes: float = 5.0, key: str | None = None) -> dict:
-    """A ``megabytes`` chat request to the proxy and generate request to the core, each while /health is
-    polled: the largest health latency seen during each, the status each got, and memory after."""
-    content = "x" * int(megabytes * 1024 * 1024)
+def large_body(proxy: ProxyServer, core: MemTServer, *, sizes: tuple[float, ...] = (5.0,), key: str | None = None) -> dict:
+    """Requests of each size in ``sizes`` (MB): chat and Responses to the proxy, generate to the core, each while
+    /health is polled: the largest health latency seen during each, the status each got, and memory after
+    (``peak_mib``: the process's peak RSS so far, sizes in increasing order)."""
     figures: dict = {}
-    for name, server, path, body, headers in (
-        ("proxy", proxy, "/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": content}]}, {"Authorization": f"Bearer {key}"} if key else {}),
-        ("core", core, "/generate", {"text": content, "sampling_params": {"max_new_tokens": 1}}, {}),
-    ):
-        latencies: list[float] = []
-        done = threading.Event()
-
-        def poll(url=server.url):
-            with httpx.Client(timeout=10) as http:
-                for _ in range(3000):  # bounded: at most ~10 minutes of polling
-                    if done.is_set():
-                        return
-                    started = time.monotonic()
-                    http.get(url + "/health")
-                    latencies.append(time.monotonic() - started)
-                    time.sleep(0.02)
-
-        poller = threading.Thread(target=poll)
-        poller.start()
-        started = time.monotonic()
-        with httpx.Client(timeout=120, headers=headers) as http:
-            status = http.post(server.url + path, content=json.dumps(body).encode(), headers={"Content-Type": "application/json"}).status_code
-        took = time.monotonic() - started
-        done.set()
-        poller.join(30)
-        figures[name] = {
-            "status": status, "seconds": round(took, 2), "health_max_s": round(max(latencies, default=0.0), 3),
-            "health_polls": len(latencies), **memory_of(server.process.pid),
-        }
+    auth = {"Authorization": f"Bearer {key}"} if key else {}
+    for megabytes in sizes:
+        content = "x" * int(megabytes * 1024 * 1024)
+        for name, server, path, body, headers in (
+            ("proxy", proxy, "/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": content}]}, auth),
+            ("proxy_responses", proxy, "/v1/responses", {"model": MODEL, "input": content, "max_output_tokens": 1}, auth),
+            ("core", core, "/generate", {"text": content, "sampling_params": {"max_new_tokens": 1}}, {}),
+        ):
+            figures[f"{name}_{megabytes:g}mb"] = _large_request(server, path, body, headers)
     # the latency is measured and reported (health_within_0_2_s), not part of the verdict: it depends on the machine
     figures["health_within_0_2_s"] = all(part["health_max_s"] <= 0.2 for part in figures.values())
-    figures["ok"] = all(part["status"] < 500 for name, part in figures.items() if isinstance(part, dict))
+    figures["ok"] = all(part["status"] < 500 for part in figures.values() if isinstance(part, dict))
     return figures
+
+
+def _large_request(server, path: str, body: dict, headers: dict) -> dict:
+    latencies: list[float] = []
+    done = threading.Event()
+
+    def poll(url=server.url):
+        with httpx.Client(timeout=10) as http:
+            for _ in range(3000):  # bounded: at most ~10 minutes of polling
+                if done.is_set():
+                    return
+                started = time.monotonic()
+                http.get(url + "/health")
+                latencies.append(time.monotonic() - started)
+                time.sleep(0.02)
+
+    poller = threading.Thread(target=poll)
+    poller.start()
+    started = time.monotonic()
+    try:
+        with httpx.Client(timeout=120, headers=headers) as http:
+            status = http.post(server.url + path, content=json.dumps(body).encode(), headers={"Content-Type": "application/json"}).status_code
+    finally:
+        done.set()
+        poller.join(30)
+    return {
+        "status": status, "seconds": round(time.monotonic() - started, 2), "health_max_s": round(max(latencies, default=0.0), 3),
+        "health_polls": len(latencies), **memory_of(server.process.pid),
+    }
 
 
 # ---------------------------------------------------------------------- crashes
@@ -246,6 +255,150 @@ def _say(client, history: list[dict], text: str, session: str, *, tries: int = 2
             history.append({"role": "assistant", "content": reply.choices[0].message.content})
             return reply
     raise AssertionError(f"no completed turn in {tries} seeds")
+
+
+def restart_capacity(checkpoint: Path, stored: MemTServer, bare: MemTServer, *, state_directory: Path, capacity: int = 4) -> dict:
+    """A full core and a proxy killed (kill -9) holding its sessions: a fresh proxy's new session must still get
+    200 (issue 38), from a core with a snapshot store (it unloads the session given up longest ago) and from one
+    without, the proxies sharing --state-directory (the new one offloads the sessions its records name)."""
+    figures: dict = {}
+    for name, core, shared in (("snapshot_store", stored, []), ("proxy_records", bare, ["--state-directory", str(state_directory)])):
+        args = [*shared, "--lease-ttl", "3"]  # the killed proxy's leases lapse within 3 s (it keeps them --lease-idle 30 s)
+        first = ProxyServer(core.url, checkpoint, args=args).start()
+        try:
+            # completed turns (a stop string ends them): committed, so recorded under --state-directory
+            opened = [_turn_status(first, f"full-{name}-{number}-{uuid.uuid4().hex[:6]}", completed=True) for number in range(capacity)]
+            for session, _ in opened:
+                first.inspect(session, None)  # waits for the commit behind its turn
+        finally:
+            first.process.kill()
+            first.process.wait(30)
+        killed = time.monotonic()
+        leased = _leased(core, [_native("default", session) for session, _ in opened])
+        while _leased(core, [_native("default", session) for session, _ in opened]) and time.monotonic() - killed < 30:
+            time.sleep(0.1)  # state, not a verdict: the dead proxy's leases (kept --lease-idle) lapse within --lease-ttl
+        lapsed = round(time.monotonic() - killed, 2)
+        errors: list[str] = []
+        with ProxyServer(core.url, checkpoint, args=args) as second:
+            started = time.monotonic()
+            _, status = _turn_status(second, f"after-{name}-{uuid.uuid4().hex[:6]}", timeout=120, errors=errors)
+            figures[name] = {"first_proxy_statuses": [status for _, status in opened], "new_session_status": status,
+                             "seconds": round(time.monotonic() - started, 2), "errors": errors,
+                             "leased_at_kill": leased, "leases_lapsed_after_s": lapsed}
+    figures["capacity"] = capacity
+    figures["ok"] = all(part["new_session_status"] == 200 and part["first_proxy_statuses"] == [200] * capacity
+                        for part in figures.values() if isinstance(part, dict))
+    return figures
+
+
+def _leased(core: MemTServer, natives: list[str]) -> int:
+    """How many of these native sessions hold a valid lease on the core."""
+    with core.client() as http:
+        epoch = http.get("/memt/capabilities").json()["epoch"]
+        answers = [http.post("/memt/control", json={"action": "inspect", "session": native, "epoch": epoch}) for native in natives]
+    return sum(answer.status_code == 200 and bool(answer.json().get("leased")) for answer in answers)
+
+
+def _turn_status(proxy: ProxyServer, session: str, *, timeout: float = 120, errors: list | None = None, completed: bool = False) -> tuple[str, int]:
+    """One turn on ``session`` through the openai SDK (no retries; ``completed``: one that a stop string ends): the
+    session and the HTTP status it got (the error, if any, appended to ``errors``)."""
+    client = proxy.openai("unused", timeout=timeout)
+    try:
+        if completed:
+            _say(client, [], f"hello {session}", session)
+        else:
+            client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": f"hello {session}"}], max_tokens=4,
+                                           extra_headers={"X-MemT-Session": session})
+        return session, 200
+    except Exception as exc:  # noqa: BLE001 — reported as its status
+        if errors is not None:
+            errors.append(f"{type(exc).__name__}: {str(exc)[:300]}")
+        return session, getattr(exc, "status_code", 0)
+
+
+def restart_retry(checkpoint: Path, upstream: MemTServer, *, state_directory: Path) -> dict:
+    """A turn answered and committed, its answer lost, the proxy killed (kill -9) and restarted on its
+    --state-directory, the request resent as the openai SDK retries it: the same answer, memory written once."""
+    args = ["--state-directory", str(state_directory)]
+    session, history = f"retry-{uuid.uuid4().hex[:8]}", []
+    headers = {"X-MemT-Session": session}
+    first = ProxyServer(upstream.url, checkpoint, args=args).start()
+    try:
+        _say(first.openai("unused"), history, "first question", session)
+        history.append({"role": "user", "content": "second question"})
+        with first.http(None) as http:
+            for seed in range(20):  # a seed whose answer completes (a stop string ends it): that turn is committed
+                body = {"model": MODEL, "messages": history, "max_tokens": 24,
+                        "temperature": 1.0, "seed": seed, "stop": STOPS}
+                lost = http.post("/v1/chat/completions", json=body, headers=headers)
+                if lost.status_code != 200 or lost.json()["choices"][0]["finish_reason"] == "stop":
+                    break
+        before = first.inspect(session, None)  # waits for the commit behind it
+    finally:
+        first.process.kill()
+        first.process.wait(30)
+    with ProxyServer(upstream.url, checkpoint, args=args) as second:
+        with second.http(None) as http:
+            again = http.post("/v1/chat/completions", json=body, headers={**headers, "x-stainless-retry-count": "1"})
+        after = second.inspect(session, None)
+    same = again.status_code == lost.status_code == 200 and again.json()["choices"] == lost.json()["choices"]
+    figures = {
+        "first_status": lost.status_code, "retry_status": again.status_code, "same_answer": same,
+        "committed_messages": [before["committed_messages"], after["committed_messages"]],
+        "published_version": [before["native"]["published_version"], after["native"]["published_version"]],
+    }
+    figures["ok"] = same and after["committed_messages"] == before["committed_messages"] and \
+        after["native"]["published_version"] == before["native"]["published_version"]
+    return figures
+
+
+def responses_retry(proxy: ProxyServer, *, key: str | None = None, timeout: float = 0.05, retries: int = 2) -> dict:
+    """``responses.create(conversation=…)`` with the openai SDK's own retries, the first try timing out (and, when
+    every try does, the SDK's next retry given time to be answered): the conversation's items hold the turn
+    exactly once (issue 38)."""
+    from openai import APITimeoutError, OpenAI
+
+    tries: list[str] = []  # each POST /responses try's x-stainless-retry-count
+
+    def sent(request):
+        if request.method == "POST" and request.url.path.endswith("/responses"):
+            tries.append(request.headers.get("x-stainless-retry-count", "0"))
+
+    with httpx.Client(event_hooks={"request": [sent]}) as transport:
+        client = OpenAI(base_url=proxy.base_url, api_key=key or "unused", timeout=timeout, max_retries=retries, http_client=transport)
+        conversation = client.conversations.create().id
+        ask = {"model": MODEL, "conversation": conversation, "input": "Retry me.", "max_output_tokens": 24, "temperature": 0}
+        try:
+            answer = client.responses.create(**ask)
+        except APITimeoutError:  # every try timed out: the SDK's next retry, given the time to be answered
+            answer = client.with_options(timeout=120, max_retries=0).responses.create(
+                **ask, extra_headers={"x-stainless-retry-count": str(retries + 1)})
+        items = client.conversations.items.list(conversation).data
+    messages = [item for item in items if item.type == "message"]
+    inputs = [item for item in messages if item.role == "user"]
+    return {
+        "tries": len(tries), "retry_counts": tries, "first_try_timed_out": len(tries) > 1, "answer_status": answer.status,
+        "conversation_messages": len(messages), "user_messages": len(inputs),
+        "ok": len(tries) > 1 and len(inputs) == 1 and len(messages) == 2,
+    }
+
+
+def drain_auth(checkpoint: Path, upstream: MemTServer, keys_file: Path, keys: tuple[str, str], *, admin_key: str) -> dict:
+    """A cluster proxy with tenants' keys and an operator key: a tenant may neither drain it nor read /metrics
+    (403, and it still serves), the operator may (200)."""
+    with ProxyServer(upstream.url, checkpoint, args=["--cluster", "--api-keys-file", str(keys_file), "--admin-key", admin_key]) as proxy:
+        chat = {"model": MODEL, "messages": [{"role": "user", "content": "still there?"}], "max_tokens": 2}
+        figures: dict = {}
+        with proxy.http(keys[0]) as tenant, proxy.http(keys[1]) as other, proxy.http(admin_key) as admin:
+            figures["drain_by_tenants"] = [tenant.post("/admin/drain").status_code, other.post("/admin/drain").status_code]
+            figures["chat_after"] = tenant.post("/v1/chat/completions", json=chat).status_code
+            figures["metrics_by_tenant"] = tenant.get("/metrics").status_code
+            figures["metrics_by_operator"] = admin.get("/metrics").status_code
+            figures["drain_by_operator"] = admin.post("/admin/drain").status_code
+            figures["chat_after_drain"] = tenant.post("/v1/chat/completions", json=chat).status_code
+    figures["ok"] = (figures["drain_by_tenants"] == [403, 403] and figures["chat_after"] == 200 and figures["metrics_by_tenant"] == 403
+                     and figures["metrics_by_operator"] == 200 and figures["drain_by_operator"] == 200)
+    return figures
 
 
 # ---------------------------------------------------------------------- load

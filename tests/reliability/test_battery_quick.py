@@ -1,8 +1,10 @@
 """The reliability battery of issue 13 at its quick size (``scripts/reliability.sh --quick``), for CI.
 
 One run of every check against live servers (a tiny-checkpoint core and proxies on 127.0.0.1):
-schemathesis on both OpenAPI documents, the hostile cases, a large request, two tenants, concurrent
-sessions, kill -9 of the proxy and of the core, distinct sessions past the core's capacity. Each check
+schemathesis on both OpenAPI documents, the hostile cases, large requests, two tenants, concurrent
+sessions, the openai SDK's retries (a restarted proxy, a Responses conversation), who may drain a proxy,
+kill -9 of the proxy (mid-conversation, in front of a full core) and of the core, distinct sessions past
+the core's capacity. Each check
 is reported as its own test, with its figures when it fails. The full battery (``scripts/reliability.sh``)
 runs the same checks at the sizes the issue asks for.
 """
@@ -22,7 +24,10 @@ if str(ROOT) not in sys.path:
 from scripts.reliability.battery import run  # noqa: E402
 
 pytestmark = pytest.mark.timeout(600)
-CHECKS = ["fuzz_proxy", "fuzz_core", "hostile", "large_body", "two_tenants", "concurrent_sessions", "kill_proxy", "distinct_sessions", "kill_core"]
+CHECKS = [
+    "fuzz_proxy", "fuzz_core", "hostile", "large_body", "two_tenants", "concurrent_sessions", "responses_retry", "restart_retry",
+    "drain_auth", "kill_proxy", "restart_capacity", "distinct_sessions", "kill_core",
+]
 
 
 @pytest.fixture(scope="module")
