@@ -95,11 +95,15 @@ TRIVIA += (
     "The moon drifts away from the earth a little every year.", "Owls cannot move their eyes.",
     "Penguins have knees.", "Hot water can freeze faster than cold water.", "Koalas sleep most of the day.",
     "A bolt of lightning is very thin.", "Starfish have no brain.",
+    "Wombats make cube-shaped droppings.", "Some trees talk to each other through fungi.",
+    "A snail can have thousands of teeth.", "Sea otters hold hands while they sleep.",
+    "The heart of a blue whale is as big as a small car.", "Ants never sleep in the way we do.",
+    "Flamingos are pink because of what they eat.", "Rain has a smell, and it has a name: petrichor.",
 )
 
 #: User message frame → neutral replies. Slots besides :data:`CHATTER`'s: {o} an opener, {v} a verb phrase, {w} a
-#: time, {a} an adjective, {m} a mood, {now} a moment, {x} weather, {r} a relation, {rv} what the relation does,
-#: {q} a trivia sentence in lower case.
+#: time, {g} a place anyone goes, {a} an adjective, {m} a mood, {now} a moment, {x} weather, {r} a relation,
+#: {rv} what the relation does, {q} a trivia sentence in lower case.
 FRAMES: dict[str, tuple[str, ...]] = {
     "{o}, I {v} {t} {w}.": ("That sounds interesting.", "Nice! Tell me more if you like.", "Oh, {t}! What did you think?", "Thanks for sharing that."),
     "I {v} {t} {w}.": ("That sounds interesting.", "Nice! Tell me more if you like.", "Thanks for sharing that."),
@@ -120,6 +124,8 @@ FRAMES: dict[str, tuple[str, ...]] = {
     "Let's chat about {t} for a bit.": ("Sure, let's talk about {t}.", "Happy to! What about {t}?"),
     "{o}, what should we talk about?": ("Anything you like! Maybe {t}?", "How about {t}?"),
     "{o}, never mind.": ("No problem.", "Okay! I'm here if you need me."),
+    "I just got back from {g}.": ("Welcome back!", "I hope it was a nice time.", "Oh, how was it?"),
+    "{o}, I went to {g} {w}.": ("Sounds like a busy day.", "I hope it was a nice time."),
 }
 
 #: Every chatter message template → its replies: :data:`CHATTER`'s sentences and the :data:`FRAMES`.
@@ -139,6 +145,8 @@ WORDS: dict[str, tuple[str, ...]] = {
     "{x}": ("sunny", "cold", "windy", "rainy", "warm", "cloudy", "foggy", "snowy", "humid", "stormy"),
     "{r}": ("neighbour", "cousin", "colleague", "uncle", "aunt", "classmate", "brother", "sister", "teacher", "roommate"),
     "{rv}": ("likes", "is into", "talked about", "keeps mentioning", "wrote a poem about"),
+    "{g}": ("the shop", "the post office", "a walk", "the bakery", "the dentist", "the market", "the bank",
+            "the hairdresser", "a meeting", "the station"),
 }
 
 TRAINING_NUMBERS = range(1, 60)

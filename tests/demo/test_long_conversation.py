@@ -153,3 +153,32 @@ def test_chatter_is_composed_from_frames_and_words_split_like_the_templates():
     for user, reply, _ in train + held:
         assert not chatter.is_fact_shaped(reply), reply
         assert not fact.search(user), user
+
+
+def _side_pattern(template: str, side: int) -> re.Pattern:
+    """``template`` with every split slot matching only the words of one side (0 training, 1 held out)."""
+    trivia = values.template_split(chatter.TRIVIA)[side]
+    topics = values.template_split(chatter.TOPICS)[side]
+    numbers = chatter.HELDOUT_NUMBERS if side else chatter.TRAINING_NUMBERS
+    pools = {key: values.template_split(pool)[side] for key, pool in chatter.WORDS.items()}
+    pools.update({"{t}": topics, "{T}": topics, "{trivia}": trivia, "{q}": trivia, "{n}": tuple(map(str, numbers))})
+    parts = []
+    for piece in re.split(r"(\{\w+\})", template):
+        if piece in pools:
+            parts.append("(?:" + "|".join(re.escape(w) for w in sorted(pools[piece], key=len, reverse=True)) + ")")
+        elif re.fullmatch(r"\{\w+\}", piece):  # a name or a city: split by their own generators
+            parts.append(".{1,60}?")
+        else:
+            parts.append(re.escape(piece))
+    return re.compile("(?i)" + "".join(parts))
+
+
+def test_every_slot_of_a_draw_takes_only_its_own_sides_words():
+    """Slot by slot, not only whole messages: a training draw is some training template filled with training
+    words only (frames, moods, times, places, topics, trivia, numbers), and a held-out draw held-out ones only."""
+    for side, rng in ((0, values.DemoRandom(7)), (1, values.DemoRandom(8, heldout_values=True, heldout_templates=True))):
+        templates = values.template_split(tuple(chatter.TEMPLATES))[side]
+        pairs = [(_side_pattern(u, side), [_side_pattern(r, side) for r in chatter.TEMPLATES[u]]) for u in templates]
+        for _ in range(2000):
+            user, reply, _ = chatter.chatter(rng)
+            assert any(u.fullmatch(user) and any(r.fullmatch(reply) for r in rs) for u, rs in pairs), (side, user, reply)
