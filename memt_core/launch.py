@@ -27,6 +27,7 @@ from memt_core.bundled import BUNDLED_MODEL
 from memt_core.checkpoint import Checkpoint, RuntimeConfig, parse_override_args, read_checkpoint
 from memt_core.engine import ENGINES, Engine, EngineOptions, engine_class
 from memt_core.errors import CheckpointError
+from memt_core.tokenizer import load_tokenizer
 
 HEADER_OVERRIDES = "SGLANG_ENABLE_REQUEST_HEADER_OVERRIDES"
 
@@ -243,7 +244,7 @@ def build_app(plan: LaunchPlan):
     """Load the chosen engine and the tokenizer, then assemble the server around them."""
     tokenizer = None
     if (plan.checkpoint.path / "tokenizer.json").is_file():
-        tokenizer = plan.checkpoint.family.load_tokenizer(plan.checkpoint.path)
+        tokenizer = load_tokenizer(plan.checkpoint.path)
     engine = plan.engine_class.load(plan.checkpoint, plan.engine_options())
     return assemble(plan, engine, tokenizer=tokenizer)
 

@@ -35,12 +35,12 @@ import json
 import re
 from dataclasses import dataclass
 
+from memt_core.client.parsers import DSML
 from memt_proxy.errors import BadRequest
 
 #: JSON as the chat templates render it (``json.dumps``): what the model saw in tool calls.
 JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 JSON_CALL_PREFIX = '<tool_call>\n{"name": "f", "arguments":'
-DSML = "｜DSML｜"
 DSML_CALL_PREFIX = f'<{DSML}tool_calls>\n<{DSML}invoke name="f">\n'
 #: Keywords that do not constrain a string: such a schema can still be written as raw text.
 ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$comment", "deprecated", "readOnly", "writeOnly"})

@@ -18,7 +18,7 @@ from memt_core.client.turns import MemoryWrite
 if "transformers.models.auto.tokenization_auto" in sys.modules:
     # AutoTokenizer is already imported (the documented order): make tokenizer_type="deepseek_v4" work now;
     # otherwise load_tokenizer / load_chat_format register it when first used, without importing transformers here
-    from memt_core.client.chat_format import register_with_transformers
+    from memt_core.tokenizer import register_with_transformers
 
     register_with_transformers()
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Callable, TextIO
 
 from memt_core import families
-from memt_core.client.chat_format import load_chat_format
+from memt_core.client.chat_format import load_chat_format, load_tokenizer
 from memt_core.client.errors import MemTClientError
 from memt_core.client.native import NativeClient
 from memt_core.client.session import MemTSession
@@ -296,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
 
     _quiet_transformers()
     try:
-        tokenizer = family.load_tokenizer(path)
+        tokenizer = load_tokenizer(path)
         chat_format, parser = load_chat_format(path, tokenizer=tokenizer, deepseek_encoder=args.deepseek_encoder)
     except Exception as exc:  # noqa: BLE001
         print(f"error: cannot load the tokenizer or prompt format from {path}: {exc}", file=sys.stderr)

@@ -24,7 +24,7 @@ Clean outputs: markup is never content, and never reasoning either. The rules, f
   well-formed calls in their own markup, the content as returned, and nothing else (no later reasoning
   block, no stray or malformed markup). It equals the output whenever the output is clean.
 
-Each family (:mod:`memt_core.families`) names its parser class; ``parser_for`` asks the registry.
+Each family (:mod:`memt_core.families`) names its parser class (``parser_class``); ``parser_for`` resolves it.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from memt_core import families
+from memt_core.families.base import resolve
 
 
 @dataclass
@@ -352,4 +353,5 @@ class FlashParser(OutputParser):
 
 def parser_for(family: str) -> OutputParser:
     """A fresh output parser of the registered model family named ``family`` (e.g. "memt-nano")."""
-    return families.get(family).parser()
+    found = families.get(family)
+    return resolve(found.parser_class)(found.name)

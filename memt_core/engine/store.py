@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, ClassVar
 
 from memt_core.errors import BadGeneration, InvalidRequest
 from memt_core.memory.durable import SnapshotStore
@@ -97,10 +97,12 @@ class MemoryStore:
 
     def apply(self, effect: fx.Effect) -> Any:
         """Carry out one effect; returns what the protocol needs back (file name, nonces, …)."""
-        handler = getattr(self, "_" + type(effect).__name__)
-        return handler(effect)
+        handler = self.HANDLERS.get(type(effect))
+        if handler is None:
+            raise TypeError(f"the memory store does not carry out {type(effect).__name__} effects")
+        return handler(self, effect)
 
-    def _NewMemory(self, e: fx.NewMemory) -> int:
+    def _new_memory(self, e: fx.NewMemory) -> int:
         """Empty memory, or the session's latest durable version; returns that version (0: new)."""
         self._own(e.session)
         stored = self.durable.latest(e.session) if self.durable is not None else None
@@ -111,7 +113,7 @@ class MemoryStore:
         self.sessions[e.session] = SessionMemory(published=memory, version=stored.version)
         return stored.version
 
-    def _CopyMemory(self, e: fx.CopyMemory) -> None:
+    def _copy_memory(self, e: fx.CopyMemory) -> None:
         copied = self.get(e.source).published.fork()
         if self.durable is not None:  # the copy replaces whatever an older session of that name left
             self._own(e.session)
@@ -119,14 +121,14 @@ class MemoryStore:
             self.durable.save(e.session, 0, copied, fence=self._fence(e.session))
         self.sessions[e.session] = SessionMemory(published=copied)
 
-    def _ForkCandidate(self, e: fx.ForkCandidate) -> None:
+    def _fork_candidate(self, e: fx.ForkCandidate) -> None:
         memory = self.get(e.session)
         memory.candidates[e.transaction] = Candidate(memory.published.fork())
 
-    def _DropCandidate(self, e: fx.DropCandidate) -> None:
+    def _drop_candidate(self, e: fx.DropCandidate) -> None:
         self.get(e.session).candidates.pop(e.transaction, None)
 
-    def _PublishCandidate(self, e: fx.PublishCandidate) -> None:
+    def _publish_candidate(self, e: fx.PublishCandidate) -> None:
         memory = self.get(e.session)
         candidate = self.candidate(e.session, e.transaction).memory
         if self.durable is not None:  # durable first: a failed write leaves the session as it was
@@ -135,12 +137,12 @@ class MemoryStore:
         memory.version += 1
         del memory.candidates[e.transaction]
 
-    def _ImportSnapshot(self, e: fx.ImportSnapshot) -> None:
+    def _import_snapshot(self, e: fx.ImportSnapshot) -> None:
         path = snapshot_path(self.state_directory, e.file)
         state = load_snapshot(path, identity=self.identity, layers=self.layers, shape=self.shape).to(self.device)
         self.candidate(e.session, e.transaction).memory = state
 
-    def _ExportSnapshot(self, e: fx.ExportSnapshot) -> str:
+    def _export_snapshot(self, e: fx.ExportSnapshot) -> str:
         memory = self.get(e.session)
         state = memory.published if e.transaction is None else self.candidate(e.session, e.transaction).memory
         if e.file is None and self.state_directory is not None:
@@ -150,7 +152,7 @@ class MemoryStore:
         save_snapshot(path, state, identity=self.identity, overwrite=e.overwrite)
         return e.file
 
-    def _ClearMemory(self, e: fx.ClearMemory) -> None:
+    def _clear_memory(self, e: fx.ClearMemory) -> None:
         memory = self.get(e.session)
         if self.durable is not None:  # a reset is a published version too, or a restore would bring the memory back
             self.durable.save(e.session, memory.version + 1, MemoryState(), fence=self._fence(e.session))
@@ -158,12 +160,12 @@ class MemoryStore:
         memory.version += 1
         memory.retained = None
 
-    def _DropSession(self, e: fx.DropSession) -> None:
+    def _drop_session(self, e: fx.DropSession) -> None:
         if self.durable is not None:
             self.durable.forget(e.session, fence=self._fence(e.session))
         self._let_go(e.session)
 
-    def _UnloadSession(self, e: fx.UnloadSession) -> None:
+    def _unload_session(self, e: fx.UnloadSession) -> None:
         self._let_go(e.session)  # the durable store keeps its versions: another server restores them
 
     def _let_go(self, session: str) -> None:
@@ -172,7 +174,7 @@ class MemoryStore:
         if self.owned is not None:
             self.owned.release(session)
 
-    def _DeleteSnapshot(self, e: fx.DeleteSnapshot) -> bool:
+    def _delete_snapshot(self, e: fx.DeleteSnapshot) -> bool:
         path = snapshot_path(self.state_directory, e.file)  # no state directory: InvalidRequest
         if CONTENT_NAME.match(e.file):
             raise InvalidRequest(f"snapshot {e.file!r} is content-addressed: such files are immutable and may be shared by many sessions, so they are never deleted")
@@ -182,10 +184,34 @@ class MemoryStore:
             return False
         return True
 
-    def _DropRetainedKV(self, e: fx.DropRetainedKV) -> None:
+    def _drop_retained_kv(self, e: fx.DropRetainedKV) -> None:
         self.get(e.session).retained = None
 
-    def _ReconcileCommits(self, e: fx.ReconcileCommits) -> list[str]:
+    def _reconcile_commits(self, e: fx.ReconcileCommits) -> list[str]:
         candidate = self.get(e.session).candidates.get(e.transaction)
         return list(candidate.applied) if candidate else []
 
+    #: The handler of each memory effect, one table built with the class (``apply`` dispatches on it).
+    HANDLERS: ClassVar[dict[type[fx.Effect], Callable[[MemoryStore, Any], Any]]] = {
+        fx.NewMemory: _new_memory,
+        fx.CopyMemory: _copy_memory,
+        fx.ForkCandidate: _fork_candidate,
+        fx.DropCandidate: _drop_candidate,
+        fx.PublishCandidate: _publish_candidate,
+        fx.ImportSnapshot: _import_snapshot,
+        fx.ExportSnapshot: _export_snapshot,
+        fx.ClearMemory: _clear_memory,
+        fx.DropSession: _drop_session,
+        fx.UnloadSession: _unload_session,
+        fx.DeleteSnapshot: _delete_snapshot,
+        fx.DropRetainedKV: _drop_retained_kv,
+        fx.ReconcileCommits: _reconcile_commits,
+    }
+
+
+#: Effects the engine carries out itself, not the store: stopping a query touches no memory.
+ENGINE_EFFECTS = frozenset({fx.CancelRequest})
+
+_unhandled = set(fx.Effect.__subclasses__()) - set(MemoryStore.HANDLERS) - ENGINE_EFFECTS
+if _unhandled:  # a new effect without a handler fails on import, not on its first use
+    raise TypeError(f"MemoryStore has no handler for {', '.join(sorted(e.__name__ for e in _unhandled))}")

@@ -1,7 +1,7 @@
 """Model families as data: one :class:`Family` object per family, in one registry.
 
-A family owns what differs between MemT model families (config parsing, backbone classes, where the
-memory sits, prompt format, output parser, tokenizer loading, tiny checkpoints); see
+A family owns what differs between MemT model families (config parsing, backbone classes and kernels,
+where the memory sits, prompt format, output parser, tokenizer type, tiny checkpoints); see
 :mod:`memt_core.families.base`. Code elsewhere looks a family up here, by its public name or by
 config.json's ``model_type``, and never branches on a name. Adding a family: one module with a
 ``Family`` subclass, one ``register(...)`` line below. Tests may register their own.

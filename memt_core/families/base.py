@@ -5,20 +5,18 @@ the memory modules sit in it, how prompts are encoded and outputs parsed, how it
 and what a tiny random checkpoint of it looks like. Code outside :mod:`memt_core.families` asks a
 family object and never branches on a family's name.
 
-Imports stay light: no torch, transformers or client code at import time (the client extra has no
-PyTorch and the server extra has no HTTP client); methods import what they build.
+Families are the floor: they import nothing of memt_core above them (no client, models or checkpoint
+code, not even inside functions). The classes and functions of other layers a family uses (chat format,
+parser, kernels) are named as ``"module:name"`` strings, which those layers resolve with ``resolve``.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from memt_core.errors import CheckpointError
-
-if TYPE_CHECKING:  # annotations only
-    from memt_core.checkpoint import Checkpoint
 
 #: Top-level keys of config.json that belong to MemT, not to any backbone.
 MEMT_KEYS = ("memt", "memt_runtime", "memt_checkpoint_id")
@@ -40,6 +38,10 @@ class Family:
     takes_encoder: bool = False  # prompts come from an encoder script a client may name explicitly
     special_tokens: tuple[str, ...] = ()  # special tokens of a tiny checkpoint's tokenizer
     tokenizer_type: str | None = None  # the name documented for AutoTokenizer.from_pretrained(tokenizer_type=...)
+    chat_format_class: str  # "module:Class" of the client's prompt encoder, built as Class(path, tokenizer, kwargs[, encoder_path=])
+    parser_class: str  # "module:Class" of the client's output parser, built as Class(family name)
+    #: "module:function"s the model code calls with the backbone's transformers config before building it.
+    kernels: tuple[str, ...] = ("memt_core.models.kernels:use_experts",)
 
     def __repr__(self) -> str:
         return f"<family {self.name} ({self.model_type})>"
@@ -64,17 +66,6 @@ class Family:
 
     # ------------------------------------------------------------------ model
 
-    def build_backbone(self, checkpoint: "Checkpoint"):
-        """A randomly initialised backbone of transformers' own class for ``checkpoint``."""
-        import transformers
-
-        from memt_core.models.kernels import use_experts
-
-        config = self.backbone_config(checkpoint.backbone)
-        config._attn_implementation = self.attn_implementation
-        use_experts(config)
-        return getattr(transformers, self.backbone_model_class)(config)
-
     def attention(self, backbone, layer: int):
         """The native attention module of backbone layer ``layer``: the memory module's neighbour."""
         return backbone.get_submodule(self.attention_path.format(layer=layer))
@@ -85,19 +76,9 @@ class Family:
         """How prompts become tokens, as it enters the snapshot identity."""
         return {"name": self.encoding}
 
-    def chat_format(self, path: str | Path, tokenizer, chat_template_kwargs: dict | None = None, *, encoder: str | Path | None = None):
-        """The client's prompt encoder for a checkpoint of this family (``encoder``: see ``takes_encoder``)."""
-        raise NotImplementedError
-
-    def parser(self):
-        """A fresh output parser (reasoning, answer, tool calls) for this family's markup."""
-        raise NotImplementedError
-
-    def load_tokenizer(self, path: str | Path, **kwargs):
-        """The checkpoint's tokenizer, from its files alone (no checkpoint code runs)."""
-        from memt_core.client.chat_format import load_tokenizer
-
-        return load_tokenizer(path, **kwargs)
+    def encoder(self, root: Path, named: str | Path | None = None) -> Path | None:
+        """The prompt encoder script a client executes (``takes_encoder`` families): ``named``, else the checkpoint's."""
+        return Path(named) if named is not None else None
 
     # ------------------------------------------------------------------ tiny random checkpoints
 
@@ -151,3 +132,11 @@ def tiny_memory(memory_layers: list[int], chunk_tokens: int) -> dict:
 def sha256_file(path: Path) -> str:
     """Hex SHA-256 of a file's bytes."""
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def resolve(reference: str):
+    """The object a family names as ``"module:name"`` (importing that module now, in the caller's layer)."""
+    module, sep, name = reference.partition(":")
+    if not (module and sep and name):
+        raise ValueError(f"{reference!r} is not a 'module:name' reference")
+    return getattr(importlib.import_module(module), name)

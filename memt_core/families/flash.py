@@ -33,6 +33,8 @@ class Flash(Family):
     encoding = "encoding_dsv4"
     tokenizer_type = "deepseek_v4"  # the spec tells Flash users to pass it; transformers does not know it by itself
     takes_encoder = True
+    chat_format_class = "memt_core.client.chat_format:FlashChatFormat"
+    parser_class = "memt_core.client.parsers:FlashParser"
     special_tokens = (
         "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>", "<think>", "</think>",
     )
@@ -48,19 +50,13 @@ class Flash(Family):
         encoder = find_encoder(root)
         return {"name": self.encoding, "sha256": sha256_file(encoder) if encoder else None}
 
-    def chat_format(self, path, tokenizer, chat_template_kwargs=None, *, encoder=None):
-        from memt_core.client.chat_format import FlashChatFormat
-
+    def encoder(self, root, named=None):
+        if named is not None:
+            return Path(named)
+        encoder = find_encoder(Path(root))
         if encoder is None:
-            encoder = find_encoder(Path(path))
-            if encoder is None:
-                raise FileNotFoundError(f"{path} has no encoding_dsv4.py; pass its location as deepseek_encoder")
-        return FlashChatFormat(path, tokenizer, chat_template_kwargs, encoder_path=encoder)
-
-    def parser(self):
-        from memt_core.client.parsers import FlashParser
-
-        return FlashParser(self.name)
+            raise FileNotFoundError(f"{root} has no encoding_dsv4.py; pass its location as deepseek_encoder")
+        return encoder
 
     def tiny_tokenizer(self, backend):
         from transformers import PreTrainedTokenizerFast

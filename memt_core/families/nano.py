@@ -23,6 +23,9 @@ class Nano(Family):
     attn_implementation = "sdpa"
     native_attention = frozenset({"full_attention"})
     encoding = "hf-chat-template"
+    chat_format_class = "memt_core.client.chat_format:NanoChatFormat"
+    parser_class = "memt_core.client.parsers:NanoParser"
+    kernels = ("memt_core.models.kernels:route_qwen3_5_moe", *Family.kernels)  # FLA / causal-conv1d kernels for CUDA tensors only
     special_tokens = (
         "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>",
         "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>",
@@ -44,24 +47,6 @@ class Nano(Family):
         refuse_quantized(nested, "backbone_configs.")
         refuse_quantized(text, "backbone_configs.text_config.")
         return dict(text)
-
-    def build_backbone(self, checkpoint):
-        from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe
-
-        from memt_core.models.kernels import route_by_device
-
-        route_by_device(modeling_qwen3_5_moe)  # FLA / causal-conv1d kernels for CUDA tensors only
-        return super().build_backbone(checkpoint)
-
-    def chat_format(self, path, tokenizer, chat_template_kwargs=None, *, encoder=None):
-        from memt_core.client.chat_format import NanoChatFormat
-
-        return NanoChatFormat(path, tokenizer, chat_template_kwargs)
-
-    def parser(self):
-        from memt_core.client.parsers import NanoParser
-
-        return NanoParser(self.name)
 
     def tiny_tokenizer(self, backend):
         from transformers import PreTrainedTokenizerFast

@@ -8,6 +8,7 @@ fail its first forward. ``route_by_device`` makes each such function call the ke
 tensors and transformers' own PyTorch implementation (the function the kernel replaced) otherwise.
 
 ``EXPERTS`` names the experts implementation every backbone is built with (``experts_forward``): see there.
+The families name the functions here that their backbones need (``Family.kernels``); ``build_backbone`` calls them.
 """
 
 from __future__ import annotations
@@ -61,6 +62,13 @@ def _router(dispatching, reference):
 
     route._memt_routed = True
     return route
+
+
+def route_qwen3_5_moe(config=None) -> list[str]:
+    """``route_by_device`` for transformers' Qwen3.5-MoE modeling module (a family's kernel, called with its config)."""
+    from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe
+
+    return route_by_device(modeling_qwen3_5_moe)
 
 
 #: The experts implementation (transformers' ``experts_implementation``) the families build backbones with.

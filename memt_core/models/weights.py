@@ -20,6 +20,7 @@ from safetensors.torch import save_file
 
 from memt_core.checkpoint import MEMORY_PREFIX, Checkpoint, read_checkpoint
 from memt_core.errors import CheckpointError
+from memt_core.families.base import resolve
 from memt_core.models.memt import MemTForCausalLM
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -110,8 +111,15 @@ def check_weights(checkpoint: Checkpoint, header: dict[str, tuple[str, tuple[int
 
 
 def build_backbone(checkpoint: Checkpoint) -> torch.nn.Module:
-    """A randomly initialised backbone of transformers' own class for this checkpoint (its family's choice)."""
-    return checkpoint.family.build_backbone(checkpoint)
+    """A randomly initialised backbone of transformers' own class for this checkpoint, with the kernels its family names."""
+    import transformers
+
+    family = checkpoint.family
+    config = family.backbone_config(checkpoint.backbone)
+    config._attn_implementation = family.attn_implementation
+    for kernel in family.kernels:
+        resolve(kernel)(config)
+    return getattr(transformers, family.backbone_model_class)(config)
 
 
 def load_model(

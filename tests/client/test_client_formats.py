@@ -289,3 +289,21 @@ def test_control_strings_a_client_types_are_text_never_control_tokens(family, na
     # text without a control string: the rendered prompt encoded as before
     messages = plain + [{"role": "user", "content": "What now?"}]
     assert chat_format.conversation_ids(messages) == list(chat_format.bos_ids) + chat_format._encode(chat_format.conversation_text(messages, tools=None, thinking=chat_format.thinking(None)))
+
+
+def test_dsml_is_defined_once():
+    """``DSML`` lives in the parsers; the chat format and the proxy import it. The encoder template, a standalone
+    script copied into checkpoints, keeps its own copy, which must be the same markup."""
+    from memt_core.client import chat_format
+    from memt_proxy import structured
+
+    assert chat_format.DSML is DSML and structured.DSML is DSML
+    template = (REPO / "memt_core" / "templates" / "encoding_dsv4.py").read_text(encoding="utf-8")
+    assert f'dsml_token = "{DSML}"' in template
+    definitions = [
+        f"{path.relative_to(REPO)}"
+        for package in ("memt_core", "memt_proxy")
+        for path in (REPO / package).rglob("*.py")
+        if f'= "{DSML}"' in path.read_text(encoding="utf-8")
+    ]
+    assert sorted(definitions) == ["memt_core/client/parsers.py", "memt_core/templates/encoding_dsv4.py"]

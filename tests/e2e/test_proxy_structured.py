@@ -314,8 +314,12 @@ def test_n_with_a_session_is_refused(http):
 
 
 def test_usage_counted_for_every_choice(http):
+    """n=2 with seed 3 is the answers of seed 3 and seed 4 (choice i runs with seed + i): its usage is both."""
     one = chat(http, temperature=1.0, seed=3, max_tokens=6)
+    other = chat(http, temperature=1.0, seed=4, max_tokens=6)
     two = chat(http, n=2, temperature=1.0, seed=3, max_tokens=6)
     assert two["choices"][0]["message"] == one["choices"][0]["message"]  # choice 0 keeps the request's seed
+    assert two["choices"][1]["message"] == other["choices"][0]["message"]
     assert two["usage"]["prompt_tokens"] == one["usage"]["prompt_tokens"]
-    assert two["usage"]["completion_tokens"] >= one["usage"]["completion_tokens"]
+    assert two["usage"]["completion_tokens"] == one["usage"]["completion_tokens"] + other["usage"]["completion_tokens"]
+    assert two["usage"]["total_tokens"] == two["usage"]["prompt_tokens"] + two["usage"]["completion_tokens"]

@@ -7,6 +7,7 @@ written to and queried through the in-process API, and prompted and parsed by th
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import shutil
@@ -20,6 +21,7 @@ import torch
 from memt_core import families
 from memt_core.checkpoint import read_checkpoint
 from memt_core.errors import CheckpointError
+from memt_core.families.base import resolve
 from memt_core.families.nano import Nano
 
 REPO = Path(__file__).resolve().parents[2]
@@ -139,8 +141,8 @@ def test_the_family_is_part_of_the_identity(test_family, test_checkpoint, tmp_pa
 def test_the_client_prompts_and_parses_the_test_family(test_family, test_checkpoint):
     from memt_core.client import NanoChatFormat, load_chat_format, load_tokenizer, parser_for
 
-    tokenizer = test_family.load_tokenizer(test_checkpoint)
-    chat_format, parser = load_chat_format(test_checkpoint, tokenizer=load_tokenizer(test_checkpoint))
+    tokenizer = load_tokenizer(test_checkpoint)
+    chat_format, parser = load_chat_format(test_checkpoint, tokenizer=tokenizer)
     assert isinstance(chat_format, NanoChatFormat) and chat_format.family == parser.family == "memt-test-nano"
     assert chat_format.user_ids("hello", enable_thinking=False) == tokenizer.encode(
         tokenizer.apply_chat_template([{"role": "user", "content": "hello"}], add_generation_prompt=True,
@@ -185,3 +187,60 @@ def test_the_registry_and_the_client_side_import_without_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
     assert out.stdout.strip() == "[]"
+
+
+# --------------------------------------------------------------------------- the families are the floor
+
+ABOVE = ("memt_core.client", "memt_core.models", "memt_core.checkpoint")
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Every module an ``import`` in ``path`` names, wherever it stands (in functions, under TYPE_CHECKING too)."""
+    modules = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            modules.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0, f"{path}: relative import"
+            modules.update([node.module, *(f"{node.module}.{alias.name}" for alias in node.names)])
+    return modules
+
+
+def test_the_families_import_nothing_above_them():
+    """No import loop (checkpoint → families → client → checkpoint) and no upward arrow: the families name
+    what they use of the client and the models as strings, which those layers resolve."""
+    files = sorted((REPO / "memt_core" / "families").rglob("*.py"))
+    assert len(files) >= 4
+    upward = {
+        f"{path.relative_to(REPO)}: {module}"
+        for path in files
+        for module in imported_modules(path)
+        if any(module == above or module.startswith(above + ".") for above in ABOVE)
+    }
+    assert upward == set()
+
+
+def test_the_families_references_resolve_in_their_layers():
+    from memt_core.client.chat_format import ChatFormat
+    from memt_core.client.parsers import OutputParser
+    from memt_core.models import kernels
+
+    for family in map(families.get, families.names()):
+        assert issubclass(resolve(family.chat_format_class), ChatFormat), family
+        parser = resolve(family.parser_class)(family.name)
+        assert isinstance(parser, OutputParser) and parser.family == family.name, family
+        assert family.kernels and all(resolve(kernel).__module__ == kernels.__name__ for kernel in family.kernels), family
+    assert resolve("memt_core.models.kernels:use_experts") is kernels.use_experts
+    with pytest.raises(ValueError, match="not a 'module:name' reference"):
+        resolve("memt_core.models.kernels.use_experts")
+
+
+def test_the_encoder_a_client_executes(tmp_path):
+    """Flash: the named script, else the checkpoint's own, else a FileNotFoundError; Nano takes none."""
+    flash, nano = families.get(families.FLASH), families.get(families.NANO)
+    with pytest.raises(FileNotFoundError, match="has no encoding_dsv4.py; pass its location as deepseek_encoder"):
+        flash.encoder(tmp_path)
+    (tmp_path / "encoding_dsv4.py").write_text("")
+    assert flash.encoder(tmp_path) == tmp_path / "encoding_dsv4.py"
+    assert flash.encoder(tmp_path, "elsewhere.py") == Path("elsewhere.py")
+    assert (flash.takes_encoder, nano.takes_encoder) == (True, False)

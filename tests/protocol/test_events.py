@@ -294,7 +294,8 @@ def test_lease_is_required_except_for_create_acquire_inspect(action):
 
 @pytest.mark.parametrize("action", ["create", "acquire", "inspect"])
 def test_lease_may_be_omitted(action):
-    parse_control({"action": action, "session": "s1"})
+    event = parse_control({"action": action, "session": "s1"})
+    assert event == CONTROL_CASES[action][1] and event.lease is None
 
 
 @pytest.mark.parametrize("action, field", [
@@ -490,7 +491,10 @@ def test_a_json_schema_at_the_depth_bound_is_taken():
 
 
 def test_ignore_eos_false_and_n_one_are_accepted():
-    generate(query_body(sampling_params={"max_new_tokens": 3, "n": 1, "ignore_eos": False}))
+    """They are the defaults: the query is the one without them."""
+    event = generate(query_body(sampling_params={"max_new_tokens": 3, "n": 1, "ignore_eos": False}))
+    assert event == generate(query_body(sampling_params={"max_new_tokens": 3}))
+    assert event.sampling.max_new_tokens == 3 and event.sampling.skip_eos is False
 
 
 @pytest.mark.parametrize("rid, n", [("memt|s1|commit:2|n1", 3), ("memt|s1|commit:4|n1", 3), ("memt|s1|commit:1|n1", 2)])
@@ -510,7 +514,7 @@ def test_commit_rules():
 @pytest.mark.parametrize("field", ["return_logprob", "return_hidden_states", "top_logprobs_num", "logprob_start_len", "return_text_in_logprobs"])
 def test_commits_refuse_scores_and_hidden_states(field):
     refused(generate, commit_body(**{field: True if field.startswith("return") else 5}), match="do not return output scores or hidden states")
-    generate(commit_body(**{field: False if field.startswith("return") else 0}))  # falsy values ask for nothing
+    assert generate(commit_body(**{field: False if field.startswith("return") else 0})) == generate(commit_body())  # falsy values ask for nothing
 
 
 def test_queries_take_logprob_requests_but_not_hidden_states():

@@ -6,7 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from memt_proxy.errors import ProxyError
-from memt_proxy.protocol import ChatCompletionRequest, Usage, chunk_body, response_body, text_of
+from memt_proxy.protocol import ChatCompletionRequest, NamedToolChoice, Usage, chunk_body, response_body, text_of
 
 BASE = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
@@ -74,9 +74,14 @@ def test_semantics_refused_naming_the_field(fields, param, code):
 
 
 def test_tool_choice_accepted_forms():
-    for choice in ("auto", "none", "required", {"type": "function", "function": {"name": "get_weather"}}):
-        request(tools=[TOOL], tool_choice=choice).validate_semantics()
-    request(tool_choice="none").validate_semantics()  # none without tools is harmless
+    for choice in ("auto", "none", "required"):
+        r = request(tools=[TOOL], tool_choice=choice)
+        assert r.validate_semantics() == [] and r.tool_choice == choice
+    named = request(tools=[TOOL], tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    assert named.validate_semantics() == []
+    assert isinstance(named.tool_choice, NamedToolChoice) and named.tool_choice.function.name == "get_weather"
+    bare = request(tool_choice="none")  # none without tools is harmless
+    assert bare.validate_semantics() == [] and (bare.tool_choice, bare.tools) == ("none", None)
 
 
 @pytest.mark.parametrize("fields,where", [
