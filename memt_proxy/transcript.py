@@ -11,7 +11,7 @@ hash of each message it committed, in order. An incoming transcript is split int
 
 If earlier messages exist but do not line up with what was committed (an edited or foreign history),
 the transcript has *diverged*: by default the request is refused with 409 ``transcript_diverged``
-rather than silently mixing that history with memory (see the README for the ``reset`` policy).
+rather than silently mixing that history with memory (docs/proxy.md, "Edited history is a branch").
 """
 
 from __future__ import annotations

@@ -1,26 +1,80 @@
 #!/usr/bin/env bash
 # Create .venv with the project installed (CPU PyTorch from the package index), for the demo and the tests.
-# Usage: bash scripts/setup.sh [extra]   (extra defaults to "dev": server, client, proxy and test tools)
+# Usage: bash scripts/setup.sh [EXTRA] [--system-packages]
+#   EXTRA               the pyproject extra to install (default "dev": server, client, proxy, cluster, docs, test tools)
+#   --system-packages   also install system packages with apt-get (redis-server, for the ownership tests);
+#                       MEMT_SYSTEM_PACKAGES=1 asks the same (CI's .ci/run does)
+# Each step is printed ("setup: …"). A stamp in .venv holds a hash of pyproject.toml (and the adapters') and
+# the extra: while they are unchanged, the pip installs are skipped. On a terminal pip shows its progress.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-EXTRA="${1:-dev}"
+
+EXTRA=dev
+SYSTEM_PACKAGES="${MEMT_SYSTEM_PACKAGES:-0}"
+for arg in "$@"; do
+  case "$arg" in
+    --system-packages) SYSTEM_PACKAGES=1 ;;
+    -h|--help) sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -*) echo "setup: unknown option $arg (see bash scripts/setup.sh --help)" >&2; exit 2 ;;
+    *) EXTRA="$arg" ;;
+  esac
+done
 PYTHON="${PYTHON:-python3}"
-if [ ! -x .venv/bin/python ]; then
+TORCH=2.13.0
+say() { echo "setup: $*"; }
+
+if [ -x .venv/bin/python ]; then
+  say ".venv exists ($(.venv/bin/python --version 2>&1))"
+else
+  say "creating .venv with $("$PYTHON" --version 2>&1)"
   "$PYTHON" -m venv .venv
 fi
-PIP=(.venv/bin/python -m pip install -q --disable-pip-version-check)
-"${PIP[@]}" --upgrade pip
-# Pin the CPU-friendly PyTorch first so no dependency pulls a multi-GB CUDA build (see README for GPUs).
-"${PIP[@]}" "torch==2.13.0"
-"${PIP[@]}" -e ".[${EXTRA}]"
-# The ownership tests start a real Redis; install it from Debian's packages where we may (else they skip).
-if [ "$EXTRA" = "dev" ] && ! command -v redis-server >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
-  apt-get install -y -q redis-server >/dev/null 2>&1 \
-    || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q redis-server >/dev/null 2>&1; } \
-    || echo "setup: redis-server could not be installed; the session-ownership tests will skip" >&2
+
+# pip shows progress bars on a terminal; elsewhere (CI, logs) it stays quiet.
+PIP=(.venv/bin/python -m pip install --disable-pip-version-check)
+[ -t 1 ] || PIP+=(-q)
+
+STAMP=.venv/.memt-setup-stamp
+ADAPTERS=()
+if [ "$EXTRA" = "dev" ]; then
+  for adapter in adapters/*/; do
+    [ -f "${adapter}pyproject.toml" ] && ADAPTERS+=("$adapter")
+  done
 fi
-for adapter in adapters/*/; do
-  if [ "$EXTRA" = "dev" ] && [ -f "${adapter}pyproject.toml" ]; then
+WANTED="$( { echo "extra=$EXTRA torch=$TORCH"; cat pyproject.toml; for a in "${ADAPTERS[@]}"; do cat "${a}pyproject.toml"; done; } | sha256sum | cut -d' ' -f1)"
+
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANTED" ]; then
+  say "packages already installed for extra '$EXTRA' (pyproject.toml unchanged since; stamp $STAMP): skipping pip"
+else
+  rm -f "$STAMP"
+  say "upgrading pip"
+  "${PIP[@]}" --upgrade pip
+  # The CPU-friendly PyTorch first, so no dependency pulls a multi-GB CUDA build (GPU: docs/deployment.md).
+  say "installing torch $TORCH (CPU)"
+  "${PIP[@]}" "torch==$TORCH"
+  say "installing the project: -e .[$EXTRA]"
+  "${PIP[@]}" -e ".[${EXTRA}]"
+  for adapter in "${ADAPTERS[@]}"; do
+    say "installing the adapter ${adapter%/}"
     "${PIP[@]}" -e "${adapter}"
+  done
+  echo "$WANTED" > "$STAMP"
+  say "done; later runs skip these installs until pyproject.toml or the extra changes"
+fi
+
+# The ownership tests start a real Redis; they skip without one. System packages only when asked.
+if [ "$EXTRA" = "dev" ] && ! command -v redis-server >/dev/null 2>&1; then
+  if [ "$SYSTEM_PACKAGES" = 1 ]; then
+    if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+      say "installing redis-server (apt-get)"
+      apt-get install -y -q redis-server >/dev/null 2>&1 \
+        || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q redis-server >/dev/null 2>&1; } \
+        || say "redis-server could not be installed; the session-ownership tests will skip" >&2
+    else
+      say "redis-server not installed: system packages need apt-get and root; the session-ownership tests will skip" >&2
+    fi
+  else
+    say "redis-server not installed (the session-ownership tests will skip);" \
+        "bash scripts/setup.sh --system-packages (or MEMT_SYSTEM_PACKAGES=1) installs it with apt-get, as root"
   fi
-done
+fi

@@ -1,7 +1,7 @@
 """The examples' own refusals: what an example says when the server lacks what it needs.
 
-Their working runs are tested through the README (``test_readme_commands.py`` runs every example as
-the README starts the servers); here, ``commit_history.py`` against a core started without
+Their working runs are tested through the docs (``test_readme_commands.py`` runs every example as
+docs/quickstart.md starts the servers); here, ``commit_history.py`` against a core started without
 ``--state-directory`` must stop with a message naming the flag, not crash with a traceback (issue 16).
 """
 

@@ -1,11 +1,15 @@
-"""Every fenced command block of the README and of the adapters' READMEs runs, as written, on this clone.
+"""Every fenced command block of the README, of the documentation site (docs/*.md) and of the adapters'
+READMEs runs, as written, on this clone.
 
 Each document is read top to bottom as a new user would, in the project's ``.venv`` (reached only
 through the document's own ``. .venv/bin/activate`` line: the test starts from a PATH without it). Its ``bash`` blocks run command by command from the repository
 root, its ``python`` blocks as scripts (``python -``), against the servers the document itself starts,
-so a README edit is tested as soon as it is made. A block that cannot run here is listed in ``EXEMPT``
-with the reason; an unlisted block that fails, a block without a language tag, or a stale exemption,
-fails the test. What the test changes, and only that (``Substitutions``):
+so a README edit is tested as soon as it is made. A block that cannot run here (a GPU, a network install,
+Redis and a shared store) is marked in the document itself by an HTML comment on the line before it,
+``<!-- not run: REASON -->``, which the reader shows nowhere and this test skips (a marker without a reason
+or without a block after it fails); single commands of the README's blocks may instead be listed in
+``EXEMPT`` with the reason. An unmarked block that fails, a block without a language tag, or a stale
+exemption, fails the test. What the test changes, and only that (``Substitutions``):
 
 * the ports: every ``30000``, ``8000`` and ``8800`` (the core's, the proxy's and the cluster router's)
   becomes a free port of this document, so parallel runs never collide; a server command run in the foreground (as a user would,
@@ -41,7 +45,8 @@ from e2e.servers import HOST, REPO_ROOT, cluster_script_ports, free_port, free_p
 
 pytestmark = pytest.mark.timeout(1200)
 
-DOCUMENTS = ["README.md", "adapters/langchain-memt/README.md", "adapters/llama-index-llms-memt/README.md"]
+DOCS = sorted(str(path.relative_to(REPO_ROOT)) for path in (REPO_ROOT / "docs").glob("*.md"))
+DOCUMENTS = ["README.md", *DOCS, "adapters/langchain-memt/README.md", "adapters/llama-index-llms-memt/README.md"]
 LANGUAGES = {"bash", "python", "text"}  # text: not commands (the layout tree)
 BUNDLED = "memt_core/bundled/memt-tiny-demo"
 
@@ -50,12 +55,6 @@ _PIP = "installs with pip (network); scripts/setup.sh dev installs the same into
 EXEMPT = {
     "bash scripts/demo.sh": "installs with pip (network), then runs scripts/demo.py, which tests/e2e/test_demo.py runs",
     "bash scripts/test.sh": "the test suite itself (CI's .ci/run)",
-    "python -m venv .venv": "GPU install: a second environment with CUDA PyTorch (network, CUDA)",
-    ".venv/bin/pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128": "GPU install: network, CUDA",
-    ".venv/bin/pip install -e '.[sglang]'": "GPU install: network, CUDA (flash-linear-attention)",
-    "python -m memt_core.launch --model-path CKPT --port 30000 --snapshot-store /shared/memt-store --ownership "
-    "redis://127.0.0.1:6379/0 --node-id node-a": "needs Redis and a shared store; tests/e2e/test_session_ownership.py "
-    "runs servers so configured",
     "pip install -e '.[client]'": _PIP,
     "pip install -e adapters/langchain-memt": _PIP,
     "pip install -e adapters/llama-index-llms-memt": _PIP,
@@ -66,17 +65,35 @@ PREACTIVATED = {"adapters/langchain-memt/README.md", "adapters/llama-index-llms-
 #: Per document, what a command or python block prints (it contains the key) when it works: greedy answers of
 #: the demo model, or what identifies it.
 EXPECTED = {"README.md": {
+    'print(session.chat("What is my kitten called?"': ["Memmy"],
+    "client.chat.completions.create(": ["Lisbon"],
+    "client.responses.create(": ["Lisbon"],
+    "ChatMemT(": ["Your parrot is called Belkavo."],
+}, "docs/quickstart.md": {
     "examples/generate.py": ["You live in Lisbon."],
     "examples/document_memory.py": ["Apex Books is based in Marrakesh.", "Apex Books was founded in 1962."],
     "examples/commit_history.py": ["messages in the restored session: 0", "Your kitten is called Memmy."],
     "examples/langchain_chat.py": ["You live in Lisbon."],
     "examples/llamaindex_chat.py": ["Your name is Alice."],
     "python -m memt_core.client": ["You live in Lisbon."],
-    "--dry-run": ["memt-tiny-demo"],
-    'print(session.chat("What is my kitten called?"': ["Memmy"],
-    "client.chat.completions.create(": ["Lisbon"],
+}, "docs/proxy.md": {
+    "extra_headers={\"X-MemT-Session\": \"alice\"})\nhistory": ["Lisbon"],
+    "tools=tools": ["get_weather", "Lisbon"],
+    "stream=True": ["prompt tokens:"],
+    "response_format=Place": ["city="],
+    "MemT(": ["green"],
+}, "docs/responses.md": {
     "client.responses.create(": ["Lisbon"],
-    "ChatMemT(": ["Belkavo", "green"],
+    "Runner.run(": ["Lisbon"],
+}, "docs/native.md": {
+    "/memt/identity": ["memt-tiny-demo"],
+    'print(session.chat("What is my kitten called?"': ["Memmy"],
+}, "docs/deployment.md": {
+    "--dry-run": ["memt-tiny-demo"],
+    "client.chat.completions.create(": ["Lisbon"],
+}, "docs/operations.md": {
+    "memt_proxy --help": ["--headerless-memory"],
+    "memt_core.launch --help": ["--snapshot-store"],
 }, "adapters/langchain-memt/README.md": {
     'HumanMessage("What is my name?")': ["Your name is Alice."],
 }, "adapters/llama-index-llms-memt/README.md": {
@@ -86,27 +103,44 @@ EXPECTED = {"README.md": {
 CLIENT_SCRIPT = "Hi, my name is Alice and I live in Lisbon.\nWhere do I live?\n/status\n/quit\n"
 
 
+#: The marker that keeps the next block from running: ``<!-- not run: needs a CUDA machine -->``.
+NOT_RUN = re.compile(r"^<!--\s*not run:(.*?)-->\s*$")
+
+
 @dataclass
 class Block:
     document: str
     line: int
     language: str
     text: str
+    not_run: str | None = None  # the reason of a ``<!-- not run: … -->`` marker before the block
 
 
 def fenced_blocks(document: str) -> list[Block]:
-    """The document's fenced code blocks, in order, with the line each starts on."""
+    """The document's fenced code blocks, in order, with the line each starts on and its not-run reason."""
     blocks, lines = [], (REPO_ROOT / document).read_text(encoding="utf-8").splitlines()
-    start = None
+    start, marker = None, None
     for number, line in enumerate(lines, 1):
         if line.startswith("```"):
             if start is None:
                 start, language = number, line[3:].strip()
             else:
-                blocks.append(Block(document, start, language, "\n".join(lines[start:number - 1]) + "\n"))
-                start = None
+                blocks.append(Block(document, start, language, "\n".join(lines[start:number - 1]) + "\n", marker))
+                start, marker = None, None
+        elif start is None and (found := NOT_RUN.match(line.strip())):
+            assert marker is None, f"{document}:{number}: two not-run markers before one block"
+            marker = found.group(1).strip()
+            assert marker, f"{document}:{number}: a not-run marker must say why (<!-- not run: REASON -->)"
+        elif start is None and line.strip() and marker is not None:
+            raise AssertionError(f"{document}:{number}: a not-run marker must stand right before its block")
     assert start is None, f"{document}: the block opened on line {start} is never closed"
+    assert marker is None, f"{document}: a not-run marker at the end, before no block"
     return blocks
+
+
+def runnable(document: str) -> bool:
+    """Whether the document has a block this test runs."""
+    return any(b.language in ("bash", "python") and b.not_run is None for b in fenced_blocks(document))
 
 
 def bash_commands(block: Block) -> list[list[str]]:
@@ -162,6 +196,7 @@ class Reader:
         self.failures: list[str] = []
         self.ran: list[str] = []
         self.exempted: set[str] = set()
+        self.not_run: list[str] = []
         if document in PREACTIVATED:
             self.source(".venv/bin/activate")
 
@@ -303,7 +338,9 @@ class Reader:
 
     def read(self) -> None:
         for block in fenced_blocks(self.document):
-            if block.language == "bash":
+            if block.not_run is not None:
+                self.not_run.append(f"{block.line}: {block.not_run}")
+            elif block.language == "bash":
                 self.bash(block)
             elif block.language == "python":
                 self.python(block)
@@ -323,8 +360,9 @@ def test_every_exemption_is_still_in_a_document():
 
 
 def test_every_example_is_run_by_a_readme_command():
-    """examples/*.py are run through the README (so a new example needs a README line, and then runs)."""
-    commands = [shlex.join(words) for b in fenced_blocks("README.md") if b.language == "bash" for words in bash_commands(b)]
+    """examples/*.py are run through the README or the docs (so a new example needs a line there, and then runs)."""
+    commands = [shlex.join(words) for d in ["README.md", *DOCS] for b in fenced_blocks(d)
+                if b.language == "bash" and b.not_run is None for words in bash_commands(b)]
     missing = [p.name for p in sorted((REPO_ROOT / "examples").glob("*.py")) if not any(f"examples/{p.name}" in c for c in commands)]
     assert not missing, f"examples that no README command runs: {missing}"
 
@@ -351,7 +389,21 @@ def test_the_reader_reports_what_fails(tmp_path):
     assert "exit code 3" in reader.failures[1] and "printed nothing" in reader.failures[2]
 
 
-@pytest.mark.parametrize("document", DOCUMENTS)
+def test_a_not_run_marker_skips_its_block_and_must_say_why(tmp_path):
+    """``<!-- not run: … -->`` skips the next block only; a marker without a reason or a block is an error."""
+    document = tmp_path / "DOC.md"
+    document.write_text("<!-- not run: needs a GPU -->\n```bash\nexit 3\n```\n```bash\ntrue\n```\n")
+    reader = Reader(str(document), tmp_path)
+    reader.read()
+    assert reader.not_run == ["2: needs a GPU"] and reader.ran == ["true"] and not reader.failures
+    for text in ("<!-- not run: -->\n```bash\ntrue\n```\n", "<!-- not run: x -->\nprose\n```bash\ntrue\n```\n",
+                 "```bash\ntrue\n```\n<!-- not run: x -->\n"):
+        document.write_text(text)
+        with pytest.raises(AssertionError, match="not-run marker"):
+            fenced_blocks(str(document))
+
+
+@pytest.mark.parametrize("document", [d for d in DOCUMENTS if runnable(d)])
 def test_document_runs_line_by_line(document, tmp_path):
     """Every command and snippet of the document runs as written (see the module docstring) and says what it should."""
     reader = Reader(document, tmp_path)
@@ -361,7 +413,7 @@ def test_document_runs_line_by_line(document, tmp_path):
         reader.stop()
     assert not reader.failures, "\n\n".join(reader.failures)
     assert reader.ran, f"{document}: nothing ran"
-    unmatched = [key for key in EXPECTED[document] if not any(key in what for what in reader.ran)]
+    unmatched = [key for key in EXPECTED.get(document, {}) if not any(key in what for what in reader.ran)]
     assert not unmatched, f"{document}: expected outputs whose command or snippet is no longer there: {unmatched}"
 
 
@@ -382,12 +434,16 @@ def test_start_scripts_find_the_venv(script, args, printed, tmp_path):
 
 #: Commands quoted in the README's prose that wrap a python script: their flags are that script's.
 WRAPPERS = {"scripts/demo.sh": ["scripts/demo.py"]}
+#: Shell scripts quoted in the prose that answer ``--help`` themselves, listing their flags, without side effects.
+SHELL_HELP = {"scripts/setup.sh", "scripts/test.sh", "scripts/reliability.sh"}
 
 
 def prose_commands() -> list[str]:
-    """The README's inline code spans outside fenced blocks that are python or bash commands."""
-    text = re.sub(r"^```.*?^```", "", (REPO_ROOT / "README.md").read_text(encoding="utf-8"), flags=re.S | re.M)
-    spans = re.findall(r"`([^`]+)`", text)
+    """The inline code spans outside fenced blocks, in the README and the docs, that are python or bash commands."""
+    spans = []
+    for document in ["README.md", *DOCS]:
+        text = re.sub(r"^```.*?^```", "", (REPO_ROOT / document).read_text(encoding="utf-8"), flags=re.S | re.M)
+        spans += re.findall(r"`([^`]+)`", text)
     return sorted({" ".join(span.split()) for span in spans if re.match(r"(python|bash) \S", span)})
 
 
@@ -407,6 +463,8 @@ def test_every_command_quoted_in_the_prose_exists_with_its_flags():
             target = words[1:3] if words[1] == "-m" else words[1:2]
         elif words[1] in WRAPPERS:
             target = WRAPPERS[words[1]]
+        elif words[1] in SHELL_HELP:
+            target = ["bash", words[1]]
         else:
             target = None
             if not (REPO_ROOT / words[1]).is_file():
@@ -417,7 +475,8 @@ def test_every_command_quoted_in_the_prose_exists_with_its_flags():
                 problems.append(f"{command}: flags for a script this test cannot ask (add it to WRAPPERS)")
             continue
         if tuple(target) not in helps:
-            done = subprocess.run([sys.executable, *target, "--help"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+            runner = [] if target[0] == "bash" else [sys.executable]
+            done = subprocess.run([*runner, *target, "--help"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
             helps[tuple(target)] = done.stdout if done.returncode == 0 else ""
             if done.returncode != 0:
                 problems.append(f"{command}: `{' '.join(target)} --help` exit code {done.returncode}: {done.stderr[-1000:]}")
