@@ -15,6 +15,8 @@ user message (the rest kept), each against replaying that same transcript, as ra
 from __future__ import annotations
 
 import argparse
+import os
+import platform
 import statistics
 import sys
 import tempfile
@@ -38,6 +40,21 @@ def timed(client, model: str, messages: list[dict], headers: dict, max_tokens: i
     return time.perf_counter() - began, response.usage.prompt_tokens, response.choices[0].message.content or ""
 
 
+def edits(client, model, history: list[dict], args) -> dict[str, list]:
+    """At --edit-at, right after the answer: a regenerate of it and an edit of the first message, each against
+    replaying the same transcript (memory off), measured back to back (``timed``'s figures per try)."""
+    names = ["Radomir", "Wojciech", "Thandiwe", "Oluwaseun", "Beatrix", "Cosima", "Leopold", "Svetlana"]
+    costs = {"regenerate": [], "replay of it": [], "edit": [], "replay of the edit": []}
+    for repeat in range(args.repeats):
+        costs["regenerate"].append(timed(client, model, history, {}, args.max_tokens))
+        costs["replay of it"].append(timed(client, model, history, MODES["replay"], args.max_tokens))
+        # each edit a new one: a repeated edit would resume from the state the first one left
+        variant = [{"role": "user", "content": f"Hi, my name is {names[repeat % len(names)]} and I live in Bukhara."}, *history[1:]]
+        costs["edit"].append(timed(client, model, variant, {}, args.max_tokens))
+        costs["replay of the edit"].append(timed(client, model, variant, MODES["replay"], args.max_tokens))
+    return costs
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--model-path", default=str(ROOT / "memt_core/bundled/memt-tiny-demo"), help="checkpoint to serve")
@@ -46,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--edit-at", type=int, default=10, help="the turn at which a regenerate and an edit are measured")
     parser.add_argument("--repeats", type=int, default=3, help="regenerate / edit / replay measurements at --edit-at (medians)")
     parser.add_argument("--max-tokens", type=int, default=32, help="max tokens per answer")
+    parser.add_argument("--plot", default=None, metavar="SVG", help="also draw prompt tokens and latency per turn into this SVG (the bench extra: matplotlib)")
     args = parser.parse_args(argv)
 
     from openai import OpenAI
@@ -70,8 +88,8 @@ def main(argv: list[str] | None = None) -> int:
                 history.append({"role": "assistant", "content": answer})
                 row[mode] = (prompt, seconds)
             rows.append(row)
-            if turn == args.edit_at:
-                at_edit = {mode: list(h[:-1]) for mode, h in histories.items()}
+            if turn == args.edit_at:  # the no-header app regenerates this answer, then edits its first message
+                costs = edits(client, model, histories["no header"][:-1], args)
         print(f"model {model}, {args.turns} turns, greedy, max {args.max_tokens} tokens per answer; every app resends its whole history")
         print("turn  " + "".join(f"{mode:>22}" for mode in MODES) + "   (prompt tokens, latency ms)")
         for turn, row in enumerate(rows, start=1):
@@ -79,6 +97,13 @@ def main(argv: list[str] | None = None) -> int:
         last, second = rows[-1], rows[1]
         for mode in MODES:
             print(f"{mode:>10}: turn {args.turns} prompt {last[mode][0]} tokens, turn 2 {second[mode][0]}")
+        if args.plot:
+            from bench.plot import per_turn  # scripts/ is on the path
+
+            drawn = per_turn(args.plot, {mode: [(p, s * 1000) for p, s in (row[mode] for row in rows)] for mode in MODES},
+                             [(0, "prompt tokens"), (1, "latency (ms)")], title=f"one conversation three ways, {model}",
+                             note=f"python scripts/bench/headerless.py --turns {args.turns} --plot …; {platform.processor() or platform.machine()}, {os.cpu_count()} cores")
+            print(f"plot: {drawn}")
         met = last["no header"][0] <= second["no header"][0] + 10
         print(f"target, no header: prompt at turn {args.turns} <= turn 2 + 10: {'met' if met else 'not met'}")
         late = range(max(2, args.turns - 9), args.turns)
@@ -86,18 +111,6 @@ def main(argv: list[str] | None = None) -> int:
             ratio = statistics.median(rows[t][mode][1] for t in late) / statistics.median(rows[t]["replay"][1] for t in late)
             print(f"{mode} / replay, median latency of turns {late.start + 1}-{args.turns}: {ratio:.2f}")
 
-        # at --edit-at: the no-header app regenerates its last answer, then edits its first message; each against
-        # replaying the same transcript (memory off), measured back to back
-        history = at_edit["no header"]
-        names = ["Radomir", "Wojciech", "Thandiwe", "Oluwaseun", "Beatrix", "Cosima", "Leopold", "Svetlana"]
-        costs = {"regenerate": [], "replay of it": [], "edit": [], "replay of the edit": []}
-        for repeat in range(args.repeats):
-            costs["regenerate"].append(timed(client, model, history, {}, args.max_tokens))
-            costs["replay of it"].append(timed(client, model, history, MODES["replay"], args.max_tokens))
-            # each edit a new one: a repeated edit would resume from the state the first one left
-            variant = [{"role": "user", "content": f"Hi, my name is {names[repeat % len(names)]} and I live in Bukhara."}, *history[1:]]
-            costs["edit"].append(timed(client, model, variant, {}, args.max_tokens))
-            costs["replay of the edit"].append(timed(client, model, variant, MODES["replay"], args.max_tokens))
         median = {name: (statistics.median(c[1] for c in values), statistics.median(c[0] for c in values)) for name, values in costs.items()}
         print(f"at turn {args.edit_at} (medians of {args.repeats}): " + ", ".join(f"{name} {p:.0f} tokens {s * 1000:.0f} ms" for name, (p, s) in median.items()))
         print(f"regenerate / replay: prompt {median['regenerate'][0] / median['replay of it'][0]:.2f}, latency {median['regenerate'][1] / median['replay of it'][1]:.2f}")
