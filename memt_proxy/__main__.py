@@ -51,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     upstream.add_argument("--upstream", default="http://127.0.0.1:30000", help="base URL of the memt_core server (python -m memt_core.launch)")
     upstream.add_argument("--upstream-api-key", default=os.environ.get("MEMT_API_KEY"), help="Bearer key of the upstream server (default: $MEMT_API_KEY)")
     upstream.add_argument("--model-path", default=None, help="the checkpoint the upstream serves (its tokenizer and chat format are used here); default: the bundled demo model")
-    upstream.add_argument("--served-model-name", action="append", default=[], help="model name(s) accepted in requests and listed by /v1/models (default: the checkpoint id or directory name)")
+    upstream.add_argument("--served-model-name", action="append", default=[], help="model name(s) accepted in requests and listed by /v1/models (default: the checkpoint id, or the directory name; the directory and family names, e.g. memt-nano, are accepted too)")
     upstream.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the upstream server")
     upstream.add_argument("--embedded", action="store_true", help="one process: run the core (engine and memt-http-v1 server) inside the proxy, called in process instead of over HTTP; --upstream is then unused. The two-process deployment (no --embedded) is the one that scales out")
     upstream.add_argument("--core-args", default="", help="with --embedded: flags of python -m memt_core.launch for the embedded core, as one string (e.g. \"--device cpu --max-sessions-per-rank 64 --state-directory /var/memt/snapshots\"); --model-path is shared")
@@ -124,6 +124,8 @@ def build_app(args: argparse.Namespace):
     tokenizer = load_tokenizer(path)  # AutoTokenizer alone cannot configure the memt_* model types (Flash)
     chat_format, parser = load_chat_format(path, tokenizer=tokenizer)
     names = args.served_model_name or [checkpoint.checkpoint_id or path.name]
+    # the checkpoint's other names, accepted but not listed: its directory and its family (the CLI's --model)
+    aliases = () if args.served_model_name else tuple(sorted({path.name, checkpoint.model} - set(names)))
     core = None
     if args.embedded:
         from memt_proxy.embedded import InProcessNativeClient, build_core, core_plan
@@ -139,13 +141,13 @@ def build_app(args: argparse.Namespace):
         lease_wait=args.lease_wait, lease_ttl=args.lease_ttl, lease_idle=args.lease_idle, native_encoding=chat_format.native_encoding,
     )
     service = ChatService(
-        sessions, chat_format, parser, model_names=names, default_memory=args.default_memory,
+        sessions, chat_format, parser, model_names=names, aliases=aliases, default_memory=args.default_memory,
         default_thinking=args.thinking == "on", on_divergence=args.on_divergence, headerless=args.headerless_memory == "on",
     )
     kept = args.records_directory or args.state_directory  # with --records-directory, every node reads and writes them
     records = ResponseRecords(Path(kept) / "responses" if kept else None, shared=args.records_directory is not None)
     responses = ResponsesService(
-        sessions, chat_format, parser, records, model_names=names, default_thinking=args.thinking == "on", snapshots_per_chain=args.response_snapshots,
+        sessions, chat_format, parser, records, model_names=names, aliases=aliases, default_thinking=args.thinking == "on", snapshots_per_chain=args.response_snapshots,
         headerless=args.headerless_memory == "on",
     )
     app = create_app(

@@ -89,13 +89,14 @@ class ResponsesService:
 
     def __init__(
         self, sessions: Sessions, chat_format: ChatFormat, parser: OutputParser, records: ResponseRecords, *,
-        model_names: list[str], default_thinking: bool = False, snapshots_per_chain: int = SNAPSHOTS_PER_CHAIN, headerless: bool = True,
+        model_names: list[str], aliases: tuple[str, ...] = (), default_thinking: bool = False, snapshots_per_chain: int = SNAPSHOTS_PER_CHAIN, headerless: bool = True,
     ):
         self.sessions = sessions
         self.chat_format = chat_format
         self.parser = parser
         self.records = records
         self.model_names = model_names
+        self.accepted = {*model_names, *aliases}
         self.default_thinking = default_thinking
         self.snapshots_per_chain = snapshots_per_chain
         self.headerless = headerless  # an input carrying its history resumes from memory (``memt_proxy.branches``)
@@ -114,7 +115,7 @@ class ResponsesService:
         ignored = request.checked()
         if ignored:
             log.info("ignoring request field(s): %s", ", ".join(ignored))
-        if request.model not in self.model_names:
+        if request.model not in self.accepted:
             raise NotFound(f"model {request.model!r} does not exist; this proxy serves {', '.join(self.model_names)}", param="model", code="model_not_found")
         dumped = request.model_dump_json()
         request._size = len(dumped)  # decides where its prompt is prepared (``turn_plan.off_loop``)

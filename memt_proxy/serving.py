@@ -121,6 +121,7 @@ class ChatService:
         parser: OutputParser,
         *,
         model_names: list[str],
+        aliases: tuple[str, ...] = (),
         default_memory: str = "auto",
         default_thinking: bool = False,
         on_divergence: str = "branch",
@@ -129,7 +130,8 @@ class ChatService:
         self.sessions = sessions
         self.chat_format = chat_format
         self.parser = parser
-        self.model_names = model_names
+        self.model_names = model_names  # listed by /v1/models
+        self.accepted = {*model_names, *aliases}  # also asked for by other names of the checkpoint
         self.default_memory = default_memory
         self.default_thinking = default_thinking
         self.on_divergence = on_divergence
@@ -142,7 +144,7 @@ class ChatService:
         ignored = request.validate_semantics()
         if ignored:
             log.info("ignoring request field(s): %s", ", ".join(ignored))
-        if request.model not in self.model_names:
+        if request.model not in self.accepted:
             raise NotFound(f"model {request.model!r} does not exist; this proxy serves {', '.join(self.model_names)}", param="model", code="model_not_found")
         policy = (memory or self.default_memory).lower()
         if policy not in POLICIES:

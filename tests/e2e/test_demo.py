@@ -121,3 +121,17 @@ def test_demo_script_recalls_a_name_the_user_passes():
     assert "the name Quillon was recalled from memory" in done.stdout, done.stdout
     assert "the name is no longer known" in done.stdout, done.stdout
     assert "calls get_weather" in done.stdout, done.stdout
+
+
+def test_the_demo_model_has_one_listed_name_and_answers_to_its_aliases(demo_proxy):
+    """/v1/models lists the checkpoint's id alone; its family's name (the CLI's --model) and its directory's are
+    accepted too, so 'memt-nano' is no 404 (issue 39); anything else is."""
+    client = demo_proxy.openai()
+    assert [m.id for m in client.models.list().data] == [DEMO_MODEL]
+    for name in ("memt-nano", DEMO_PATH.name):
+        reply = client.chat.completions.create(model=name, messages=[{"role": "user", "content": "Hi!"}], max_tokens=4)
+        assert reply.choices[0].message.content is not None
+    import openai
+
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="memt-flash", messages=[{"role": "user", "content": "Hi!"}], max_tokens=4)
