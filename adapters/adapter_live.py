@@ -18,7 +18,7 @@ sys.path.insert(0, str(REPO / "tests"))
 from e2e.proxies import DEMO_MODEL as MODEL  # noqa: E402
 from e2e.proxies import demo_proxy  # noqa: E402,F401  (pytest fixture: core + proxy on the demo model)
 
-from memt_demo.episodes import TOOLS  # noqa: E402
+from memt_demo.tool_turns import TOOLS  # noqa: E402
 
 WEATHER = TOOLS["get_weather"]  # the demo model's weather tool, exactly as it was trained
 

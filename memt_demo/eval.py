@@ -44,6 +44,8 @@ from pathlib import Path
 
 from memt_demo import chatter
 from memt_demo import episodes as ep
+from memt_demo.facts import statement_message
+from memt_demo import tool_turns
 from memt_demo import values
 from memt_demo.format import DemoChatFormat
 from memt_core.sampling import SamplingParams
@@ -104,10 +106,10 @@ def run_tool(call: ep.EpisodeToolCall, rng: random.Random, *, text: bool = False
     """Execute one of the demo tools (JSON or plain-text result); ``None`` for an unknown tool or bad arguments."""
     args = call.arguments
     if call.name == "get_weather" and isinstance(args.get("city"), str) and set(args) == {"city"}:
-        return ep.weather_result(rng, args["city"], rng.randint(-10, 40), rng.choice(ep.pools.CONDITIONS), text=text)
+        return tool_turns.weather_result(rng, args["city"], rng.randint(-10, 40), rng.choice(ep.pools.CONDITIONS), text=text)
     if call.name in ("add", "multiply") and set(args) == {"a", "b"} and all(isinstance(args[k], (int, float)) for k in "ab"):
         value = args["a"] + args["b"] if call.name == "add" else args["a"] * args["b"]
-        return ep.number_result(rng, value, text=text)
+        return tool_turns.number_result(rng, value, text=text)
     return None
 
 
@@ -216,7 +218,7 @@ class Evaluator:
         return opening + self.decode(session.generate(ids, self.greedy, read_memory=True).output_ids)
 
     def _told(self, session, facts: list[ep.Fact], name: str) -> None:
-        reply = self.tell(session, ep.EpisodeTurn(ep.statement_message(self.rng, facts), ""))
+        reply = self.tell(session, ep.EpisodeTurn(statement_message(self.rng, facts), ""))
         self.example(name + "_reply", reply, limit=2)
 
     # -- cases -----------------------------------------------------------------------------------
@@ -313,7 +315,7 @@ class Evaluator:
         facts = [ep.Fact("city", values.city(self.rng))]
         self._told(session, facts, "tool_from_memory")
         tools = [ep.TOOLS["get_weather"]]
-        question = values.phrasing(self.rng, ep.WEATHER_AT_HOME)
+        question = values.phrasing(self.rng, tool_turns.WEATHER_AT_HOME)
         generated = self.decode(self.generate(session, [{"role": "user", "content": question}], tools=tools))
         call = parse_tool_call(generated)
         ok = call == ep.EpisodeToolCall("get_weather", {"city": facts[0].value})

@@ -13,6 +13,8 @@ import random
 import pytest
 
 from memt_demo import episodes as ep
+from memt_demo.facts import acknowledgement, fill, statement_message
+from memt_demo import tool_turns
 from memt_demo import pools
 from memt_demo.format import DemoChatFormat, Segment
 
@@ -63,16 +65,16 @@ def test_fact_episode_asks_a_told_fact_and_the_answer_restates_it():
 def test_messages_read_naturally():
     rng = random.Random(0)
     facts = [ep.Fact("name", "Alice"), ep.Fact("city", "Lisbon"), ep.Fact("food", "sushi")]
-    assert ep.acknowledgement(facts) == (
+    assert acknowledgement(facts) == (
         "Nice to meet you, Alice! I will remember that you live in Lisbon and your favourite food is sushi."
     )
     assert ep.fact_answer([facts[0]]) == "Your name is Alice."
     assert ep.unknown_answer("city") == "I don't know where you live."
-    message = ep.statement_message(rng, facts)
+    message = statement_message(rng, facts)
     assert all(f.value in message for f in facts) and message.endswith(".")
-    assert ep.fill("I work as {a} {v}", "engineer") == "I work as an engineer"
+    assert fill("I work as {a} {v}", "engineer") == "I work as an engineer"
     kitten = ep.Fact("pet_name", "Memmy", "kitten")
-    assert ep.fill("I have a three-month-old {animal} named {v} who loves eating small shrimp", kitten.value, kitten.animal) == (
+    assert fill("I have a three-month-old {animal} named {v} who loves eating small shrimp", kitten.value, kitten.animal) == (
         "I have a three-month-old kitten named Memmy who loves eating small shrimp")
     assert ep.fact_answer([kitten]) == "Your kitten is called Memmy."
     assert ep.question_message(random.Random(1), [kitten]).count("kitten") + ep.question_message(
@@ -169,7 +171,7 @@ def test_tool_results_come_as_json_and_as_plain_text():
         city, condition, temperature = turn.values
         assert condition in turn.result and temperature in turn.result
         assert turn.reply == f"It is {condition} and {temperature} degrees in {city}."
-    assert "17 degrees and sunny" in {ep.weather_result(rng, "Oslo", 17, "sunny", text=True) for _ in range(200)}
+    assert "17 degrees and sunny" in {tool_turns.weather_result(rng, "Oslo", 17, "sunny", text=True) for _ in range(200)}
 
 
 def test_repeat_requests_include_typing_exactly():

@@ -13,6 +13,9 @@ import re
 import pytest
 
 from memt_demo import episodes as ep
+from memt_demo import documents
+from memt_demo import facts
+from memt_demo import tool_turns
 from memt_demo import pools, values
 
 
@@ -58,16 +61,16 @@ def training_text(training) -> str:
 def _fixed_templates() -> list[tuple[str, ...]]:
     """Template tuples of every skill (statements, questions, requests, tool results, document phrasings)."""
     tuples = [a.statements for a in ep.ATTRIBUTES.values()] + [a.questions for a in ep.ATTRIBUTES.values()]
-    tuples += [ep.WEATHER_REQUESTS, ep.WEATHER_AT_HOME, ep.ADD_REQUESTS, ep.MULTIPLY_REQUESTS, ep.REPEAT_REQUESTS,
-               ep.WEATHER_TEXT_RESULTS, ep.NUMBER_TEXT_RESULTS]
-    documents = ep._org_facts(values.DemoRandom(0))
-    tuples += [f.sentences for f in documents] + [f.questions for f in documents]
+    tuples += [tool_turns.WEATHER_REQUESTS, tool_turns.WEATHER_AT_HOME, tool_turns.ADD_REQUESTS, tool_turns.MULTIPLY_REQUESTS,
+               ep.REPEAT_REQUESTS, tool_turns.WEATHER_TEXT_RESULTS, tool_turns.NUMBER_TEXT_RESULTS]
+    org_facts = documents._org_facts(values.DemoRandom(0))
+    tuples += [f.sentences for f in org_facts] + [f.questions for f in org_facts]
     return tuples
 
 
 def _fillers() -> list[tuple[str, ...]]:
     """Prefix and ending fillers: split like templates, but short, so only their uniqueness is checked."""
-    return [ep.GREETINGS, ep.STATEMENT_ENDINGS, ep.QUESTION_PREFIXES, ep.QUESTION_ENDINGS, ep.DOCUMENT_PREFIXES]
+    return [facts.GREETINGS, facts.STATEMENT_ENDINGS, facts.QUESTION_PREFIXES, facts.QUESTION_ENDINGS, documents.DOCUMENT_PREFIXES]
 
 
 def test_about_a_fifth_of_every_skills_templates_is_held_out():
@@ -126,8 +129,8 @@ def test_composed_training_phrasings_never_show_held_out_ones():
 
 def test_more_openers_and_closers_in_training_none_held_out():
     """Training draws messages' first and last words from extra lists too, none of them held out or holding one."""
-    affixes = ((ep.GREETINGS, ep.GREETINGS_EXTRA), (ep.STATEMENT_ENDINGS, ep.STATEMENT_ENDINGS_EXTRA),
-               (ep.QUESTION_PREFIXES, ep.QUESTION_PREFIXES_EXTRA), (ep.QUESTION_ENDINGS, ep.QUESTION_ENDINGS_EXTRA))
+    affixes = ((facts.GREETINGS, facts.GREETINGS_EXTRA), (facts.STATEMENT_ENDINGS, facts.STATEMENT_ENDINGS_EXTRA),
+               (facts.QUESTION_PREFIXES, facts.QUESTION_PREFIXES_EXTRA), (facts.QUESTION_ENDINGS, facts.QUESTION_ENDINGS_EXTRA))
     text = _render(15, ep.Mix(composition=1.0, variation=0.0), 400)[0].lower()
     for fixed, extra in affixes:
         held = values.template_split(fixed)[1]
@@ -147,18 +150,18 @@ def test_composed_tool_and_repeat_requests_never_show_held_out_ones():
     mix = ep.Mix(**{**{k: 0.0 for k in ep.EpisodeSampler.KINDS}, **kinds}, composition=1.0, variation=0.0)
     text, repeated = _render(14, mix, 1500)
     _assert_no_held_out_phrasings(text, repeated)
-    for composed in (ep.WEATHER_AT_HOME_COMPOSED, ep.WEATHER_COMPOSED, ep.REPEAT_COMPOSED):  # composition did take place
+    for composed in (tool_turns.WEATHER_AT_HOME_COMPOSED, tool_turns.WEATHER_COMPOSED, ep.REPEAT_COMPOSED):  # composition did take place
         assert any(t.split("{")[0] and t.split("{")[0] in text for t in composed if not t.startswith("{"))
 
 
 def test_composed_phrasings_are_many_and_exclude_held_out_ones():
     keyed = [key for key, a in ep.ATTRIBUTES.items() if a.keys]
-    assert len(keyed) >= 12 and len(ep.QUESTION_VERBS) >= 10
+    assert len(keyed) >= 12 and len(facts.QUESTION_VERBS) >= 10
     for key in keyed:
         attribute = ep.ATTRIBUTES[key]
         # statements told with a verb ("I reside in {v}") as well as "my {k}"; questions asked with one ("Which firm do I work for?")
-        with_verb = (ep.told_with_verb(key), ep.asked_with_verb(key) if key in ep.QUESTION_VERBS else None)
-        for extra, templates, verbal in zip(ep.composed(key), (attribute.statements, attribute.questions), with_verb):
+        with_verb = (facts.told_with_verb(key), facts.asked_with_verb(key) if key in facts.QUESTION_VERBS else None)
+        for extra, templates, verbal in zip(facts.composed(key), (attribute.statements, attribute.questions), with_verb):
             held = values.template_split(templates)[1]
             allowed = values.allowed_extras(extra, held)
             assert len(allowed) >= 20, key
@@ -168,18 +171,18 @@ def test_composed_phrasings_are_many_and_exclude_held_out_ones():
             for template in allowed:
                 assert values._normal(template) not in normal_held
                 assert not any(_pattern(h).search(template.lower()) for h in held if len(h) >= 10), (key, template)
-    for fact in ep._org_facts(values.DemoRandom(0)):
-        for extra, templates in zip(ep.composed_document(fact.key), (fact.sentences, fact.questions)):
+    for fact in documents._org_facts(values.DemoRandom(0)):
+        for extra, templates in zip(documents.composed_document(fact.key), (fact.sentences, fact.questions)):
             assert len(values.allowed_extras(extra, values.template_split(templates)[1])) >= 20, fact.key
     # a composed phrasing equal to a held-out one is left out: "my city is {v}" is held out for "city"
     city_held = values.template_split(ep.ATTRIBUTES["city"].statements)[1]
-    assert "my city is {v}" in city_held and "my city is {v}" in ep.composed("city")[0]
-    assert "my city is {v}" not in values.allowed_extras(ep.composed("city")[0], city_held)
+    assert "my city is {v}" in city_held and "my city is {v}" in facts.composed("city")[0]
+    assert "my city is {v}" not in values.allowed_extras(facts.composed("city")[0], city_held)
 
 
 def test_only_training_draws_are_composed():
     attribute = ep.ATTRIBUTES["company"]
-    extra = ep.composed("company")[0]
+    extra = facts.composed("company")[0]
     train, held = values.template_split(attribute.statements)
     held_rng, train_rng = values.DemoRandom(4, heldout_templates=True), values.DemoRandom(4)
     held_rng.composition = train_rng.composition = 1.0
@@ -237,7 +240,7 @@ def test_held_out_sampler_uses_held_out_phrasings():
         episode = sampler.facts(ep.Mix(), count=1)
         asked.append(episode.query.messages[-1]["content"])
     fixed = [q for q in held_questions if "{" not in q]
-    assert any(any(q in text or ep.lower_first(q) in text for q in fixed) for text in asked)
+    assert any(any(q in text or facts.lower_first(q) in text for q in fixed) for text in asked)
     train_questions = {q for a in ep.ATTRIBUTES.values() for q in values.template_split(a.questions)[0] if "{" not in q}
     assert not any(text in train_questions for text in asked)
 

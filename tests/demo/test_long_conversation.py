@@ -9,6 +9,7 @@ import pytest
 
 from memt_demo import chatter, values
 from memt_demo import episodes as ep
+from memt_demo.facts import acknowledgement
 
 OPEN = ("name", "pet_name", "friend", "city", "company", "address", "code")
 LONG_ONLY = ep.Mix(**{**{k: 0.0 for k in ep.EpisodeSampler.KINDS}, "long": 1.0})
@@ -133,7 +134,7 @@ def test_acknowledgements_are_fact_shaped_and_chatter_is_not():
     """The eval's measure of invented facts must tell an acknowledgement from a neutral reply."""
     rng = values.DemoRandom(2)
     facts = ep.sample_facts(rng, 2)
-    assert chatter.is_fact_shaped(ep.acknowledgement(facts))
+    assert chatter.is_fact_shaped(acknowledgement(facts))
     assert chatter.is_fact_shaped("Got it! I will remember that your favourite food is long walks.")
     assert not any(chatter.is_fact_shaped(reply) for replies in chatter.TEMPLATES.values() for reply in replies)
 

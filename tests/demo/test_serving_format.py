@@ -13,6 +13,7 @@ import pytest
 
 from memt_core.client.chat_format import load_chat_format, load_tokenizer
 from memt_demo import episodes as ep
+from memt_demo import tool_turns
 from memt_demo.format import DemoChatFormat
 from memt_core.bundled import BUNDLED_MODEL
 
@@ -35,7 +36,7 @@ def test_query_prompt_matches_the_proxy(formats):
     training, serving = formats
     rng = random.Random(3)
     for _ in range(20):
-        tools = [ep.TOOLS[name] for name in ep._offered_tools(rng, "get_weather")] if rng.random() < 0.5 else None
+        tools = [ep.TOOLS[name] for name in tool_turns.offered_tools(rng, "get_weather")] if rng.random() < 0.5 else None
         system = "You are a helpful assistant." if rng.random() < 0.5 else None
         user = ep.question_message(rng, [ep.Fact("name", "")])
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]

@@ -19,7 +19,7 @@ from e2e.proxies import DEMO_MODEL, DEMO_PATH, unique
 from e2e.servers import REPO_ROOT
 
 from memt_demo import pools, values
-from memt_demo.episodes import TOOLS
+from memt_demo.tool_turns import TOOLS
 
 pytestmark = pytest.mark.timeout(600)
 

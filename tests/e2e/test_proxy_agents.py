@@ -14,7 +14,7 @@ import json
 import pytest
 from e2e.proxies import DEMO_MODEL, demo_chat_format
 
-from memt_demo.episodes import TOOLS
+from memt_demo.tool_turns import TOOLS
 
 agents = pytest.importorskip("agents", reason="the Agents SDK is in the dev extra: pip install -e .[dev]")
 

@@ -16,7 +16,7 @@ import openai
 import pytest
 from e2e.proxies import DEMO_MODEL, demo_chat_format
 
-from memt_demo.episodes import TOOLS
+from memt_demo.tool_turns import TOOLS
 
 pytestmark = pytest.mark.timeout(600)
 

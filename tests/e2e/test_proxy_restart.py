@@ -17,7 +17,7 @@ from e2e.proxies import (
     demo_chat_format, expected_prompt, say, unique,
 )
 
-from memt_demo.episodes import TOOLS
+from memt_demo.tool_turns import TOOLS
 
 pytestmark = pytest.mark.timeout(600)
 

@@ -19,7 +19,7 @@ import openai
 import pytest
 from e2e.proxies import DEMO_MODEL, assert_openai_error, demo_chat_format, unique
 
-from memt_demo.episodes import TOOLS
+from memt_demo.tool_turns import TOOLS
 
 pytestmark = pytest.mark.timeout(600)
 

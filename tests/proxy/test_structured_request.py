@@ -13,7 +13,7 @@ import pytest
 from memt_core.client.chat_format import load_chat_format, load_tokenizer
 from memt_core.client.native import AsyncNativeClient, generate_body, query_body
 from memt_demo import BUNDLED_MODEL
-from memt_demo.episodes import TOOLS
+from memt_demo.tool_turns import TOOLS
 from memt_core.grammar import GrammarCompiler
 from memt_proxy.conversations import ResponseRecords
 from memt_proxy.errors import ProxyError
