@@ -28,6 +28,7 @@ import json
 import logging
 import time
 
+from memt_core.bearer import bearer_token, matching
 
 log = logging.getLogger("memt.proxy")
 
@@ -136,25 +137,18 @@ def install(app, sessions, *, api_keys: dict[str, str] | None = None, admin_keys
 
     A drain acts on every tenant, so it takes an operator key (``admin_keys``, ``--admin-key``), never a
     tenant's API key (403). A proxy with neither (no keys at all) lets anyone on its network drain it."""
-    import hmac
-
     node = Node(sessions)
 
-    def bearer(headers) -> str | None:
-        value = next((v for n, v in headers if n == b"authorization"), b"").decode("latin-1")
-        scheme, _, token = value.partition(" ")
-        return token.strip() if scheme.lower() == "bearer" else None
-
-    def matches(token: str | None, keys) -> bool:
-        return token is not None and any(hmac.compare_digest(token.encode(), key.encode()) for key in keys)
+    def token(headers) -> str | None:
+        return bearer_token(next((v for n, v in headers if n == b"authorization"), b"").decode("latin-1"))
 
     def authorize(headers) -> tuple[int, dict] | None:
         if not api_keys and not admin_keys:
             return None
-        token = bearer(headers)
-        if matches(token, admin_keys):
+        given = token(headers)
+        if matching(given, admin_keys) is not None:
             return None
-        if matches(token, api_keys or {}):
+        if matching(given, api_keys or {}) is not None:
             return 403, _error(403, "draining (or undraining) a node needs the operator key (--admin-key); a tenant's API key may not", "forbidden")
         return 401, _error(401, "invalid API key; send 'Authorization: Bearer <operator key>'", "invalid_api_key")
 

@@ -8,7 +8,6 @@ Unicode (400 naming where), a large one parsed off the event loop, and then vali
 
 from __future__ import annotations
 
-import hmac
 import json
 import re
 from typing import Any, TypeVar
@@ -16,6 +15,7 @@ from typing import Any, TypeVar
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
+from memt_core.bearer import bearer_token, matching
 from memt_core.client.errors import MemTClientError
 from memt_core.errors import InvalidRequest, PayloadTooLarge, RequestTimeout
 from memt_core.protocol.events import check_name
@@ -85,16 +85,8 @@ class Inputs:
 
 
 def keyed(request: Request, keys) -> Any:
-    """What ``keys`` (key → value, or a list of keys) holds for the request's bearer token, compared in
-    constant time; None without a match."""
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer":
-        return None
-    token = token.strip().encode()
-    for key in keys:
-        if hmac.compare_digest(token, key.encode()):
-            return keys[key] if isinstance(keys, dict) else key
-    return None
+    """What ``keys`` (key → value, or a list of keys) holds for the request's bearer token; None without a match."""
+    return matching(bearer_token(request.headers.get("authorization")), keys)
 
 
 def request_body(model: type[BaseModel], *, required: bool = True) -> dict:

@@ -10,7 +10,6 @@ promises, so that clients can be tested against exactly the spec: errors carry o
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
 from typing import Any
@@ -21,6 +20,7 @@ from fastapi.responses import JSONResponse, Response
 from sse_starlette.sse import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from memt_core.bearer import bearer_token, matching
 from memt_core.errors import WIRE_TYPE, AuthenticationError, MemTError, RouteDisabled, WorkerUnavailable
 from memt_core.request_body import parse_json, read_json
 from memt_core.server.openapi_bodies import CONTROL, GENERATE, request_body
@@ -69,9 +69,7 @@ def create_app(
     async def authorised(request: Request) -> None:
         if api_key is None:
             return
-        header = request.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), api_key.encode()):
+        if matching(bearer_token(request.headers.get("authorization")), [api_key]) is None:
             raise AuthenticationError("missing or invalid API key; send 'Authorization: Bearer <key>'")
 
     guard = [Depends(authorised)]
