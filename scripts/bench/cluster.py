@@ -3,6 +3,7 @@
 restore a session on a new node.
 
     python scripts/bench/cluster.py [--pairs 1 2 3] [--sessions 24] [--turns 4] [--concurrency 8] [--model-path DIR]
+                                    [--plot FILE.svg]
 
 For each cluster size, starts on 127.0.0.1 Redis, a fresh shared snapshot store, N pairs
 (``memt_core.launch --snapshot-store --ownership`` + ``memt_proxy --cluster --records-directory``) and
@@ -10,7 +11,8 @@ SMG (consistent hashing on ``X-SMG-Routing-Key``), then runs ``--sessions`` conv
 turns each through SMG with the OpenAI SDK, ``--concurrency`` at a time (greedy answers of at most
 ``--max-tokens`` tokens; each turn's commit runs behind its answer). Printed: turns/s per size and its
 ratio to one pair (expect roughly linear until the machine's cores are saturated: each pair's core is
-one process computing on the CPU).
+one process computing on the CPU). ``--plot`` draws turns/s and the ratio against the cluster's size, beside
+linear scaling (the ``bench`` extra, matplotlib).
 
 Restore: on a two-pair cluster, a session gets ``--turns`` turns on its node; that node is stopped
 (SIGKILL of its core and proxy); once its ownership lease is gone (``--ownership-ttl``), the session's
@@ -205,6 +207,7 @@ def main() -> None:
     parser.add_argument("--ownership-ttl", type=float, default=2.0)
     parser.add_argument("--restores", type=int, default=1, help="sessions moved in the restore measurement (each kills a node; needs 2 pairs per move)")
     parser.add_argument("--model-path", type=Path, default=BUNDLED_MODEL)
+    parser.add_argument("--plot", type=Path, metavar="FILE.svg", help="also draw turns/s per cluster size as SVG (matplotlib)")
     args = parser.parse_args()
     for binary in ("redis-server",):
         if shutil.which(binary) is None:
@@ -230,6 +233,18 @@ def main() -> None:
     say(f"restore on a new node: first turn {statistics.median(measured['first']) * 1000:.0f} ms (restore + adopt + turn) "
         f"vs warm turn {statistics.median(measured['warm']) * 1000:.0f} ms; "
         f"from SIGKILL to the first turn answered on the new node {statistics.median(measured['failover']):.2f} s (--ownership-ttl {args.ownership_ttl:g})")
+    if args.plot is not None:
+        from bench.plot import lines  # scripts/ is on the path
+
+        base, first = rates[args.pairs[0]], args.pairs[0]
+        sizes = list(rates)
+        series = {"measured": [(rates[n], rates[n] / base) for n in sizes],
+                  "linear": [(base * n / first, n / first) for n in sizes]}
+        note = (f"{os.cpu_count()} CPU cores; {args.sessions} sessions x {args.turns} turns, {args.concurrency} at a time; "
+                f"restore: first turn {statistics.median(measured['first']) * 1000:.0f} ms vs warm {statistics.median(measured['warm']) * 1000:.0f} ms")
+        drawn = lines(args.plot, sizes, series, [(0, "turns/s"), (1, f"x of {first} pair(s)")], x_label="core+proxy pairs behind SMG",
+                      title=f"Cluster scaling on the demo model ({args.model_path.name})", note=note)
+        say(f"plot: {drawn}")
 
 
 if __name__ == "__main__":
