@@ -92,22 +92,26 @@ def test_reset_forgets(demo_proxy, client):
 
 
 #: Issue 41's case: a pet's never-seen name told in turn 1, eight turns of chatter, then the question.
-PETS = [(name, animal) for name, animal in zip(pools.HELDOUT_NAMES[:10], ("dog", "kitten", "parrot", "rabbit", "hamster") * 2)]
+PETS = list(zip(pools.HELDOUT_NAMES[:10], ("dog", "kitten", "parrot", "rabbit", "hamster") * 2))
 MEASURED_AFTER_CHATTER = 8  # of 10 recalled by the bundled model; a broken memory path recalls none
 
 
 def test_a_pet_name_is_recalled_after_eight_turns_of_chatter(client):
     """Every turn of chatter is answered and committed to memory on top of the fact; the question's prompt
     holds only the question, so the name comes from memory through the whole conversation."""
-    recalled, missed = 0, []
+    missed = []
     for name, animal in PETS:
         app = Conversation(client, unique("demo-long"))
         app.say(f"I have a {animal} named {name}.")
         for number in range(1, 9):
             app.say(f"Tell me something, number {number}.")
-        answer = app.say(f"What is my {animal}'s name?").choices[0].message.content
-        recalled += name in answer
-        missed += [] if name in answer else [(name, answer)]
+        question = f"What is my {animal}'s name?"
+        reply = app.say(question)
+        assert reply.usage.prompt_tokens == ask(client, [{"role": "user", "content": question}]).usage.prompt_tokens
+        answer = reply.choices[0].message.content
+        if name not in answer:
+            missed.append((name, answer))
+    recalled = len(PETS) - len(missed)
     print(f"recalled after 8 turns of chatter: {recalled}/{len(PETS)}; missed {missed}")
     assert recalled >= MEASURED_AFTER_CHATTER - 2, missed
 
