@@ -230,8 +230,8 @@ def main() -> None:
         measured = restore(cluster, args.turns, args.max_tokens, args.restores)
     finally:
         cluster.close()
-    say(f"restore on a new node: first turn {statistics.median(measured['first']) * 1000:.0f} ms (restore + adopt + turn) "
-        f"vs warm turn {statistics.median(measured['warm']) * 1000:.0f} ms; "
+    first_ms, warm_ms = (statistics.median(measured[k]) * 1000 for k in ("first", "warm"))
+    say(f"restore on a new node: first turn {first_ms:.0f} ms (restore + adopt + turn) vs warm turn {warm_ms:.0f} ms; "
         f"from SIGKILL to the first turn answered on the new node {statistics.median(measured['failover']):.2f} s (--ownership-ttl {args.ownership_ttl:g})")
     if args.plot is not None:
         from bench.plot import lines  # scripts/ is on the path
@@ -241,7 +241,7 @@ def main() -> None:
         series = {"measured": [(rates[n], rates[n] / base) for n in sizes],
                   "linear": [(base * n / first, n / first) for n in sizes]}
         note = (f"{os.cpu_count()} CPU cores; {args.sessions} sessions x {args.turns} turns, {args.concurrency} at a time; "
-                f"restore: first turn {statistics.median(measured['first']) * 1000:.0f} ms vs warm {statistics.median(measured['warm']) * 1000:.0f} ms")
+                f"restore: first turn {first_ms:.0f} ms vs warm {warm_ms:.0f} ms")
         drawn = lines(args.plot, sizes, series, [(0, "turns/s"), (1, f"x of {first} pair(s)")], x_label="core+proxy pairs behind SMG",
                       title=f"Cluster scaling on the demo model ({args.model_path.name})", note=note)
         say(f"plot: {drawn}")
