@@ -175,31 +175,3 @@ def test_a_lease_is_renewed_while_held(proxy_upstream, nano_checkpoint):
     assert held["leased"] is True and held["lease_expires_in"] > 0
     assert kept["leased"] is True  # between requests the session keeps its lease (--lease-idle)
     assert released["leased"] is False
-
-
-def test_an_identical_retry_reaching_a_restarted_proxy_gets_the_same_answer(proxy_upstream, nano_checkpoint, tmp_path):
-    """A turn answered and committed, its answer lost, the proxy restarted (kill -9), the request resent as it was:
-    the same answer, memory written once (issue 38: 409 transcript_diverged, the session stuck). The answer is
-    kept in the session's record beside the commit that wrote its turn."""
-    args = ["--state-directory", str(tmp_path / "proxy-state")]
-    session, history = unique("restart-retry"), []
-    headers = {"X-MemT-Session": session}
-    first = ProxyServer(proxy_upstream.url, nano_checkpoint, args=args).start()
-    try:
-        say(first.openai("unused"), history, "first question", session)
-        history.append({"role": "user", "content": "second question"})
-        with first.http(None) as http:
-            for seed in range(20):  # a seed whose answer completes (a stop string ends it): that turn is committed
-                body = {"model": MODEL, "messages": history, "max_tokens": 24, "temperature": 1.0, "seed": seed, "stop": [" ", "e"]}
-                lost = http.post("/v1/chat/completions", json=body, headers=headers).json()
-                if lost["choices"][0]["finish_reason"] == "stop":
-                    break
-        assert first.inspect(session, None)["native"]["published_version"] == 2  # waits for the commit behind it
-    finally:
-        killed(first)
-    with ProxyServer(proxy_upstream.url, nano_checkpoint, args=args) as second:
-        with second.http(None) as http:
-            again = http.post("/v1/chat/completions", json=body, headers=headers)
-        assert again.status_code == 200, again.text
-        assert again.json()["choices"] == lost["choices"] and again.json()["usage"] == lost["usage"]
-        assert second.inspect(session, None)["native"]["published_version"] == 2  # not committed twice
