@@ -33,7 +33,8 @@ async def off_loop(size: int, work, *args, **kwargs):
 
 
 def encode(chat_format: ChatFormat, text: str) -> list[int]:
-    return chat_format.tokenizer.encode(text, add_special_tokens=False) if text else []
+    """The ids of a forced start (``forced_prefix``): a tool name in it is plain text, never a control token."""
+    return chat_format.prefix_ids(text) if text else []
 
 
 def forced_prefix(chat_format: ChatFormat, tools: list[dict] | None, *, required: bool, named: str | None) -> str:

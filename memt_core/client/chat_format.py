@@ -18,11 +18,11 @@ from __future__ import annotations
 import functools
 import importlib.util
 import json
-import re
 from pathlib import Path
 from typing import Any
 
 from memt_core.checkpoint import read_checkpoint
+from memt_core.client.control_text import ControlGuard
 from memt_core.client.parsers import DSML, OutputParser, parser_for
 from memt_core.detokenize import IncrementalDecoder
 from memt_core.families.base import resolve
@@ -79,35 +79,16 @@ class ChatFormat:
         return self.tokenizer.encode(text, add_special_tokens=False) if text else []
 
     @functools.cached_property
-    def _controls(self) -> re.Pattern | None:
-        """The tokenizer's added tokens (turn markers, think and tool-call tags, end tokens) as one pattern."""
-        added = sorted(self.tokenizer.get_added_vocab(), key=len, reverse=True)
-        return re.compile("|".join(re.escape(token) for token in added)) if added else None
+    def _guard(self) -> ControlGuard:
+        return ControlGuard(self.tokenizer)
 
-    def _encode_rendered(self, text: str, *parts) -> list[int]:
-        """Encode a rendered prompt ``text`` in which the strings found in ``parts`` (message contents, tool calls
-        and schemas: what a client wrote) appear as the template put them. A control string typed in one of
-        them ("hello<|im_end|>") is encoded as the plain text it is, never as the control token the template's
-        own markers are, so a client cannot forge a turn boundary; text without one is encoded as before. A
-        part the template changed on the way (not found verbatim, nor stripped) is encoded as rendered."""
-        controls = self._controls
-        forged = {value for value in _strings(parts) if controls is not None and controls.search(value)}
-        if not forged:
-            return self._encode(text)
-        cuts = set()
-        for value in forged:
-            found = value if value in text else value.strip()
-            start = text.find(found) if found else -1
-            while start >= 0:
-                cuts.update((start + m.start(), start + m.end()) for m in controls.finditer(found))
-                start = text.find(found, start + len(found))
-        ids, at = [], 0
-        for start, end in sorted(cuts):
-            if start < at:
-                continue
-            ids += self._encode(text[at:start]) + [i for char in text[start:end] for i in self._encode(char)]
-            at = end
-        return ids + self._encode(text[at:])
+    def _encode_rendered(self, render, *parts) -> list[int]:
+        """The ids of ``render(*parts)``, ``parts`` being what a client wrote (message contents, tool calls, tool
+        schemas): a control string typed in any of them ("hello<|im_end|>", a tool description's "<think>",
+        however the template escapes it) is encoded as the plain text it is, never as the control token the
+        template's own markers are, so a client cannot forge a turn boundary (``memt_core.client.control_text``).
+        Text without one is rendered and encoded as it always was."""
+        return self._guard.protect(render, *parts)
 
     # subclasses render these three pieces as text
     def system_text(self, system_prompt: str | None, tools: list | None) -> str:
@@ -122,31 +103,44 @@ class ChatFormat:
     bos_ids: list[int] = []
 
     def system_ids(self, system_prompt: str | None, tools: list | None) -> list[int]:
-        return self._encode_rendered(self.system_text(system_prompt, tools), system_prompt, tools) if (system_prompt or tools) else []
+        return self._encode_rendered(self.system_text, system_prompt, tools) if (system_prompt or tools) else []
 
     def user_ids(self, content: str, *, enable_thinking: bool | None = None) -> list[int]:
         """A user message followed by the assistant's opening: the start of a turn."""
-        return self._encode_rendered(self.user_text(content, thinking=self.thinking(enable_thinking)), content)
+        thinking = self.thinking(enable_thinking)
+        return self._encode_rendered(lambda text: self.user_text(text, thinking=thinking), content)
 
     def tool_results_ids(self, results: list[dict], *, enable_thinking: bool | None = None) -> list[int]:
         """Tool results (``{"tool_call_id", "content", "name"?}``) followed by the assistant's opening."""
-        return self._encode_rendered(self.tool_results_text(results, thinking=self.thinking(enable_thinking)), results)
+        thinking = self.thinking(enable_thinking)
+        return self._encode_rendered(lambda answers: self.tool_results_text(answers, thinking=thinking), results)
 
     def history_ids(self, messages: list[dict]) -> list[int]:
         """Finished conversation messages (user, assistant, tool) rendered as plain context."""
-        return self._encode_rendered(self.history_text(messages), messages) if messages else []
+        return self._encode_rendered(self.history_text, messages) if messages else []
 
     def open_turn_ids(self, messages: list[dict], *, enable_thinking: bool | None = None) -> list[int]:
         """A turn rendered from its messages (user first, possibly tool rounds), ending with the assistant's opening."""
-        return self._encode_rendered(self.open_turn_text(messages, thinking=self.thinking(enable_thinking)), messages)
+        thinking = self.thinking(enable_thinking)
+        return self._encode_rendered(lambda turn: self.open_turn_text(turn, thinking=thinking), messages)
 
     def conversation_ids(self, messages: list[dict], *, tools: list | None = None, enable_thinking: bool | None = None) -> list[int]:
         """A whole conversation (system messages included) with the assistant's opening: a stateless prompt."""
-        return list(self.bos_ids) + self._encode_rendered(self.conversation_text(messages, tools=tools, thinking=self.thinking(enable_thinking)), messages, tools)
+        thinking = self.thinking(enable_thinking)
+        render = lambda turns, schemas: self.conversation_text(turns, tools=schemas, thinking=thinking)  # noqa: E731
+        return list(self.bos_ids) + self._encode_rendered(render, messages, tools)
+
+    def prefix_ids(self, prefix: str) -> list[int]:
+        """The ids of a forced start of the answer (``tool_call_prefix(name)``): the format's own markup, the
+        client's tool name in it as plain text."""
+        markup = self.tool_call_prefix()
+        if not prefix.startswith(markup):
+            return self._encode(prefix)
+        return self._encode_rendered(lambda named: markup + named, prefix[len(markup):])
 
     def document_ids(self, text: str) -> list[int]:
-        """A document as committed to memory: its plain text, no template."""
-        return self._encode(text)
+        """A document as committed to memory: its plain text, no template (a control string in it is text too)."""
+        return self._guard.plain(text)
 
     def prompt_ids(self, *, system_prompt: str | None, tools: list | None, turns: list[list[int]], tail: list[int]) -> list[int]:
         """The query prompt: BOS, system block, replayed turns, then the open turn ``tail``."""
@@ -329,13 +323,3 @@ def load_chat_format(
     chat_format = resolve(family.chat_format_class)(path, tokenizer, chat_template_kwargs, **options)
     return chat_format, parser_for(family.name)
 
-
-def _strings(value) -> list[str]:
-    """Every string in ``value`` (nested lists, tuples and dicts; their keys too)."""
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, dict):
-        return [text for key, item in value.items() for text in (*_strings(key), *_strings(item))]
-    if isinstance(value, (list, tuple)):
-        return [text for item in value for text in _strings(item)]
-    return []
