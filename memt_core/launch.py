@@ -270,6 +270,7 @@ def assemble(plan: LaunchPlan, engine: Engine, *, tokenizer=None):
     service = MemTService(
         engine, protocol, tokenizer=tokenizer,
         max_prefill_tokens=plan.max_prefill_tokens, context_length=plan.context_length, ack_timeout=plan.ack_timeout,
+        extensions=not plan.spec_strict,
     )
     capabilities = {
         "protocol": "memt-http-v1",

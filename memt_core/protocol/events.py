@@ -185,8 +185,9 @@ class Unload(Action):
 
 @dataclass(frozen=True)
 class DeleteSnapshot(Action):
-    """This server's extension: delete a named snapshot file of the state directory (no session; e.g. a
-    client's offload snapshot once restored). Content-addressed files are immutable and never deleted."""
+    """This server's extension: delete a named snapshot file of the state directory (e.g. a client's offload
+    snapshot once restored into ``session``). It needs what a control action needs: the lease of a session
+    the caller holds, and the epoch when given. Content-addressed files are immutable and never deleted."""
 
     file: str = ""
 
@@ -272,24 +273,27 @@ CONTROL_ACTIONS: dict[str, tuple[type[Action], bool, Callable[[_Fields], dict]]]
     "reset": (Reset, True, lambda f: {}),
     "close": (Close, True, lambda f: {}),
     "unload": (Unload, True, lambda f: {}),
-    "delete_snapshot": (DeleteSnapshot, False, lambda f: {"file": f.get("file", "a string", required=True)}),
+    "delete_snapshot": (DeleteSnapshot, True, lambda f: {"file": f.get("file", "a string", required=True)}),
 }
 
-#: actions on no session: a ``session`` field is refused
-SESSIONLESS = ("delete_snapshot",)
+#: the actions this server adds to the memt-http-v1 spec's (``--spec-strict`` refuses them)
+EXTENSION_ACTIONS = ("unload", "delete_snapshot")
 
 
-def parse_control(body: Any) -> Action:
-    """Validate a control request body into its action event."""
+def parse_control(body: Any, *, extensions: bool = True) -> Action:
+    """Validate a control request body into its action event (``extensions``: this server's actions beside the
+    spec's; without them, as under ``--spec-strict``, an extension action is refused as an unknown one)."""
     if not isinstance(body, dict):
         raise InvalidRequest("control request body must be a JSON object")
     action = body.get("action")
-    if not isinstance(action, str) or action not in CONTROL_ACTIONS:
-        raise InvalidRequest(f"'action' must be one of {', '.join(CONTROL_ACTIONS)}; got {action!r}")
+    known = [name for name in CONTROL_ACTIONS if extensions or name not in EXTENSION_ACTIONS]
+    if not isinstance(action, str) or action not in known:
+        refused = " (an extension of this server, refused under --spec-strict)" if action in EXTENSION_ACTIONS else ""
+        raise InvalidRequest(f"'action' must be one of {', '.join(known)}; got {action!r}{refused}")
     cls, needs_lease, read = CONTROL_ACTIONS[action]
     fields = _Fields(body, f"control {action!r}")
     fields.used.add("action")
-    session = None if action in SESSIONLESS else fields.name("session", required=action != "create")
+    session = fields.name("session", required=action != "create")
     lease = fields.get("lease", "a string", required=needs_lease)
     epoch = fields.get("epoch", "a string")
     own = read(fields)

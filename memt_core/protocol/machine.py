@@ -450,6 +450,7 @@ class MemTProtocol:
         return self._unload_plan(a, session)
 
     def _delete_snapshot(self, a: DeleteSnapshot, now: float) -> Plan:
+        self._leased(a, now)
         check_snapshot_name(a.file)
 
         def apply(results, now):

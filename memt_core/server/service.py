@@ -48,8 +48,10 @@ class MemTService:
         context_length: int,
         ack_timeout: float | None = None,
         clock=time.monotonic,
+        extensions: bool = True,
     ):
         self.engine = engine
+        self.extensions = extensions  # this server's control actions beside the spec's (off under --spec-strict)
         self.protocol = protocol
         self.tokenizer = tokenizer
         self.grammars = GrammarCompiler(tokenizer) if tokenizer is not None else None
@@ -66,7 +68,7 @@ class MemTService:
     # ------------------------------------------------------------------ control
 
     async def control(self, body: Any) -> dict:
-        action = parse_control(body)
+        action = parse_control(body, extensions=self.extensions)
         name = action_name(action)
         started = self.clock()
         try:

@@ -813,12 +813,18 @@ def test_delete_snapshot_removes_a_named_file_and_never_a_content_addressed_one(
     file = f"{h.session}-gone.safetensors"
     wire.export(h, file)
     hashed = wire.ctl("export", h, encoding=wire.encoding)["file"]  # content-addressed: sha256-<hex>
-    assert wire.control("delete_snapshot", file=file) == {"file": file, "deleted": True}
+    # it needs what a control action needs: a session's valid lease (and the epoch, when given)
+    assert_error(wire.post_control({"action": "delete_snapshot", "epoch": wire.epoch, "file": file}), 400, match="'session' is required")
+    assert_error(wire.post_control({"action": "delete_snapshot", "epoch": wire.epoch, "session": h.session, "file": file}), 400, match="'lease' is required")
+    assert_error(wire.post_control({"action": "delete_snapshot", "epoch": wire.epoch, "session": h.session, "lease": "forged", "file": file}), 409)
+    assert_error(wire.post_control({"action": "delete_snapshot", "epoch": "stale", "session": h.session, "lease": h.lease, "file": file}), 409)
+    assert (nano_server.state_directory / file).is_file()  # none of those deleted it
+    assert wire.ctl("delete_snapshot", h, file=file) == {"file": file, "deleted": True}
     assert not (nano_server.state_directory / file).exists()
-    assert wire.control("delete_snapshot", file=file) == {"file": file, "deleted": False}  # idempotent
-    assert_error(wire.post_control({"action": "delete_snapshot", "epoch": wire.epoch, "file": hashed}), 400, match="content-addressed")
+    assert wire.ctl("delete_snapshot", h, file=file) == {"file": file, "deleted": False}  # idempotent
+    assert_error(wire.post_control({"action": "delete_snapshot", "epoch": wire.epoch, "session": h.session, "lease": h.lease, "file": hashed}), 400, match="content-addressed")
     assert (nano_server.state_directory / hashed).is_file()
-    assert_error(wire.post_control({"action": "delete_snapshot", "epoch": wire.epoch, "file": "../x.safetensors"}), 400, match="snapshot")
+    assert_error(wire.post_control({"action": "delete_snapshot", "epoch": wire.epoch, "session": h.session, "lease": h.lease, "file": "../x.safetensors"}), 400, match="snapshot")
     h2 = wire.open()
     wire.ctl("begin", h2, transaction="t")
     wire.ctl("import", h2, transaction="t", file=file, encoding=wire.encoding, expect=400)  # "does not exist"

@@ -25,6 +25,7 @@ from memt_core.protocol import (
 )
 from memt_core.protocol.events import (
     CONTROL_ACTIONS,
+    EXTENSION_ACTIONS,
     GENERATE_FIELDS,
     MAX_REQUEST_ID,
     MAX_SCHEMA_DEPTH,
@@ -219,13 +220,28 @@ CONTROL_CASES = {
     "reset": (LEASED, Reset(session="s1", lease="L")),
     "close": (LEASED, Close(session="s1", lease="L")),
     "unload": (LEASED, Unload(session="s1", lease="L")),
-    "delete_snapshot": ({"file": "m.safetensors"}, DeleteSnapshot(session="", lease=None, file="m.safetensors")),
+    "delete_snapshot": (dict(LEASED, file="m.safetensors"), DeleteSnapshot(session="s1", lease="L", file="m.safetensors")),
 }
 
 
-def test_delete_snapshot_names_a_file_and_no_session():
-    refused(parse_control, {"action": "delete_snapshot"}, match="field 'file' is required")
-    refused(parse_control, {"action": "delete_snapshot", "file": "m.safetensors", "session": "s1"}, match="session")
+def test_delete_snapshot_names_a_file_and_a_leased_session():
+    refused(parse_control, {"action": "delete_snapshot", **LEASED}, match="field 'file' is required")
+    refused(parse_control, {"action": "delete_snapshot", "file": "m.safetensors", "lease": "L"}, match="field 'session' is required")
+    refused(parse_control, {"action": "delete_snapshot", "file": "m.safetensors", "session": "s1"}, match="field 'lease' is required")
+
+
+@pytest.mark.parametrize("action", EXTENSION_ACTIONS)
+def test_without_extensions_every_extension_action_is_refused(action):
+    """``--spec-strict``: the actions this server adds to the spec are refused as unknown ones, naming why."""
+    body = {"action": action, **CONTROL_CASES[action][0]}
+    assert parse_control(body) == CONTROL_CASES[action][1]
+    refused(parse_control, body, extensions=False, match="refused under --spec-strict")
+
+
+def test_without_extensions_every_spec_action_is_taken():
+    for action, (fields, event) in CONTROL_CASES.items():
+        if action not in EXTENSION_ACTIONS:
+            assert parse_control({"action": action, **fields}, extensions=False) == event
 
 
 @pytest.mark.parametrize("action", sorted(CONTROL_CASES))
@@ -277,13 +293,13 @@ def test_control_body_and_action(body, match):
     refused(parse_control, body, match=match)
 
 
-@pytest.mark.parametrize("action", sorted(set(CONTROL_CASES) - {"create", "delete_snapshot"}))
+@pytest.mark.parametrize("action", sorted(set(CONTROL_CASES) - {"create"}))
 def test_session_is_required_except_for_create(action):
     fields = {k: v for k, v in CONTROL_CASES[action][0].items() if k != "session"}
     refused(parse_control, {"action": action, **fields}, match="field 'session' is required")
 
 
-LEASE_ACTIONS = sorted(set(CONTROL_CASES) - {"create", "acquire", "inspect", "delete_snapshot"})
+LEASE_ACTIONS = sorted(set(CONTROL_CASES) - {"create", "acquire", "inspect"})
 
 
 @pytest.mark.parametrize("action", LEASE_ACTIONS)

@@ -959,11 +959,17 @@ def test_a_full_durable_server_makes_room_by_unloading_the_session_given_up_long
     assert fresh.proto.room_unload(fresh.now) is None
 
 
-def test_delete_snapshot_is_a_sessionless_plan_of_one_effect():
+def test_delete_snapshot_needs_a_leased_session_and_is_a_plan_of_one_effect():
     d = Driver()
-    plan = d.plan("delete_snapshot", file="offload-1.safetensors")
+    d.do("create", session="a")
+    lease = d.do("acquire", session="a")["lease"]
+    plan = d.plan("delete_snapshot", session="a", lease=lease, file="offload-1.safetensors")
     assert plan.effects == (fx.DeleteSnapshot(session="", file="offload-1.safetensors"),)
     d.effects.clear()
     assert d.run(plan) == {"file": "offload-1.safetensors", "deleted": False}  # the fake engine found none
-    d.refuse_control(InvalidRequest, 400, "delete_snapshot", file="../etc/passwd")
-    d.refuse_control(EpochMismatch, 409, "delete_snapshot", file="m.safetensors", epoch="other")
+    d.refuse_control(InvalidRequest, 400, "delete_snapshot", session="a", lease=lease, file="../etc/passwd")
+    d.refuse_control(EpochMismatch, 409, "delete_snapshot", session="a", lease=lease, file="m.safetensors", epoch="other")
+    d.refuse_control(LeaseConflict, 409, "delete_snapshot", session="a", lease="forged", file="m.safetensors")
+    d.refuse_control(UnknownSession, 409, "delete_snapshot", session="nobody", lease=lease, file="m.safetensors")
+    d.advance(301)  # past the default lease TTL
+    d.refuse_control(LeaseConflict, 409, "delete_snapshot", session="a", lease=lease, file="m.safetensors", match="expired")
