@@ -89,6 +89,8 @@ def check_value(value: Any, *, strings: bool = True, what: str = "request body")
         if strings and _SURROGATE.search(value):
             raise InvalidRequest(f"{what}: $ holds a lone UTF-16 surrogate; strings must be valid Unicode")
         return
+    if not strings and _depth_within(value, MAX_DEPTH):
+        return  # the common case, checked at C speed; the walk below names the place of a refusal
     stack: list[tuple[Any, int, tuple | None]] = [(value, 0, None)] if isinstance(value, (dict, list)) else []
     while stack:
         item, depth, trail = stack.pop()  # trail: (the parent's trail, key) links, "$" at None
@@ -103,6 +105,20 @@ def check_value(value: Any, *, strings: bool = True, what: str = "request body")
                 stack.append((child, depth + 1, (trail, key)))
             if keyed and strings and _SURROGATE.search(key):
                 raise InvalidRequest(f"{what}: a key in {_place(trail)[:200]} holds a lone UTF-16 surrogate; strings must be valid Unicode")
+
+
+def _depth_within(value: Any, limit: int) -> bool:
+    """Whether no container in ``value`` nests deeper than ``limit`` (``check_value``'s bound), level by level."""
+    level, depth = [value] if isinstance(value, (dict, list)) else [], 0
+    while level:
+        if depth >= limit:
+            return not any(level)  # as the walk: a container that deep may be there, empty
+        level = [child for item in level for child in (item.values() if type(item) is dict else item) if type(child) in _CONTAINERS]
+        depth += 1
+    return True
+
+
+_CONTAINERS = (dict, list)
 
 
 def _place(trail: tuple | None) -> str:

@@ -20,6 +20,10 @@ from memt_proxy.errors import BadRequest
 
 #: Bounds of integer fields: Python integers are unbounded, the engine's are not.
 MAX_TOKENS_BOUND = 1 << 31
+#: messages (or Responses input items) one request may hold: refused before each is validated and templated, as
+#: 90,000 one-character messages cost 4 s and 440 MB before (OpenAI's own limit is 2,048; the size check after
+#: validation refuses fewer ones that cannot fit the upstream's prefill, from the template's cost per message)
+MAX_MESSAGES = 8192
 SEED_BOUND = 1 << 63
 
 
@@ -98,7 +102,7 @@ class ChatCompletionRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     model: str
-    messages: list[Message] = Field(min_length=1)
+    messages: list[Message] = Field(min_length=1, max_length=MAX_MESSAGES)
     temperature: StrictFloat | None = Field(default=None, ge=0, le=2)
     top_p: StrictFloat | None = Field(default=None, gt=0, le=1)
     max_tokens: StrictInt | None = Field(default=None, ge=1, le=MAX_TOKENS_BOUND)

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from memt_proxy.errors import BadRequest
-from memt_proxy.protocol import StrictBool, StrictFloat, StrictInt, output_schema
+from memt_proxy.protocol import MAX_MESSAGES, StrictBool, StrictFloat, StrictInt, output_schema
 
 ITEM_TYPES = ("message", "function_call", "function_call_output", "reasoning")
 TEXT_PARTS = ("input_text", "output_text", "text", "summary_text", "reasoning_text")
@@ -56,7 +56,7 @@ class ResponseRequest(BaseModel):
 
     model_config = ConfigDict(extra="allow")
     model: str
-    input: str | list[dict[str, Any]] = Field(default_factory=list)
+    input: Annotated[list[dict[str, Any]], Field(max_length=MAX_MESSAGES)] | str = Field(default_factory=list)
     instructions: str | None = None
     max_output_tokens: StrictInt | None = Field(default=None, ge=1)
     temperature: StrictFloat | None = Field(default=None, ge=0, le=2)

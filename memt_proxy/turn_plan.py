@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import functools
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 from memt_core.client.chat_format import ChatFormat
+from memt_core.client.control_text import ControlGuard
 from memt_proxy.errors import BadRequest
 from memt_proxy.session.state import PendingTurn
 from memt_proxy.transcript import message_hash
@@ -66,23 +68,66 @@ def prompt_ids(chat_format: ChatFormat, instructions: str | None, tools: list[di
     return list(chat_format.bos_ids) + chat_format.system_ids(instructions, tools) + context_ids + turn_ids
 
 
-_LONGEST: dict[int, int] = {}  # id(tokenizer) → characters of its longest vocabulary entry
+@dataclass(frozen=True)
+class TemplateCost:
+    """What a chat format's template costs at least, in tokens, whatever the text: the characters of its
+    longest vocabulary entry (no token covers more), and per role the control tokens and the characters of
+    other template text that one more message of that role adds (measured on empty messages in a run)."""
+
+    longest: int
+    controls: dict[str, int]
+    chars: dict[str, int]
+
+    def least_tokens(self, messages: list[dict], instructions: str | None) -> int:
+        """A lower bound on the tokens of a prompt holding ``messages``: control tokens are counted exactly,
+        every other character needs ``1 / longest`` of a token at least."""
+        controls = sum(self.controls.get(m.get("role"), 0) for m in messages)
+        chars = len(instructions or "") + sum(_characters(m.get("content")) + self.chars.get(m.get("role"), 0) for m in messages)
+        return controls + chars // self.longest
+
+
+_COSTS: dict[int, tuple[ChatFormat, TemplateCost]] = {}  # id(chat_format) → (the format, its cost)
+ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+def template_cost(chat_format: ChatFormat) -> TemplateCost:
+    """The ``TemplateCost`` of ``chat_format`` (measured once per format)."""
+    known = _COSTS.get(id(chat_format))
+    if known is not None and known[0] is chat_format:
+        return known[1]
+    guard = ControlGuard(chat_format.tokenizer)
+    longest = max(map(len, chat_format.tokenizer.get_vocab()), default=1) or 1
+    controls, chars = {}, {}
+    for role in ROLES:
+        def run(count: int, role=role) -> tuple[int, int]:
+            messages = [{"role": "user", "content": ""}] + [{"role": role, "content": "", "tool_call_id": "c"} for _ in range(count)]
+            text = chat_format.history_text(messages)
+            found = guard.pattern.findall(text) if guard.pattern is not None else []
+            return len(found), len(text) - sum(map(len, found))
+        (controls_2, chars_2), (controls_3, chars_3) = run(2), run(3)
+        controls[role], chars[role] = max(0, controls_3 - controls_2), max(0, chars_3 - chars_2)
+    cost = TemplateCost(longest, controls, chars)
+    _COSTS[id(chat_format)] = (chat_format, cost)
+    return cost
 
 
 def check_text_fits(chat_format: ChatFormat, messages: list[dict], instructions: str | None, limit: int | None, param: str) -> None:
-    """Refuse (400 ``context_length_exceeded``), before templating and tokenizing, text that cannot fit ``limit``
-    tokens: no token covers more characters than the longest vocabulary entry, so ``n`` characters need at least
-    ``n / longest`` tokens. A multi-megabyte message then costs no tokenization (a 3.9 MB one took 0.8 GB)."""
+    """Refuse (400 ``context_length_exceeded``), before templating and tokenizing, messages that cannot fit
+    ``limit`` tokens: more messages than ``limit``, or more tokens than ``limit`` at least by ``TemplateCost``
+    (the template's control tokens and text per message, and no token covering more characters than the
+    longest vocabulary entry). A multi-megabyte message, or 90,000 tiny ones, then costs no templating and
+    no tokenization (a 3.9 MB message took 0.8 GB; 90,000 one-character ones 4 s and 440 MB)."""
     if not limit:
         return
-    tokenizer = chat_format.tokenizer
-    if id(tokenizer) not in _LONGEST:
-        _LONGEST[id(tokenizer)] = max(map(len, tokenizer.get_vocab()), default=1) or 1
-    chars = len(instructions or "") + sum(_characters(m.get("content")) for m in messages)
-    least = chars // _LONGEST[id(tokenizer)]
+    if len(messages) > limit:
+        raise BadRequest(
+            f"the request has {len(messages)} messages, more than the {limit} tokens the upstream accepts in a prompt",
+            param=param, code="context_length_exceeded",
+        )
+    least = template_cost(chat_format).least_tokens(messages, instructions)
     if least > limit:
         raise BadRequest(
-            f"the prompt has at least {least} tokens ({chars} characters of text); the upstream accepts at most {limit}",
+            f"the prompt has at least {least} tokens ({len(messages)} messages and their text); the upstream accepts at most {limit}",
             param=param, code="context_length_exceeded",
         )
 

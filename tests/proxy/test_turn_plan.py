@@ -77,5 +77,40 @@ def test_text_that_cannot_fit_is_refused_before_tokenizing(chat_format):
     huge = [{"role": "user", "content": [{"type": "text", "text": "x" * (longest * 1001)}]}]
     with pytest.raises(ProxyError) as info:
         check_text_fits(chat_format, huge, "system text", 1000, "messages")
-    assert info.value.status == 400 and info.value.code == "context_length_exceeded" and "at least 1001 tokens" in info.value.message
+    assert info.value.status == 400 and info.value.code == "context_length_exceeded" and "at least 1004 tokens" in info.value.message
     check_text_fits(chat_format, huge, None, None, "messages")  # no limit known: nothing refused
+
+
+CONVERSATIONS = [
+    [{"role": "user", "content": "x"}] * 40,
+    [{"role": "user" if i % 2 == 0 else "assistant", "content": "x" * (i % 3)} for i in range(41)],
+    [{"role": "system", "content": ""}, {"role": "developer", "content": "be brief"}, QUESTION, CALL, RESULT, RESULT, {"role": "user", "content": "and now?"}],
+    [{"role": "system", "content": "s"}] * 5 + [{"role": "user", "content": [{"type": "text", "text": "a b c"}]}],
+    [QUESTION, {"role": "assistant", "content": "lorem ipsum " * 30}, {"role": "user", "content": "\n\n\n  tabs\t and 中文 "}],
+]
+
+
+@pytest.mark.parametrize("family", ["nano", "flash"])
+def test_the_template_cost_never_exceeds_a_real_prompt(family, nano_checkpoint, flash_checkpoint):
+    """``check_text_fits``'s bound counts the template's tokens per message (issue 48: 90,000 one-character
+    messages were templated and tokenized whole, 4 s and 440 MB, before a refusal) and never refuses a prompt
+    that fits: on every conversation of a grid, of both families, the bound is at most the real prompt."""
+    from memt_proxy.turn_plan import check_text_fits, template_cost
+
+    path = nano_checkpoint if family == "nano" else flash_checkpoint
+    chat_format = load_chat_format(path, tokenizer=load_tokenizer(path))[0]
+    cost = template_cost(chat_format)
+    assert cost.controls["user"] >= 1  # the template's own turn markers are counted
+    for messages in CONVERSATIONS:
+        for instructions in (None, "Be brief."):
+            body = ([{"role": "system", "content": instructions}] if instructions else []) + messages
+            real = len(chat_format.conversation_ids(body))
+            assert cost.least_tokens(messages, instructions) <= real, messages[:3]
+            check_text_fits(chat_format, messages, instructions, real, "messages")  # fits exactly: not refused
+    tiny = [{"role": "user", "content": "x"}] * 9000
+    with pytest.raises(ProxyError) as info:
+        check_text_fits(chat_format, tiny, None, 9000 * cost.controls["user"] - 1, "messages")
+    assert info.value.code == "context_length_exceeded" and "9000 messages" in info.value.message
+    with pytest.raises(ProxyError) as info:  # more messages than tokens: refused from the count alone
+        check_text_fits(chat_format, tiny, None, 8999, "messages")
+    assert "has 9000 messages" in info.value.message
