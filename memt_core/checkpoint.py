@@ -171,6 +171,12 @@ class Checkpoint:
     extra: dict = field(default_factory=dict)  # unknown keys kept: {"memt": {...}, "memt_runtime": {...}}
 
     @property
+    def served_name(self) -> str:
+        """The model name servers list this checkpoint under (unless told another): its ``checkpoint_id``, else
+        its directory's name; both servers' start-up lines say it, beside the family (``model``)."""
+        return self.checkpoint_id or self.path.name
+
+    @property
     def unknown_keys(self) -> list[str]:
         """Keys of ``memt`` / ``memt_runtime`` this version does not read, as ``section.key``."""
         return sorted(f"{section}.{key}" for section, keys in self.extra.items() for key in keys)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import json
 import logging
 import os
@@ -347,7 +348,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"memt_core.launch: refused: cannot listen on {plan.host}:{plan.port}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     app, _ = build_app(plan)
-    print(f"memt_core: serving {plan.checkpoint.model} from {plan.checkpoint.path} on http://{plan.host}:{plan.port}", flush=True)
+    print(f"memt_core: serving {plan.checkpoint.served_name} (a {plan.checkpoint.model} checkpoint) from {plan.checkpoint.path} "
+          f"on http://{plan.host}:{plan.port}", flush=True)
+    # what start-up made (torch, transformers, the model) is not traversed again by the garbage collector: a
+    # request that makes 100,000s of objects (a 3 MB JSON body) then pauses the event loop ~0.03 s, not ~0.14 s
+    gc.freeze()
     from memt_core.server.slow_clients import header_timeout_protocol
 
     config = uvicorn.Config(app, host=plan.host, port=plan.port, log_level=plan.log_level, timeout_graceful_shutdown=5,

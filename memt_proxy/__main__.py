@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import os
@@ -123,7 +124,7 @@ def build_app(args: argparse.Namespace):
     checkpoint = read_checkpoint(path, validate_backbone=False)
     tokenizer = load_tokenizer(path)  # AutoTokenizer alone cannot configure the memt_* model types (Flash)
     chat_format, parser = load_chat_format(path, tokenizer=tokenizer)
-    names = args.served_model_name or [checkpoint.checkpoint_id or path.name]
+    names = args.served_model_name or [checkpoint.served_name]
     # the checkpoint's other names, accepted but not listed: its directory and its family (the CLI's --model)
     aliases = () if args.served_model_name else tuple(sorted({path.name, checkpoint.model} - set(names)))
     core = None
@@ -162,20 +163,22 @@ def build_app(args: argparse.Namespace):
         from memt_proxy.embedded import embed
 
         embed(app, core)  # the engine starts before the proxy and stops after its pending commits
-    return app, names
+    return app, names, checkpoint.model
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        app, names = build_app(args)
+        app, names, family = build_app(args)
     except (CheckpointError, OSError) as exc:
         print(f"memt_proxy: refused: {exc}", file=sys.stderr)
         return 2
     import uvicorn
 
-    print(f"memt_proxy: serving {', '.join(names)} on http://{args.host}:{args.port}/v1 ({'embedded core' if args.embedded else f'upstream {args.upstream}'})", flush=True)
+    print(f"memt_proxy: serving {', '.join(names)} (a {family} checkpoint) on http://{args.host}:{args.port}/v1 "
+          f"({'embedded core' if args.embedded else f'upstream {args.upstream}'})", flush=True)
+    gc.freeze()  # what start-up made is not traversed again by the collector (see memt_core.launch.main)
     from memt_core.server.slow_clients import header_timeout_protocol
 
     uvicorn.run(
