@@ -57,10 +57,70 @@ class Structure:
 
 
 def check_schema(schema: dict, param: str) -> None:
-    """A 400 naming ``param`` when llguidance cannot compile ``schema``."""
+    """A 400 naming ``param`` when llguidance cannot compile ``schema``, or when it refers to itself where no
+    value nests (``{"$ref": "#"}``, a ``$ref`` cycle): llguidance takes those, and they generate no JSON."""
+    cycle = ref_cycle(schema)
+    if cycle:
+        raise BadRequest(
+            f"{param}: the JSON schema refers to itself before any value nests ({cycle}); a $ref cycle generates no JSON and is refused",
+            param=param, code="invalid_schema",
+        )
     error = _schema_error(schema)
     if error:
         raise BadRequest(f"{param}: the JSON schema is not supported: {error[:300]}", param=param, code="invalid_schema")
+
+
+#: keywords whose subschemas apply to the value itself (no nesting): a ``$ref`` loop through them only is a cycle
+_SAME_VALUE_LISTS = ("allOf", "anyOf", "oneOf")
+_SAME_VALUE = ("not", "if", "then", "else")
+
+
+def ref_cycle(schema) -> str:
+    """A ``$ref`` chain of ``schema`` that comes back to where it started before the value nests any deeper
+    (through ``$ref``, ``allOf``/``anyOf``/``oneOf``, ``not``, ``if``/``then``/``else`` only), as
+    ``"#/a -> #/b -> #/a"``; "" when there is none. Recursion through ``properties`` or ``items`` is fine."""
+    nodes: dict[str, dict] = {}
+    stack = [("", schema)]
+    while stack:  # every subschema of the document, by its JSON pointer
+        pointer, node = stack.pop()
+        if isinstance(node, dict):
+            nodes[pointer] = node
+            stack += [(f"{pointer}/{_escape(key)}", child) for key, child in node.items() if isinstance(child, (dict, list))]
+        elif isinstance(node, list):
+            stack += [(f"{pointer}/{index}", child) for index, child in enumerate(node)]
+
+    def same_value(pointer: str) -> list[str]:
+        node = nodes[pointer]
+        ref = node.get("$ref")
+        found = [ref[1:]] if isinstance(ref, str) and ref.startswith("#") and ref[1:] in nodes else []
+        for key in _SAME_VALUE_LISTS:
+            if isinstance(node.get(key), list):
+                found += [f"{pointer}/{key}/{i}" for i, item in enumerate(node[key]) if isinstance(item, dict)]
+        return found + [f"{pointer}/{key}" for key in _SAME_VALUE if isinstance(node.get(key), dict)]
+
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    for start in nodes:
+        if state.get(start):
+            continue
+        path, walks = [start], [iter(same_value(start))]
+        state[start] = 1
+        while walks:
+            step = next(walks[-1], None)
+            if step is None:
+                state[path.pop()] = 2
+                walks.pop()
+            elif state.get(step) == 1:
+                loop = path[path.index(step):] + [step]
+                return " -> ".join("#" + p for p in loop)
+            elif not state.get(step):
+                state[step] = 1
+                path.append(step)
+                walks.append(iter(same_value(step)))
+    return ""
+
+
+def _escape(key: str) -> str:
+    return str(key).replace("~", "~0").replace("/", "~1")
 
 
 def _schema_error(schema) -> str:

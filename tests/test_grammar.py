@@ -106,3 +106,16 @@ def test_regular_expressions_and_ebnf(demo):
 def test_grammars_that_do_not_compile_are_invalid_requests(demo, kind, source, match):
     with pytest.raises(InvalidRequest, match=match):
         demo[2].compile(kind, source)
+
+
+def test_a_budget_below_the_shortest_valid_value_is_cut_and_not_json(demo):
+    """What the docs say of a cut answer (issue 48, item 5): the grammar closes early only when the budget leaves
+    room for the shortest way to finish; a schema whose smallest value is longer (here a 200-character string)
+    ends at max_new_tokens with finish_reason "length" and text that is not valid JSON."""
+    schema = {"type": "object", "properties": {"story": {"type": "string", "minLength": 200}}, "required": ["story"]}
+    text, finish = decode(demo, "json_schema", json.dumps(schema), max_new_tokens=16, temperature=0)
+    assert finish == "length"
+    with pytest.raises(ValueError):
+        json.loads(text)
+    text, finish = decode(demo, "json_schema", json.dumps(schema), max_new_tokens=400, temperature=0)
+    jsonschema.validate(json.loads(text), schema)  # with room, it closes
