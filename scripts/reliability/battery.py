@@ -37,7 +37,7 @@ SIZES = {
     "distinct_sessions": (2000, 90),  # past the core's 64: offloading is exercised either way
     "large_mb": ((1.0, 2.0, 4.0, 5.0), (1.0,)),
 }
-NAMES = ["fuzz", "hostile", "large", "tenants", "concurrent", "retry", "drain", "kill_proxy", "restart", "distinct", "kill_core"]
+NAMES = ["fuzz", "hostile", "large", "tiny", "control", "strict", "tenants", "concurrent", "retry", "drain", "kill_proxy", "restart", "distinct", "kill_core"]
 
 
 def run(*, quick: bool, only: set[str] | None = None, workdir: Path | None = None) -> dict:
@@ -88,6 +88,10 @@ def run(*, quick: bool, only: set[str] | None = None, workdir: Path | None = Non
                 check("hostile", lambda: checks.hostile(proxy, core, key=key))
             if wanted("large"):
                 check("large_body", lambda: checks.large_body(proxy, core, sizes=size["large_mb"], key=key))
+            if wanted("tiny"):
+                check("tiny_messages", lambda: checks.tiny_messages(proxy, key=key))
+            if wanted("control"):
+                check("control_tokens", lambda: checks.control_tokens(proxy, chat_format, key=key))
             if wanted("tenants"):
                 check("two_tenants", lambda: checks.two_tenants(proxy, tuple(KEYS), sessions=size["tenant_sessions"]))
             if wanted("concurrent"):
@@ -101,6 +105,8 @@ def run(*, quick: bool, only: set[str] | None = None, workdir: Path | None = Non
             check("kill_proxy", lambda: checks.kill_proxy(checkpoint, core, chat_format, rounds=size["kill_proxy_rounds"]))
         if wanted("drain"):  # last on this core: a proxy of its own, drained
             check("drain_auth", lambda: checks.drain_auth(checkpoint, core, keys_file, tuple(KEYS), admin_key=ADMIN_KEY))
+    if wanted("strict"):
+        check("spec_strict", lambda: checks.spec_strict(checkpoint, state_directory=workdir / "strict-state"))
     if wanted("restart"):
         # two full cores (4 sessions): one with a snapshot store, one without (the proxies share their records)
         with MemTServer(checkpoint, state_directory=workdir / "stored-state",
