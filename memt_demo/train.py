@@ -7,6 +7,11 @@ memory_batch(...))``, the read path of a query. The loss is next-token cross-ent
 tokens: the query's answer and the replies inside committed turns (the commit forward computes the
 same logits as the query that generated them), so gradients reach the writes of earlier commits only
 through the memory that the query reads.
+
+:func:`episode_loss` is the reference. With ``TrainConfig.batched`` the same loss is computed by
+:func:`memt_demo.batched.batched_episode_loss`, the memory of the whole batch in one tensor and one forward per
+commit index (equal within float tolerance: ``tests/demo/test_batched_trainer.py``; timed against this one by
+``scripts/bench/trainer.py``).
 """
 
 from __future__ import annotations
@@ -68,6 +73,7 @@ class TrainConfig:
     seed: int = 0
     threads: int = 1
     device: str = "cpu"  # "cuda" trains on a GPU (FP32; not bit-reproducible there); the weights are saved to CPU
+    batched: bool = False  # the loss of memt_demo.batched (the batch's memory in one tensor) instead of episode_loss
     log_every: int = 50
     init_std: float = 0.02
     memory_init_std: float = 0.2  # memory projections; larger than usual, so reads matter from the start
@@ -371,6 +377,10 @@ def train(
     log(f"model: {params / 1e6:.2f}M parameters, vocabulary {len(tokenizer)}, memory layers {list(model.memory_layers)}")
     fmt = DemoChatFormat(tokenizer, value_weight=config.value_weight)
     sampler = EpisodeSampler(config.seed)
+    if config.batched:
+        from memt_demo.batched import batched_episode_loss as loss_of
+    else:
+        loss_of = episode_loss
     chunk = model.checkpoint.memory.chunk_tokens
     decay, no_decay = [], []
     for name, p in model.named_parameters():
@@ -400,7 +410,7 @@ def train(
         batch = [fmt.episode(sampler.sample(mix), chunk, reply_weight=config.reply_weight) for _ in range(config.batch_size)]
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, config, progress if schedule_by_time else None)
-        loss, stats = episode_loss(model, batch)
+        loss, stats = loss_of(model, batch)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)

@@ -51,6 +51,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
                         help="where to train: cpu (default) or cuda (a GPU; FP32, not bit-reproducible there, and "
                              "larger --batch-size pays off); the checkpoint and its final evaluation are on the CPU either way")
+    parser.add_argument("--batched", action="store_true",
+                        help="compute the loss with memt_demo.batched: the batch's memory in one tensor, its commits "
+                             "padded and run one commit index at a time (the same loss as the default per-episode "
+                             "trainer within float tolerance, tests/demo/test_batched_trainer.py; "
+                             "scripts/bench/trainer.py times both)")
     parser.add_argument("--eval-episodes", type=int, default=200, help="episodes of the final recall eval (0: skip)")
     parser.add_argument("--eval-seed", type=int, default=1234, help="seed of the eval's fresh episodes")
     parser.add_argument("--log-every", type=int, default=defaults.log_every, help="steps between progress lines")
@@ -74,6 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--memory-heads", type=int, default=shape.memory_heads, help="memory heads per memory layer")
     parser.add_argument("--key-dim", type=int, default=shape.key_dim, help="memory key dimension")
     parser.add_argument("--value-dim", type=int, default=shape.value_dim, help="memory value dimension")
+    parser.add_argument("--memory-layers", type=int, nargs="+", default=list(shape.memory_layers),
+                        help=f"backbone layers that carry memory, 0 … {shape.layers - 1} "
+                             f"(default: {' '.join(map(str, shape.memory_layers))})")
     parser.add_argument("--eval-only", action="store_true",
                         help="do not train: evaluate the checkpoint in --out (its training.json) and write eval.json + README.md")
     args = parser.parse_args(argv)
@@ -91,12 +99,14 @@ def main(argv: list[str] | None = None) -> int:
 
     from memt_demo.train import train
 
+    if not all(0 <= layer < defaults.shape.layers for layer in args.memory_layers) or len(set(args.memory_layers)) < len(args.memory_layers):
+        parser.error(f"--memory-layers: distinct layer indices from 0 to {defaults.shape.layers - 1}")
     shape = replace(defaults.shape, vocab_size=args.vocab_size, hidden_size=args.hidden_size, memory_heads=args.memory_heads,
-                    key_dim=args.key_dim, value_dim=args.value_dim)
+                    key_dim=args.key_dim, value_dim=args.value_dim, memory_layers=tuple(sorted(args.memory_layers)))
     config = replace(defaults, steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
-                     threads=args.threads, device=args.device, log_every=args.log_every, shape=shape)
+                     threads=args.threads, device=args.device, log_every=args.log_every, batched=args.batched, shape=shape)
     print(f"training the demo model into {args.out} ({config.steps} steps × {config.batch_size} episodes, "
-          f"{config.threads} thread(s), seed {config.seed})", flush=True)
+          f"{config.threads} thread(s), seed {config.seed}{', batched trainer' if config.batched else ''})", flush=True)
     started = time.time()
     curve: list[str] = []
 
