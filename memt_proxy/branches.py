@@ -2,20 +2,26 @@
 
 Each request is planned against the tenant's ``PrefixIndex`` (``plan_headerless``): the chain of its earlier
 messages (those before its last user message; system/developer messages excluded) finds the deepest kept
-state, the head of a *branch* — a native session the proxy made, named ``~<nonce>`` (outside the client's
-name grammar, so no header can name one). The surface then holds that branch as it holds any session
-(``Sessions.turn``), checks under its lock that the branch still holds a prefix of the transcript
-(``resumable``: a conversation that shares the opening may have moved it on meanwhile; then the request
-looks again), and answers from memory plus the rest. Behind the answer it commits the rest's history (never
-the turn just answered: that is committed only if a later request carries it), so a regenerate commits nothing
-and an edited or forked transcript resumes from the deepest state it still matches. With no kept state, a
-request that is worth keeping (``PrefixIndex.worth_keeping``) starts a new branch; any other is a plain
-generation that commits nothing.
+*state* — a native session the proxy made, named ``~<nonce>`` (outside the client's name grammar, so no header
+can name one), holding exactly the messages its chain names. The surface holds that state as it holds any
+session (``Sessions.turn``), checks under its lock that it still holds a prefix of the transcript
+(``resumable``: one closed meanwhile is looked for again), and answers from memory plus the rest.
 
-A new branch is made behind the answer (``keep``): the answer is a plain generation over the transcript (an
-empty memory reads as none, so the same tokens), and a task then creates the native session and commits the
-earlier messages. Were the upstream full with nothing idle to close, the conversation is simply not kept:
-a header-less request is never refused for room.
+States are never written once made. Behind a completed answer (``after_answer``) the conversation's next state
+is *forked*: a new native session copied from the state the request read (``create`` with ``source``), into
+which what that state lacks is committed — the messages between it and the turn, the turn and its answer —
+so the conversation's next request finds it and sends the model only its new messages, as in a named
+session. The state it was forked from stays, so a regenerate of that answer, or an edit of the last message,
+resumes from the state before the turn, and an edit of message k resumes from the deepest state before k.
+With no kept state, a request that is worth keeping (``PrefixIndex.worth_keeping``: its history holds an
+answer of ours, or more than one exchange) starts a new state holding its whole answered transcript; a
+one-shot request (no earlier exchange) is a plain generation that keeps nothing: most are one-off tasks
+(titles, tags, classifications) that never continue, and a state for each would cost a native session and
+a write and push real conversations' states out of the bound.
+
+Were the upstream full with nothing idle to close, the state is simply not made: a header-less request is
+never refused for room, and a state lost (closed to make room, or its write failed) only lengthens the
+conversation's next prompt.
 """
 
 from __future__ import annotations
@@ -26,12 +32,12 @@ from dataclasses import dataclass
 from typing import Awaitable, Callable
 
 from memt_core.client.errors import MemTClientError
-from memt_core.client.native import new_nonce
 from memt_core.errors import UnknownSession
-from memt_proxy.errors import ProxyError
+from memt_proxy.errors import ProxyError, Unavailable
 from memt_proxy.prefix_index import Found, PrefixIndex, chain, extend, root
 from memt_proxy.protocol import Message
-from memt_proxy.sessions import BRANCH_PREFIX, Sessions, SessionState
+from memt_proxy.session.state import new_branch_name
+from memt_proxy.sessions import Sessions, SessionState
 from memt_proxy.transcript import message_hash
 
 log = logging.getLogger("memt.proxy")
@@ -45,14 +51,11 @@ class HeaderlessPlan:
 
     hashes: list[str]  # the earlier messages' hashes
     found: Found | None
-    worth_keeping: bool  # with no kept state: start a branch (else a plain generation)
+    worth_keeping: bool  # with no kept state: start one (else a plain generation)
     link: str  # the chain of the whole conversation sent (the answer extends it)
-    head: str | None = None  # the chain of the earlier messages: the branch's head once they are committed
     links: tuple[str, ...] = ()  # the chain of each earlier message
-
-
-def new_branch_name() -> str:
-    return BRANCH_PREFIX + new_nonce()
+    conversation: tuple[str, ...] = ()  # the hashes of every message sent (system/developer left out)
+    tenant: str = ""
 
 
 def _role(message: Message | dict) -> str:
@@ -69,12 +72,12 @@ def plan_headerless(messages: list[Message] | list[dict], tenant: str, prefixes:
     link = links[-1] if links else root(tenant)
     last_user = max((i for i, m in enumerate(conversation) if _role(m) == "user"), default=None)
     if last_user is None or _role(conversation[-1]) == "assistant":
-        return HeaderlessPlan([], None, False, link)
+        return HeaderlessPlan([], None, False, link, tenant=tenant)
     earlier = links[:last_user]
     users = sum(_role(m) == "user" for m in conversation[:last_user])
     found = prefixes.find(earlier)
     worth = found is None and bool(earlier) and prefixes.worth_keeping(earlier, users)
-    return HeaderlessPlan(hashes[:last_user], found, worth, link, earlier[-1] if earlier else None, tuple(earlier))
+    return HeaderlessPlan(hashes[:last_user], found, worth, link, tuple(earlier), tuple(hashes), tenant)
 
 
 def find_shared(sessions: Sessions, plan: HeaderlessPlan) -> None:
@@ -114,53 +117,70 @@ async def resumable(sessions: Sessions, state: SessionState, plan: HeaderlessPla
     return False
 
 
+
+
+def closed(reply: list[int], end: int | None, cut: bool) -> list[int]:
+    """A reply's ids as a kept state holds them: an answer ``cut`` at max_tokens is closed with the ``end`` token, as the
+    app's transcript (which carries it as a whole message) closes it."""
+    return reply + [end] if cut and end is not None and reply[-1:] != [end] else reply
+
+
 def after_answer(
-    sessions: Sessions, memory_tokens, answered_from: str, answer: list[dict], keep: Callable[[], None] | None,
-    held, context_ids: list[int], context_hashes: list[str], head: str | None,
+    sessions: Sessions, plan: HeaderlessPlan, answer: list[dict], *,
+    parent: SessionState | None, keep: bool, ids: Callable[[], Awaitable[list[int]]],
 ) -> None:
-    """Behind a header-less answer: the answered transcript remembered (a request carrying it is worth
-    keeping), a new branch started (``keep``), or the history the request resumed with written to its branch
-    (``held``; never the turn just answered), whose head then moves there."""
-    link = answered_from
+    """Behind a header-less answer: the answered transcript remembered (a request carrying it is worth keeping)
+    and, with ``keep``, the conversation's next state forked in a task the proxy's shutdown waits for (see the
+    module docstring): a copy of ``parent`` (the state the request read; None: a new, empty session) into which
+    ``ids()`` is written — the tokens of what ``parent`` lacks. A state already kept or being made for the same
+    transcript is not made twice (concurrent identical requests with identical answers make one)."""
+    hashes = [*plan.conversation, *(message_hash(m) for m in answer)]
+    link = plan.link
     for message in answer:
         link = extend(link, message_hash(message))
     sessions.prefixes.answered(link)
-    if keep is not None:
-        keep()
-    if held is None or not context_ids:
+    if not keep or not sessions.prefixes.reserve(link):
         return
-    state = held.state
-    committed = state.committed + list(context_hashes)
-    held.write_later(sessions.pieces(context_ids), committed)
-    # found at once by the conversation's next request, which then waits for this write (a failed one leaves the
-    # head to be corrected when a request finds it: ``resumable``)
-    sessions.move_head(state, head)
-    memory_tokens.wrote(state, len(committed), len(context_ids))
-
-
-def keep(sessions: Sessions, tenant: str, plan: HeaderlessPlan, history_ids: Callable[[], Awaitable[list[int]]]) -> None:
-    """Start a new branch holding the request's earlier messages (``history_ids()``: their tokens), behind the
-    answer, in a task of its own that the proxy's shutdown waits for (see the module docstring)."""
-    task = asyncio.get_running_loop().create_task(_keep(sessions, tenant, plan, history_ids))
+    task = asyncio.get_running_loop().create_task(_fork(sessions, plan.tenant, None if parent is None else parent.name, link, hashes, ids))
     sessions.behind.add(task)
     task.add_done_callback(sessions.behind.discard)
 
 
-async def _keep(sessions: Sessions, tenant: str, plan: HeaderlessPlan, history_ids: Callable[[], Awaitable[list[int]]]) -> None:
+async def _fork(sessions: Sessions, tenant: str, parent: str | None, link: str, hashes: list[str], ids: Callable[[], Awaitable[list[int]]]) -> None:
     try:
         async with sessions.turn(tenant, new_branch_name()) as held:
             state = held.state
-            sessions.move_head(state, plan.head)  # found from now on: the conversation's next request waits for this
+            sessions.prefixes.move(state.name, link)  # found from now on: the conversation's next request waits for this
             try:
-                await sessions.make_branch_room(state)
+                written = await ids()
+                if parent is None:
+                    await sessions.make_branch_room(state)
+                else:
+                    await _copy(sessions, tenant, parent, state, hashes)
                 await held.start()
-                await sessions.write(state, held.lease, sessions.pieces(await history_ids()), plan.hashes)
+                sessions.memory_tokens.wrote(state, len(hashes), len(written))
+                await sessions.write(state, held.lease, sessions.pieces(written), hashes)
+                sessions.move_head(state, link)  # recorded once it holds what its chain names
             except ProxyError as exc:
-                log.info("a header-less conversation is not kept (%s)", exc.message)
-                sessions.move_head(state, None)
+                log.info("a header-less conversation's state is not kept (%s)", exc.message)
+                sessions.prefixes.drop(state.name)
                 if state.exists:
                     await sessions.close_branch(state, held.lease)
     except ProxyError as exc:  # e.g. every session state of the proxy in use
-        log.info("a header-less conversation is not kept (%s)", exc.message)
+        log.info("a header-less conversation's state is not kept (%s)", exc.message)
     except Exception:
-        log.exception("keeping a header-less conversation failed")
+        log.exception("keeping a header-less conversation's state failed")
+    finally:
+        sessions.prefixes.made(link)
+
+
+async def _copy(sessions: Sessions, tenant: str, parent: str, state: SessionState, hashes: list[str]) -> None:
+    """Create ``state``'s native session as a copy of the kept state ``parent``, which must still hold a prefix of
+    ``hashes``; held meanwhile, so that making room for the copy never closes it, and its lease is the copy's warrant."""
+    async with sessions.turn(tenant, parent) as source:
+        held = source.state.committed
+        if not (source.state.exists and source.state.history_known and held == hashes[: len(held)]):
+            raise Unavailable("the state it extends is gone", code="state_gone")
+        await sessions.make_branch_room(state)
+        await sessions.copy(state, source.state, await sessions.lease_of(source.state))
+        sessions.memory_tokens.copied(state, source.state)

@@ -29,8 +29,10 @@ def add_chat_routes(app: FastAPI, service: ChatService, inputs: Inputs, metrics:
         completion = await inputs.model(request, ChatCompletionRequest)
         if x_memt_on_divergence not in (None, *DIVERGENCE):
             raise BadRequest(f"{DIVERGENCE_HEADER} must be one of {', '.join(DIVERGENCE)}", param=DIVERGENCE_HEADER)
+        retry, key = inputs.retry(request)
         result = await service.complete(
-            completion, tenant=tenant, session=inputs.session(x_memt_session), memory=x_memt_memory, on_divergence=x_memt_on_divergence
+            completion, tenant=tenant, session=inputs.session(x_memt_session), memory=x_memt_memory, on_divergence=x_memt_on_divergence,
+            retry=retry, key=key,
         )
         if isinstance(result, dict):
             return result

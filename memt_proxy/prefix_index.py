@@ -8,10 +8,10 @@ it holds, per tenant::
 
 A request resumes from the deepest ``c_k`` of its earlier messages that names a kept state, and sends the model
 only the rest: reaching a state takes presenting every message it holds, and the tenant is in the root, so no
-tenant reaches another's. States are the *heads* of header-less branches (native sessions the proxy made for
-conversations identified by their transcript): a branch's head moves when a commit of it is published, and the
-version it moved from is gone, so its old name is dropped. Nothing here does I/O or reads a clock; the
-session layer (``memt_proxy.branches``) holds branches, validates a head under the branch's lock and writes.
+tenant reaches another's. States are native sessions the proxy made for conversations identified by their
+transcript (``memt_proxy.branches``), each holding the messages its chain names and never written again; one
+closed is dropped. Nothing here does I/O or reads a clock; the session layer holds the states, checks one
+under its lock and makes new ones.
 
 Besides the heads the index remembers, by recency, the chains of transcripts it has *answered* (conversation
 plus answer): a later request whose history carries one shows that conversation continuing, which is what makes
@@ -62,6 +62,7 @@ class PrefixIndex:
         self._head_of: dict[str, str] = {}  # branch name → its head's chain hash (None-free)
         self._seen: OrderedDict[str, None] = OrderedDict()
         self.seen_limit = seen_limit
+        self._making: set[str] = set()  # chains of states being made
 
     def __len__(self) -> int:
         return len(self._head_of)
@@ -93,6 +94,17 @@ class PrefixIndex:
 
     def head(self, branch: str) -> str | None:
         return self._head_of.get(branch)
+
+    def reserve(self, link: str) -> bool:
+        """Claim the making of the state named ``link``: False if one is kept or being made already."""
+        if link in self._heads or link in self._making:
+            return False
+        self._making.add(link)
+        return True
+
+    def made(self, link: str) -> None:
+        """The making claimed by ``reserve`` ended (the state is kept, or not)."""
+        self._making.discard(link)
 
     def answered(self, link: str) -> None:
         """A transcript whose chain ends in ``link`` (its answer included) was answered."""

@@ -28,17 +28,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Callable
+from typing import AsyncIterator
 
 from memt_core.client.chat_format import ChatFormat
 from memt_core.client.parsers import OutputParser
 from memt_core.sampling_params import DEFAULT_MAX_NEW_TOKENS
-from memt_proxy.branches import BRANCH_TRIES, after_answer, find_shared, keep, plan_headerless, resumable
+from memt_proxy.branches import BRANCH_TRIES, HeaderlessPlan, after_answer, closed, find_shared, plan_headerless, resumable
 from memt_proxy.conversations import SNAPSHOTS_PER_CHAIN, ResponseRecord, ResponseRecords, Thread, session_name
 from memt_proxy.errors import BadRequest, Conflict, NotFound, ProxyError, Unavailable
 from memt_proxy.protocol import logprobs_content, logprobs_sampling
@@ -47,8 +46,8 @@ from memt_proxy.responses_protocol import (
     item_messages, message_item, new_id, reasoning_item, response_object, usage,
 )
 from memt_proxy.responses_stream import StreamedItems, replayed
-from memt_proxy.serving import MemoryTokens, RawStream, no_usage, request_digest
-from memt_proxy.sessions import HeldSession, PendingTurn, Sessions
+from memt_proxy.serving import RawStream, no_usage, request_digest
+from memt_proxy.sessions import HeldSession, PendingTurn, Sessions, SessionState
 from memt_proxy.structured import structure
 from memt_proxy.transcript import message_hash
 from memt_proxy.turn_plan import check_prefill, check_text_fits, continued_turn_ids, encode, forced_prefix, off_loop, prompt_ids
@@ -79,9 +78,8 @@ class Plan:
     raw: bool = False  # the answer is structured JSON, returned as it is (no markup to parse)
     saved: int = 0  # prompt tokens memory spared this request
     started: bool = False  # streams: the response began
-    answered_from: str | None = None  # header-less: the chain of the input's messages (``memt_proxy.branches``)
-    branch_head: str | None = None  # header-less: the chain of its earlier messages, the branch's head once committed
-    keep: Callable[[], None] | None = None  # header-less, no kept state: starts a new branch behind the answer
+    headerless: HeaderlessPlan | None = None  # an input carrying its history (``memt_proxy.branches``)
+    parent: SessionState | None = None  # header-less: the kept state the prompt reads
 
 
 class ResponsesService:
@@ -101,17 +99,18 @@ class ResponsesService:
         self.snapshots_per_chain = snapshots_per_chain
         self.headerless = headerless  # an input carrying its history resumes from memory (``memt_proxy.branches``)
         self.on_usage = no_usage  # as ChatService.on_usage: once per finished response
-        self.memory_tokens = MemoryTokens()
-        self._answers: OrderedDict[tuple[str, str], dict] = OrderedDict()  # (tenant, request digest) → response, for retries
+        self.memory_tokens = sessions.memory_tokens
+        self._answers: OrderedDict[tuple[str, str], tuple[str | None, dict]] = OrderedDict()  # (tenant, request digest) → (its key, response), for retries
 
     # ------------------------------------------------------------------ POST /v1/responses
 
-    async def create(self, request: ResponseRequest, *, tenant: str, stateless: bool = False, retry: bool = False) -> dict | AsyncIterator[dict]:
+    async def create(self, request: ResponseRequest, *, tenant: str, stateless: bool = False, retry: bool = False, key: str | None = None) -> dict | AsyncIterator[dict]:
         """A response object, or (``stream``) an iterator of Responses stream events; ``stateless`` (X-MemT-Memory:
         off): an input without conversation or previous_response_id is answered without memory. ``retry``: the
-        client says it sends this request again (the openai SDK's ``x-stainless-retry-count``): if an identical
-        request was answered on memory, that response is returned again and nothing is committed twice (an
-        identical input that is no retry is a new turn: "Next." may well be said twice)."""
+        client says it sends this request again (the openai SDK's ``x-stainless-retry-count``), as does a repeated
+        ``key`` (``Idempotency-Key``): if an identical request was answered on memory, that response is returned again
+        and nothing is committed twice (an identical input that is no retry is a new turn: "Next." may well be said
+        twice)."""
         ignored = request.checked()
         if ignored:
             log.info("ignoring request field(s): %s", ", ".join(ignored))
@@ -120,11 +119,11 @@ class ResponsesService:
         dumped = request.model_dump_json()
         request._size = len(dumped)  # decides where its prompt is prepared (``turn_plan.off_loop``)
         request._digest = request_digest(dumped)  # an identical retry is answered again, not run twice
-        request._retry = retry
-        if retry and (tenant, request._digest) in self._answers:
+        request._retry, request._key = retry, key
+        kept = self._answers.get((tenant, request._digest))
+        if kept is not None and _retried(request, kept[0]):
             log.info("an identical retry of a response: answered again")
-            body = self._answers[(tenant, request._digest)]
-            return replayed(body) if request.stream else body
+            return replayed(kept[1]) if request.stream else kept[1]
         items = await off_loop(request._size, lambda: InputItems.of(request.input).items)
         await self.sessions.check_upstream()
         if request.conversation_id is not None:
@@ -145,35 +144,37 @@ class ResponsesService:
 
     async def _headerless(self, request: ResponseRequest, items: list[dict], tenant: str):
         """An input with neither conversation nor previous_response_id, as a header-less chat request: resumed
-        from the deepest kept state of the history it carries (``memt_proxy.branches``)."""
+        from the deepest kept state of the history it carries, its next state forked behind the answer
+        (``memt_proxy.branches``). An input with system/developer messages is answered from its text and keeps
+        nothing: they sit among the items, where a kept state's message count cannot skip them."""
         messages = await off_loop(request._size, item_messages, items)
+        instructed = any(m["role"] in ("system", "developer") for m in messages)
         for attempt in range(BRANCH_TRIES):
             found = await off_loop(request._size, plan_headerless, messages, tenant, self.sessions.prefixes)
             find_shared(self.sessions, found)
-            if attempt == BRANCH_TRIES - 1:
-                found.found = None  # the states it found kept moving on: answered from the text, not kept
+            if attempt == BRANCH_TRIES - 1 or instructed:
+                found.found = None  # the states it found kept going away: answered from the text
             hold = contextlib.AsyncExitStack()
             handed_off = False
             try:
                 held = None
-                if found.found is not None and not any(m["role"] in ("system", "developer") for m in messages):
+                if found.found is not None:
                     try:
                         held = await hold.enter_async_context(self.sessions.turn(tenant, found.found.branch))
                         if not await resumable(self.sessions, held.state, found):
-                            continue  # the branch moved on: look again
+                            continue  # the state was closed meanwhile: look again
                     except ProxyError as exc:
                         if exc.status != 429:
                             raise
-                        held = None  # no room for the branch now: answered without memory
+                        held = None  # no room for the state now: answered without memory
                 if held is None:
                     plan = await self._planned(request, tenant, items, None, [], [], None)
-                    plan.answered_from = found.link
-                    if found.worth_keeping and not any(m["role"] in ("system", "developer") for m in messages):
-                        plan.keep = functools.partial(keep, self.sessions, tenant, found, functools.partial(self._history_ids, messages[: len(found.hashes)]))
+                    if not instructed:
+                        plan.headerless = found
                     return self._stream(plan, None, None) if request.stream else await self._run(plan, None)
                 plan = await self._planned(request, tenant, items, None, [], [], None, held=len(held.state.committed))
                 await held.start(with_answer=True)
-                plan.answered_from, plan.branch_head, plan.saved = found.link, found.head, self.memory_tokens.held(held.state)
+                plan.headerless, plan.parent, plan.saved = found, held.state, self.memory_tokens.held(held.state)
                 handed_off = True
                 return await self._answer(plan, held, hold)
             finally:
@@ -199,7 +200,7 @@ class ResponsesService:
                 result = await self._in_thread(request, items, tenant, thread, previous.id)
                 if result is not None:
                     return result
-            elif request._retry and thread is not None and (thread.answered or {}).get("digest") == request._digest:
+            elif thread is not None and (thread.answered or {}).get("digest") == request._digest and _retried(request, thread.answered.get("key")):
                 result = await self._in_thread(request, items, tenant, thread, thread.head)  # a retry of its latest
                 if result is not None:
                     return result
@@ -222,7 +223,7 @@ class ResponsesService:
         handed_off = False
         try:
             answered = thread.answered
-            if request._retry and answered and answered["digest"] == request._digest and thread.head == answered["id"]:
+            if answered and answered["digest"] == request._digest and thread.head == answered["id"] and _retried(request, answered.get("key")):
                 # a client's retry of the response that is this thread's latest (its answer lost on the way, or
                 # a timeout): the same response again, streamed if asked so, its turn not committed twice (issue 38)
                 log.info("an identical retry of %s on %s: answered again", answered["id"], thread.id)
@@ -400,10 +401,10 @@ class ResponsesService:
         messages = plan.context + plan.turn + item_messages(output)
         if thread is None:
             uncommitted, version, snapshot_of = messages, 0, None
-            self._headerless_after(plan, held, output)
+            self._headerless_after(plan, output, output_ids, bool(calls), incomplete)
         else:
-            thread.answered = {"digest": request._digest, "id": response_id, "body": body}
-            self._answers[(plan.tenant, request._digest)] = body
+            thread.answered = {"digest": request._digest, "key": request._key, "id": response_id, "body": body}
+            self._answers[(plan.tenant, request._digest)] = (request._key, body)
             while len(self._answers) > RETRIES_KEPT:
                 self._answers.popitem(last=False)
             await self._advance(plan, held, thread, response_id, messages, calls, output, output_ids, incomplete)
@@ -416,19 +417,19 @@ class ResponsesService:
             self.records.save(ResponseRecord(response_id, plan.tenant, body, plan.items, thread.id if thread else None, version, snapshot_of, uncommitted, calls if not incomplete else []))
         return body
 
-    async def _history_ids(self, messages: list[dict]) -> list[int]:
-        return self.chat_format.history_ids(messages)  # on the loop, as every prompt of this surface is made
-
-    def _headerless_after(self, plan: Plan, held: HeldSession | None, output: list[dict]) -> None:
-        """Header-less: remember the answered transcript; commit the history the input resumed with behind the answer."""
-        if plan.answered_from is None:
+    def _headerless_after(self, plan: Plan, output: list[dict], output_ids: list[int], calls: bool, incomplete: bool) -> None:
+        """Header-less: an answer forks the conversation's next state from the one the input read (or starts one, for a
+        conversation worth keeping; ``memt_proxy.branches``); function calls keep none (their results come next)."""
+        if plan.headerless is None:
             return
-        keep_branch, plan.keep = plan.keep, None
-        context = [message_hash(m) for m in plan.context] if held is not None and plan.context_ids else []
-        after_answer(
-            self.sessions, self.memory_tokens, plan.answered_from, item_messages(output), keep_branch, held,
-            plan.context_ids, context, plan.branch_head,
-        )
+        keep = not calls and (plan.parent is not None or plan.headerless.worth_keeping)
+        reply = closed(self._reply_ids(plan, output_ids), self.chat_format.tokenizer.eos_token_id, incomplete) if keep else []
+        written = plan.context_ids + plan.turn_ids + reply
+
+        async def ids() -> list[int]:
+            return written
+
+        after_answer(self.sessions, plan.headerless, item_messages(output), parent=plan.parent, keep=keep, ids=ids)
 
     def _reply_ids(self, plan: Plan, output_ids: list[int]) -> list[int]:
         """The answer as committed (``ChatFormat.reply_ids``): without the stray or malformed markup the
@@ -537,3 +538,8 @@ class ResponsesService:
 def _finish(body: dict) -> str:
     """The native finish reason as "stop" (an end token or stop string) or "length"."""
     return "stop" if (body["meta_info"].get("finish_reason") or {}).get("type") == "stop" else "length"
+
+
+def _retried(request: ResponseRequest, key: str | None) -> bool:
+    """Whether ``request`` is a client's retry of one answered under ``key``: it says so, or repeats that key."""
+    return request._retry or request._key is not None and request._key == key

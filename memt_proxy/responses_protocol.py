@@ -77,6 +77,7 @@ class ResponseRequest(BaseModel):
     _size: int = PrivateAttr(default=0)  # characters of its JSON, set by the service (where its prompt is prepared)
     _digest: str = PrivateAttr(default="")  # SHA-256 of that JSON, set by the service (an identical retry)
     _retry: bool = PrivateAttr(default=False)  # the client says it sends it again
+    _key: str | None = PrivateAttr(default=None)  # its Idempotency-Key
 
     @property
     def logprobs(self) -> bool:

@@ -33,9 +33,8 @@ def add_responses_routes(app: FastAPI, service: ResponsesService, inputs: Inputs
         memory = request.headers.get("x-memt-memory")
         if memory is not None and memory.lower() not in ("auto", "read", "off"):
             raise BadRequest("X-MemT-Memory must be one of auto, read, off", param="X-MemT-Memory")
-        retries = request.headers.get("x-stainless-retry-count", "0")
-        result = await service.create(body, tenant=tenant, stateless=memory is not None and memory.lower() == "off",
-                                      retry=retries.isdigit() and int(retries) > 0)
+        retry, key = inputs.retry(request)
+        result = await service.create(body, tenant=tenant, stateless=memory is not None and memory.lower() == "off", retry=retry, key=key)
         if isinstance(result, dict):
             return result
         return EventSourceResponse(_sse(result), sep="\n", ping=15)

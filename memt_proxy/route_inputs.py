@@ -25,6 +25,8 @@ from memt_proxy.errors import BadRequest, BodyTimeout, ProxyError, TooLarge, Una
 SESSION_HEADER = "X-MemT-Session"
 MEMORY_HEADER = "X-MemT-Memory"
 DIVERGENCE_HEADER = "X-MemT-On-Divergence"
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+IDEMPOTENCY_KEY_LIMIT = 255
 #: default --max-request-bytes: far above any chat a context window holds, far below what stalls a server
 DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024
 #: default --body-timeout: seconds a client has to send its whole body (408 past it)
@@ -57,6 +59,16 @@ class Inputs:
             return check_name(value, SESSION_HEADER)
         except InvalidRequest as exc:
             raise BadRequest(exc.message, param=SESSION_HEADER, code="invalid_session") from None
+
+    @staticmethod
+    def retry(request: Request) -> tuple[bool, str | None]:
+        """Whether the client says it sends this request again (the OpenAI SDKs' ``x-stainless-retry-count`` > 0),
+        and its ``Idempotency-Key`` (a request repeating the key of a kept answer is a retry too)."""
+        count = request.headers.get("x-stainless-retry-count", "0").strip()
+        key = request.headers.get(IDEMPOTENCY_HEADER)
+        if key is not None and not 0 < len(key) <= IDEMPOTENCY_KEY_LIMIT:
+            raise BadRequest(f"{IDEMPOTENCY_HEADER} must be 1 to {IDEMPOTENCY_KEY_LIMIT} characters", param=IDEMPOTENCY_HEADER)
+        return count.isdigit() and int(count) > 0, key
 
     async def json(self, request: Request) -> Any:
         """The request's JSON body, read and parsed within the bounds above."""

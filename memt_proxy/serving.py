@@ -24,17 +24,17 @@ import hashlib
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 from memt_core.client.chat_format import ChatFormat
 from memt_core.client.parsers import Delta, OutputParser, hold_partial
 from memt_core.sampling_params import DEFAULT_MAX_NEW_TOKENS
-from memt_proxy.branches import BRANCH_TRIES, after_answer, find_shared, keep, plan_headerless, resumable
+from memt_proxy.branches import BRANCH_TRIES, HeaderlessPlan, after_answer, closed, find_shared, plan_headerless, resumable
 from memt_proxy.errors import BadRequest, NotFound, ProxyError, Unavailable
 from memt_proxy.protocol import ChatCompletionRequest, NamedToolChoice, Usage, choice, chunk_body, completion_id, logprobs_content, logprobs_sampling, response_body
 from memt_proxy.sessions import HeldSession, MemoryFound, PendingTurn, Sessions, SessionState
 from memt_proxy.structured import structure
-from memt_proxy.transcript import Split, as_dict, check_turn, message_hash, split_transcript
+from memt_proxy.transcript import Split, as_dict, check_turn, message_hash, overlap, split_transcript
 from memt_proxy.turn_plan import check_prefill, check_text_fits, continued_turn_ids, encode, forced_prefix, off_loop, prompt_ids
 
 log = logging.getLogger("memt.proxy")
@@ -48,31 +48,6 @@ SEED_MODULUS = 1 << 63  # native seeds are in [0, 2**63); OpenAI's may be negati
 
 def no_usage(**usage) -> None:
     """The default ``on_usage``: nobody is counting."""
-
-
-class MemoryTokens:
-    """How many prompt tokens each session's memory holds, as written by this proxy: per native session,
-    ``(messages in memory, tokens written)``; a count is trusted only while the session's memory still
-    holds that many messages (an adopted, reset or failed-commit session counts 0 until written again)."""
-
-    LIMIT = 100_000  # sessions remembered (oldest forgotten first)
-
-    def __init__(self):
-        self._written: dict[str, tuple[int, int]] = {}
-
-    def held(self, state: SessionState | None) -> int:
-        if state is None:
-            return 0
-        messages, tokens = self._written.get(state.native, (None, 0))
-        return tokens if messages == len(state.committed) and state.committed else 0
-
-    def wrote(self, state: SessionState, messages: int, tokens: int) -> None:
-        """A commit of ``tokens`` is on its way; memory will then hold ``messages`` messages."""
-        total = self.held(state) + tokens
-        self._written.pop(state.native, None)  # re-inserted last: the most recently written are kept longest
-        self._written[state.native] = (messages, total)
-        while len(self._written) > self.LIMIT:
-            self._written.pop(next(iter(self._written)))
 
 
 @dataclass
@@ -95,9 +70,10 @@ class Prepared:
     raw: bool = False  # the answer is structured JSON, returned as it is (no markup to parse)
     saved: int = 0  # prompt tokens memory spared this request (``MemoryTokens``)
     kept: str | None = None  # the answer's text as it may be committed (``Parsed.text``; set by ``_message``)
-    answered_from: str | None = None  # header-less: the chain of the conversation sent (``memt_proxy.branches``)
-    branch_head: str | None = None  # header-less: the chain of the earlier messages, the branch's head once committed
-    keep: Callable[[], None] | None = None  # header-less, no kept state: starts a new branch behind the answer
+    headerless: HeaderlessPlan | None = None  # a conversation identified by its transcript (``memt_proxy.branches``)
+    opening: Callable[[], Awaitable[list[int]]] | None = None  # header-less, no kept state: its history and turn as committed
+    key: str | None = None  # the request's Idempotency-Key, kept with a committed turn's answer
+    follower: HeldSession | None = None  # a named session forking from the state the prompt reads: it follows (``_fork``)
 
 
 def request_digest(dumped: str) -> str:
@@ -137,10 +113,16 @@ class ChatService:
         self.on_divergence = on_divergence
         self.headerless = headerless  # requests without X-MemT-Session get memory too (``memt_proxy.branches``)
         self.on_usage = no_usage
-        self.memory_tokens = MemoryTokens()
+        self.memory_tokens = sessions.memory_tokens
 
-    async def complete(self, request: ChatCompletionRequest, *, tenant: str, session: str | None, memory: str | None, on_divergence: str | None = None) -> dict | AsyncIterator[dict]:
-        """A chat.completion body, or (``stream``) an iterator of chat.completion.chunk bodies."""
+    async def complete(
+        self, request: ChatCompletionRequest, *, tenant: str, session: str | None, memory: str | None, on_divergence: str | None = None,
+        retry: bool = False, key: str | None = None,
+    ) -> dict | AsyncIterator[dict]:
+        """A chat.completion body, or (``stream``) an iterator of chat.completion.chunk bodies. ``retry``: the client
+        says it sends this request again (the OpenAI SDKs' ``x-stainless-retry-count``); ``key``: its
+        ``Idempotency-Key``. A retry of a session's last committed turn gets its kept answer (``_replay``); the same
+        request without either is a regenerate: a new answer, which memory keeps in place of the old one."""
         ignored = request.validate_semantics()
         if ignored:
             log.info("ignoring request field(s): %s", ", ".join(ignored))
@@ -173,17 +155,53 @@ class ChatService:
         except BaseException:
             await held_until.aclose()
             raise
-        replayed = self._replay(request, state, digest)
+        replayed = self._replay(request, state, digest, retry, key)
         if replayed is not None:
             await held_until.aclose()
             return replayed
 
+        try:
+            forked = await self._fork(request, held, held_until, policy, divergence, len(dumped))
+        except BaseException:
+            await held_until.aclose()
+            raise
+
         async def prepare() -> Prepared:
-            prepared = await self._prepare_session(request, state, policy, divergence, len(dumped))
-            prepared.digest = digest
+            prepared = await (forked[1]() if forked is not None else self._prepare_session(request, state, policy, divergence, len(dumped)))
+            prepared.digest, prepared.key = digest, key
             return prepared
 
-        return await self._answer(request, held, held_until, prepare)
+        return await self._answer(request, held if forked is None else forked[0], held_until, prepare)
+
+    async def _fork(self, request: ChatCompletionRequest, held: HeldSession, held_until: contextlib.AsyncExitStack, policy: str, divergence: str, size: int):
+        """A request on a named session that does not continue its memory — a regenerate, an edit, another
+        conversation sent under the same name (an app's background task) — is answered from the deepest kept state
+        its earlier messages reach (``memt_proxy.branches``: the session keeps the state before each of its turns);
+        the session then follows it, a copy of that state with the turn written in (``Later.source``). Returns that
+        state, held, and the prompt's maker; or None: no fork (the request continues memory, the session refuses
+        divergence, or no state holds a prefix of it: then memory starts over from the request's history)."""
+        state = held.state
+        if divergence in STRICT or policy != "auto" or not state.committed or not state.history_known:
+            return None
+        plan = await off_loop(size, plan_headerless, request.messages, state.tenant, self.sessions.prefixes)
+        if plan.found is None or overlap(plan.hashes, state.committed):
+            return None  # nothing kept to fork from, or the request continues memory
+        try:
+            origin = await held_until.enter_async_context(self.sessions.turn(state.tenant, plan.found.branch))
+        except ProxyError as exc:
+            if exc.status != 429:
+                raise
+            return None
+        if not await resumable(self.sessions, origin.state, plan):
+            return None
+        log.info("%s forks from a kept state of %d messages", state.native, len(origin.state.committed))
+
+        async def prepare() -> Prepared:
+            prepared = await off_loop(size, self._prepare_split, request, origin.state, policy, plan.hashes)
+            prepared.follower = held
+            return prepared
+
+        return origin, prepare
 
     async def _answer(self, request: ChatCompletionRequest, held: HeldSession, held_until: contextlib.AsyncExitStack, prepare) -> dict | AsyncIterator[dict]:
         """Answer on a held session with the prompt ``prepare()`` makes; the session is let go when the answer
@@ -214,45 +232,50 @@ class ChatService:
 
     async def _headerless(self, request: ChatCompletionRequest, tenant: str, policy: str, size: int) -> dict | AsyncIterator[dict]:
         """A conversation without X-MemT-Session, identified by its transcript (``memt_proxy.branches``): resumed
-        from the deepest kept state its earlier messages reach, which then commits them behind the answer; with
-        none, a new branch when the conversation is worth keeping, else a plain generation."""
+        from the deepest kept state its earlier messages reach; with none, a plain generation. Behind the answer
+        the conversation's next state is forked (``_after``)."""
         for attempt in range(BRANCH_TRIES):
             plan = await off_loop(size, plan_headerless, request.messages, tenant, self.sessions.prefixes)
             find_shared(self.sessions, plan)
             if attempt == BRANCH_TRIES - 1:
-                plan.found = None  # the states it found kept moving on: answered from the text, not kept
+                plan.found = None  # the states it found kept going away: answered from the text
             held_until = contextlib.AsyncExitStack()
             try:
                 held = None if plan.found is None else await held_until.enter_async_context(self.sessions.turn(tenant, plan.found.branch))
                 if held is not None and not await resumable(self.sessions, held.state, plan):
-                    await held_until.aclose()  # the branch moved on (another conversation continued it): look again
+                    await held_until.aclose()  # the state was closed meanwhile: look again
                     continue
             except ProxyError as exc:
                 await held_until.aclose()
                 if exc.status != 429:
                     raise
-                held = None  # no room for the branch now (every state in use): answered without memory
+                held = None  # no room for the state now (every state in use): answered without memory
                 plan.found = None
             except BaseException:
                 await held_until.aclose()
                 raise
             if held is None:
                 prepared = await off_loop(size, self._prepare_stateless, request)
-                prepared.answered_from = plan.link
-                if policy == "auto" and plan.worth_keeping:
-                    earlier = [as_dict(m) for m in request.messages if m.role not in ("system", "developer")][: len(plan.hashes)]
-                    prepared.keep = functools.partial(keep, self.sessions, tenant, plan, lambda: off_loop(size, self.chat_format.history_ids, earlier))
+                prepared.headerless = plan
+                plan.worth_keeping = plan.worth_keeping and policy == "auto"
+                conversation = [as_dict(m) for m in request.messages if m.role not in ("system", "developer")]
+                earlier, turn = conversation[: len(plan.hashes)], conversation[len(plan.hashes):]
+                prepared.opening = functools.partial(off_loop, size, self._opening_ids, earlier, turn, prepared)
                 if request.stream:
                     return self._stream(request, prepared, None, None)
                 return await self._run(request, prepared, None)
 
             async def prepare() -> Prepared:
                 prepared = await off_loop(size, self._prepare_split, request, held.state, policy, plan.hashes)
-                prepared.answered_from, prepared.branch_head = plan.link, plan.head
+                prepared.headerless = plan
                 return prepared
 
             return await self._answer(request, held, held_until, prepare)
         raise AssertionError("unreachable: the last attempt answers without memory")
+
+    def _opening_ids(self, earlier: list[dict], turn: list[dict], prepared: Prepared) -> list[int]:
+        """A conversation's history and open turn as a session would commit them (its answer's ids follow)."""
+        return self.chat_format.history_ids(earlier) + self.chat_format.open_turn_ids(turn, enable_thinking=prepared.thinking) + encode(self.chat_format, prepared.prefix)
 
     def _options(self, request: ChatCompletionRequest) -> tuple[bool, list | None, str, bool]:
         thinking = self.default_thinking
@@ -315,7 +338,8 @@ class ChatService:
 
     async def _prepare_session(self, request: ChatCompletionRequest, state: SessionState, policy: str, on_divergence: str, size: int) -> Prepared:
         try:
-            return await off_loop(size, self._prepare_split, request, state, policy)
+            if not _regenerates(request, state):
+                return await off_loop(size, self._prepare_split, request, state, policy)
         except ProxyError as exc:
             if exc.code != "transcript_diverged" or on_divergence in STRICT:
                 raise
@@ -417,21 +441,19 @@ class ChatService:
             log.exception("on_usage failed")
 
     async def _after(self, prepared: Prepared, held: HeldSession | None, output_ids: list[int], message: dict, finish: str) -> None:
-        """Record a pending tool round, or commit the completed turn (policy auto); header-less, commit the
-        history the request resumed with (``memt_proxy.branches``)."""
-        if prepared.answered_from is not None:
-            context = prepared.split.context_hashes if prepared.split is not None else []
-            after_answer(
-                self.sessions, self.memory_tokens, prepared.answered_from, [message], prepared.keep,
-                held if prepared.policy == "auto" else None, prepared.context_ids, context, prepared.branch_head,
-            )
+        """Record a pending tool round, or commit the completed turn (policy auto); header-less, fork the
+        conversation's next state (``memt_proxy.branches``)."""
+        if prepared.headerless is not None:
+            self._fork_after(prepared, held, output_ids, message, finish)
             return
         if held is None:
             return
         state = held.state
+        follower = prepared.follower
         turn = [as_dict(m) for m in prepared.split.turn]
         if finish == "tool_calls":
-            self.sessions.set_pending(state, PendingTurn([message_hash(m) for m in turn] + [message_hash(message)], prepared.turn_ids + output_ids, prepared.thinking))
+            if follower is None:  # a fork's tool round forks again with its results
+                self.sessions.set_pending(state, PendingTurn([message_hash(m) for m in turn] + [message_hash(message)], prepared.turn_ids + output_ids, prepared.thinking))
             return
         if prepared.policy != "auto" or finish != "stop":
             self.sessions.set_pending(state, None)  # the turn ended without a commit (read-only, or a truncated reply)
@@ -444,18 +466,42 @@ class ChatService:
         )
         # committed behind the answer: the app has it first, and the session's next request waits for the commit
         reply_ids = self._reply_ids(prepared, output_ids)
-        held.commit_turn_later(prepared.context_ids, prepared.turn_ids + reply_ids, committed)
-        self.memory_tokens.wrote(state, len(committed), len(prepared.context_ids) + len(prepared.turn_ids) + len(reply_ids))
         usage = Usage(prompt_tokens=len(prepared.prompt), completion_tokens=len(output_ids), total_tokens=len(prepared.prompt) + len(output_ids))
         # the version the session has once that commit is published (a failed one leaves nothing to replay); kept in
-        # the session's record with that commit, so an identical retry reaching a restarted proxy gets it too
-        state.last_turn = {"digest": prepared.digest, "version": state.version + 1, "message": message, "finish": finish, "usage": usage.model_dump()}
+        # the session's record with that commit, so a client's retry reaching a restarted proxy gets it too
+        answered = {"digest": prepared.digest, "key": prepared.key, "version": state.version + 1, "message": message, "finish": finish, "usage": usage.model_dump()}
+        if follower is not None:  # the named session becomes a copy of the state read (version 0), then this turn
+            follower.commit_turn_later(prepared.context_ids, prepared.turn_ids + reply_ids, committed, source=state.name)
+            follower.state.last_turn = {**answered, "version": 1}
+            return
+        held.commit_turn_later(prepared.context_ids, prepared.turn_ids + reply_ids, committed, keep_parent=True)
+        self.memory_tokens.wrote(state, len(committed), len(prepared.context_ids) + len(prepared.turn_ids) + len(reply_ids))
+        state.last_turn = answered
 
-    def _replay(self, request: ChatCompletionRequest, state: SessionState, digest: str) -> dict | AsyncIterator[dict] | None:
-        """The kept answer when ``request`` repeats the session's last committed turn exactly (e.g. the
-        openai SDK retrying after the answer was lost): nothing is generated or committed again."""
+    def _fork_after(self, prepared: Prepared, held: HeldSession | None, output_ids: list[int], message: dict, finish: str) -> None:
+        """Header-less: a completed answer (policy auto) forks the conversation's next state from the one the request
+        read (or starts one, for a conversation worth keeping); a tool call keeps none (its results come next)."""
+        plan = prepared.headerless
+        keep = finish in ("stop", "length") and (prepared.policy == "auto" if held is not None else plan.worth_keeping)
+        reply = closed(self._reply_ids(prepared, output_ids), self.chat_format.tokenizer.eos_token_id, finish == "length") if keep else []
+        if held is not None:
+            lacking = prepared.context_ids + prepared.turn_ids
+
+            async def ids() -> list[int]:
+                return lacking + reply
+        else:
+            async def ids() -> list[int]:
+                return await prepared.opening() + reply
+        after_answer(self.sessions, plan, [message], parent=held.state if held is not None else None, keep=keep, ids=ids)
+
+    def _replay(self, request: ChatCompletionRequest, state: SessionState, digest: str, retry: bool, key: str | None) -> dict | AsyncIterator[dict] | None:
+        """The kept answer when a client's retry (``retry``, or the ``key`` the kept answer was given under) repeats
+        the session's last committed turn exactly (e.g. the openai SDK after the answer was lost): nothing is
+        generated or committed again."""
         last = state.last_turn
         if not last or last.get("version") != state.version or last.get("digest") != digest:
+            return None
+        if not (retry or key is not None and last.get("key") == key):
             return None
         log.info("an identical retry of the last committed turn of %s: answered again, not committed twice", state.native)
         usage = Usage(**last["usage"])
@@ -551,6 +597,16 @@ class ChatService:
         if not prepared.started:
             prepared.started = True
             asyncio.get_running_loop().create_task(held_until.aclose())
+
+
+def _regenerates(request: ChatCompletionRequest, state: SessionState) -> bool:
+    """Whether a request sending only its turn asks again the one turn memory holds (a regenerate of a first answer):
+    then memory starts over from it. With more in memory, the same message is a new turn (an app that sends only
+    new messages may well say "Next." twice)."""
+    conversation = [m for m in request.messages if m.role not in ("system", "developer")]
+    if len(conversation) != 1 or not state.history_known or len(state.committed) != 2:
+        return False
+    return state.committed[0] == message_hash(conversation[0])
 
 
 def _structured(request: ChatCompletionRequest, prefix: str) -> bool:

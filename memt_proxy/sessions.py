@@ -87,6 +87,7 @@ from memt_proxy.session.state import (
     MAX_SESSIONS,
     SHUTDOWN_COMMIT_WAIT,
     MemoryFound,
+    MemoryTokens,
     PendingTurn,
     SessionState,
     SessionTable,
@@ -142,7 +143,8 @@ class Sessions(Upstream, Leases, Placement, Writes):
         self.offloads = 0  # native sessions offloaded to make room, since start
         self.restores = 0  # offloaded sessions restored, since start
         self.writes = 0  # memory writes published, since start
-        self.prefixes = PrefixIndex()  # header-less branches' heads (``memt_proxy.branches``), as recorded
+        self.memory_tokens = MemoryTokens()  # the prompt tokens each session's memory spares, for every surface
+        self.prefixes = PrefixIndex()  # header-less states (``memt_proxy.branches``), as recorded
         for branch in self.records.branches():
             self.prefixes.move(branch["name"], branch["head"])
         self.branches_closed = 0  # header-less branches closed to make room, since start

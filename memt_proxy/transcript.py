@@ -91,8 +91,8 @@ def split_transcript(messages: list[Message], committed: list[str], *, history_k
     earlier, turn = conversation[:last_user], conversation[last_user:]
     if hashes is None or len(hashes) != len(earlier):
         hashes = [message_hash(m) for m in earlier]
-    overlap = _overlap(hashes, committed)
-    if earlier and overlap == 0 and (committed or not history_known):
+    held = overlap(hashes, committed)
+    if earlier and held == 0 and (committed or not history_known):
         raise Conflict(
             "the transcript does not continue this session's memory: its earlier messages differ from what was "
             "committed (edited history, or another conversation on the same session). Reset the session "
@@ -100,10 +100,10 @@ def split_transcript(messages: list[Message], committed: list[str], *, history_k
             param="messages",
             code="transcript_diverged",
         )
-    return Split(instructions=instructions, committed=overlap, context=earlier[overlap:], turn=turn, context_hashes=hashes[overlap:])
+    return Split(instructions=instructions, committed=held, context=earlier[held:], turn=turn, context_hashes=hashes[held:])
 
 
-def _overlap(hashes: list[str], committed: list[str]) -> int:
+def overlap(hashes: list[str], committed: list[str]) -> int:
     """Largest j such that the first j incoming messages equal the last j committed ones. Only the places
     where the first incoming message was committed can start a match, so a resent transcript costs one
     comparison per such place (usually one), not one per possible length."""

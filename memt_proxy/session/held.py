@@ -11,7 +11,7 @@ from memt_core.client.native import new_nonce, new_transaction
 from memt_core.client.turns import MemoryWrite
 from memt_core.errors import Conflict, LeaseConflict, UnknownSession
 from memt_proxy.errors import NotFound, ProxyError
-from memt_proxy.session.state import LeaseTaken, MemoryFound, SessionState
+from memt_proxy.session.state import Later, LeaseTaken, MemoryFound, SessionState
 
 if TYPE_CHECKING:
     from memt_proxy.sessions import Sessions
@@ -26,7 +26,7 @@ class HeldSession:
         self.sessions = sessions
         self.state = state
         self.lease: str | None = None
-        self.later: tuple[list[list[int]], list[str]] | None = None  # a commit left for after the request
+        self.later: Later | None = None  # a write left for after the request
         self.kept = False  # the lease was kept from an earlier request (it may have lapsed since)
         self.deferred = False  # the lease is taken while the answer is generated (``start(with_answer=True)``)
         self.creating = False  # the native session too (``start(create=True)``)
@@ -177,14 +177,11 @@ class HeldSession:
             self.lease = None
             raise
 
-    def commit_turn_later(self, context_ids: list[int], turn_ids: list[int], committed: list[str]) -> None:
+    def commit_turn_later(self, context_ids: list[int], turn_ids: list[int], committed: list[str], *, keep_parent: bool = False, source: str | None = None) -> None:
         """``commit_turn``, done once the request lets the session go (its answer is out by then); the session's
-        next request waits for it. If it fails, memory stays as it was (see the module docstring)."""
-        self.write_later(([context_ids] if context_ids else []) + self.sessions.pieces(turn_ids), committed)
-
-    def write_later(self, commits: list[list[int]], committed: list[str]) -> None:
-        """Write ``commits`` (one transaction) once the request lets the session go; memory then holds ``committed``."""
-        self.later = (commits, committed)
+        next request waits for it. If it fails, memory stays as it was (see the module docstring). ``keep_parent``
+        and ``source``: see ``Later``."""
+        self.later = Later(([context_ids] if context_ids else []) + self.sessions.pieces(turn_ids), committed, keep_parent, source)
 
     async def find(self, session: str) -> dict | None:
         """Adopt the session if it exists upstream; bring it back if its memory is kept elsewhere — offloaded by

@@ -10,8 +10,9 @@ from memt_core.client.errors import MemTClientError
 from memt_core.client.native import new_nonce, new_transaction
 from memt_core.client.turns import MemoryWrite
 from memt_core.errors import SessionExists, UnknownSession
-from memt_proxy.errors import ProxyError
-from memt_proxy.session.state import OFFLOAD_PREFIX, OFFLOAD_TRIES, PendingTurn, SessionState, native_session_id, offload_file
+from memt_proxy.errors import Conflict, ProxyError, Unavailable
+from memt_proxy.prefix_index import chain
+from memt_proxy.session.state import OFFLOAD_PREFIX, OFFLOAD_TRIES, PendingTurn, SessionState, native_session_id, new_branch_name, offload_file
 
 log = logging.getLogger("memt.proxy")
 
@@ -34,13 +35,71 @@ class Placement:
         self.records.delete(state.native)  # a record from an earlier life of this id (before an upstream restart)
         state.exists, state.version, state.committed, state.history_known = True, 0, [], True
 
-    async def _create(self, state: SessionState) -> bool:
-        """Create the native session (True), or find it exists (False: made earlier, or restored from the
-        upstream's snapshot store, so adopted at its version); when the upstream is full, offload
-        idle sessions to make room (up to ``OFFLOAD_TRIES``) before passing its 429 on."""
+    async def copy(self, state: SessionState, source: SessionState, lease: str) -> None:
+        """Create ``state``'s native session as a copy of ``source``'s published memory (``lease``: ``source``'s):
+        it then holds what ``source`` holds, at version 0, until its first write."""
+        if not await self._create(state, source=source.native, source_lease=lease):
+            raise Conflict(f"session {state.native} exists already", code="session_exists")
+        state.exists, state.version, state.committed, state.history_known = True, 0, list(source.committed), True
+
+    async def keep_parent(self, state: SessionState) -> None:
+        """Before a named chat session's memory changes (its lock and lease held): what it holds kept as a state of its
+        own, found by the chain of its messages (``memt_proxy.branches``), so that a request diverging from the change
+        — a regenerate, an edit, an app's background task between turns — forks from it instead of starting over.
+        Best effort: without room, or for a history the proxy does not know, nothing is kept."""
+        if not (state.exists and state.committed and state.history_known and state.lease is not None):
+            return
+        link = chain(state.tenant, state.committed)[-1]
+        if not self.prefixes.reserve(link):
+            return  # kept already (the session forked from it, or a conversation without a header holds the same)
+        try:
+            async with self.turn(state.tenant, new_branch_name()) as held:
+                parent = held.state
+                self.prefixes.move(parent.name, link)
+                try:
+                    await self.make_branch_room(parent)
+                    await self.copy(parent, state, state.lease)
+                    self.memory_tokens.copied(parent, state)
+                    self._record(parent, self.records.save, parent.committed)
+                    self.move_head(parent, link)
+                except ProxyError as exc:
+                    log.info("the state before a turn of %s is not kept (%s)", state.native, exc.message)
+                    self.prefixes.drop(parent.name)
+                    if parent.exists:
+                        await self.close_branch(parent)
+        except ProxyError as exc:
+            log.info("the state before a turn of %s is not kept (%s)", state.native, exc.message)
+        finally:
+            self.prefixes.made(link)
+
+    async def rebuild(self, state: SessionState, source: str) -> None:
+        """Make a named session's memory a copy of the kept state ``source`` (the session's lock held): a request that
+        diverged from what the session held was answered from that state, and the session now follows it. A
+        failure leaves the session to be adopted again (``settle``)."""
+        async with self.turn(state.tenant, source) as held:
+            origin = held.state
+            if not (origin.exists and origin.history_known):
+                raise Unavailable("the state the session forks from is gone", code="state_gone")
+            lease = await self.lease_of(origin)
+            if state.exists:
+                own = await self.lease_of(state)
+                state.drop_lease()
+                await self.call(self.client.control, "close", state.native, lease=own)
+            self.records.forget_offload(state.native)
+            answered = state.last_turn  # the answer of the turn about to be written (its retry gets it again)
+            state.forget()
+            state.last_turn = answered
+            await self.copy(state, origin, lease)
+            self.memory_tokens.copied(state, origin)
+        await self.acquire(state)
+
+    async def _create(self, state: SessionState, **fields) -> bool:
+        """Create the native session (``fields``: a copy's ``source`` and ``source_lease``), or find it exists (False:
+        made earlier, or restored from the upstream's snapshot store, so adopted at its version); when the upstream
+        is full, offload idle sessions to make room (up to ``OFFLOAD_TRIES``) before passing its 429 on."""
         for attempt in range(OFFLOAD_TRIES + 1):
             try:
-                created = await self.client.control("create", state.native, memory_read=True)
+                created = await self.client.control("create", state.native, memory_read=True, **fields)
                 # a core with a snapshot store restored it (after a crash, or from another node): it is not new
                 return not created.get("restored_version")
             except MemTClientError as exc:
@@ -139,18 +198,19 @@ class Placement:
             log.warning("restoring offloaded %s from %s failed (%s); it starts with empty memory", state.native, offloaded["file"], exc.message)
             state.version, state.committed, state.history_known = 0, [], True
         self.records.forget_offload(state.native)
-        await self._delete_offload_file(offloaded["file"])
+        await self._delete_offload_file(offloaded["file"], state, lease)
         if offloaded.get("pending") is not None and state.committed == (offloaded["committed"] or []):
             self.set_pending(state, PendingTurn(**offloaded["pending"]))
         self.restores += 1
 
-    async def _delete_offload_file(self, file: str) -> None:
-        """Delete an offload snapshot once nothing needs it (a snapshot named by its content, as earlier proxies
-        made them, may be shared and stays). An upstream without the ``delete_snapshot`` extension keeps it."""
+    async def _delete_offload_file(self, file: str, state: SessionState, lease: str) -> None:
+        """Delete an offload snapshot once nothing needs it, in the lease of the session restored from it (a snapshot
+        named by its content, as earlier proxies made them, may be shared and stays). An upstream without the
+        ``delete_snapshot`` extension (or serving the spec strictly) keeps it."""
         if not file.startswith(OFFLOAD_PREFIX):
             return
         try:
-            await self.client.control("delete_snapshot", file=file)
+            await self.client.control("delete_snapshot", state.native, lease=lease, file=file)
         except MemTClientError as exc:
             log.info("offload snapshot %s not deleted: %s", file, exc.message)
 

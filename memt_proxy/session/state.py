@@ -2,7 +2,7 @@
 
 Constants of the session layer, the native session ID and snapshot-file mappings (tenant-scoped), a
 session's ``SessionState`` and ``PendingTurn``, the ``SessionTable`` (least recently used idle state
-dropped to make room) and the two internal signals ``LeaseTaken`` and ``MemoryFound``.
+dropped to make room), ``MemoryTokens`` (the prompt tokens each session's memory spares) and the two internal signals ``LeaseTaken`` and ``MemoryFound``.
 """
 
 from __future__ import annotations
@@ -30,6 +30,11 @@ RELEASE_WAIT = 10.0  # seconds a release retries while a cancelled query is stil
 OFFLOAD_TRIES = 16
 SNAPSHOT_NAME_LIMIT = 207  # the native snapshot-name grammar's longest name
 BRANCH_PREFIX = "~"  # header-less branches' session names start with it: no X-MemT-Session can
+
+
+def new_branch_name() -> str:
+    """A name for a kept state of a conversation (``memt_proxy.branches``): outside the client's name grammar."""
+    return BRANCH_PREFIX + secrets.token_hex(12)
 
 
 def native_session_id(tenant: str, session: str) -> str:
@@ -94,8 +99,8 @@ class SessionState:
 
     @property
     def empty(self) -> bool:
-        """The native session's memory is the empty one it was created with (never published to)."""
-        return self.exists and self.version == 0
+        """The native session's memory is the empty one it was created with (never published to, and no copy)."""
+        return self.exists and self.version == 0 and not self.committed
 
     @property
     def blank(self) -> bool:
@@ -116,6 +121,49 @@ class SessionState:
             self.keeper.cancel()
             self.keeper = None
         return lease
+
+
+class MemoryTokens:
+    """How many prompt tokens each session's memory holds, as written by this proxy (one count for every surface): per native session,
+    ``(messages in memory, tokens written)``; a count is trusted only while the session's memory still
+    holds that many messages (an adopted, reset or failed-commit session counts 0 until written again)."""
+
+    LIMIT = 100_000  # sessions remembered (oldest forgotten first)
+
+    def __init__(self):
+        self._written: dict[str, tuple[int, int]] = {}
+
+    def held(self, state: SessionState | None) -> int:
+        if state is None:
+            return 0
+        messages, tokens = self._written.get(state.native, (None, 0))
+        return tokens if messages == len(state.committed) and state.committed else 0
+
+    def wrote(self, state: SessionState, messages: int, tokens: int) -> None:
+        """A commit of ``tokens`` is on its way; memory will then hold ``messages`` messages."""
+        total = self.held(state) + tokens
+        self._written.pop(state.native, None)  # re-inserted last: the most recently written are kept longest
+        self._written[state.native] = (messages, total)
+        while len(self._written) > self.LIMIT:
+            self._written.pop(next(iter(self._written)))
+
+    def copied(self, state: SessionState, source: SessionState) -> None:
+        """``state``'s memory was made a copy of ``source``'s: it holds what that held."""
+        tokens = self.held(source)
+        if tokens:
+            self._written[state.native] = (len(source.committed), tokens)
+
+
+@dataclass
+class Later:
+    """A write left for after the request (``HeldSession.commit_turn_later``): ``commits`` (one transaction), after which
+    memory holds ``committed``. ``keep_parent``: what memory held before is kept as a state of its own first (a named
+    chat session's fork point); ``source``: memory is first made a copy of that kept state (a fork from it)."""
+
+    commits: list[list[int]]
+    committed: list[str]
+    keep_parent: bool = False
+    source: str | None = None
 
 
 class SessionTable:

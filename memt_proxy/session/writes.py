@@ -21,7 +21,7 @@ from memt_core.client.turns import (
     WaitStep,
 )
 from memt_proxy.errors import ProxyError, Unavailable
-from memt_proxy.session.state import COMMIT_CAPACITY_WAIT, PendingTurn, SessionState
+from memt_proxy.session.state import COMMIT_CAPACITY_WAIT, Later, PendingTurn, SessionState
 
 log = logging.getLogger("memt.proxy")
 
@@ -137,18 +137,23 @@ class Writes:
         await self.call(self.client.control, "reset", state.native, lease=lease)
         self.changed(state, [])
 
-    def _commit_behind(self, state: SessionState, commits: tuple[list[list[int]], list[str]]) -> None:
+    def _commit_behind(self, state: SessionState, later: Later) -> None:
         """Write a turn's commits in a task of the session's own, which holds the lock (taken over from the
         request) and a use of the state until the write ends, so its next request waits for it."""
         state.users += 1
-        task = asyncio.get_running_loop().create_task(self._write_behind(state, *commits))
+        task = asyncio.get_running_loop().create_task(self._write_behind(state, later))
         state.committing = task
         self.behind.add(task)
         task.add_done_callback(self.behind.discard)
 
-    async def _write_behind(self, state: SessionState, commits: list[list[int]], committed: list[str]) -> None:
+    async def _write_behind(self, state: SessionState, later: Later) -> None:
+        commits, committed = later.commits, later.committed
         try:
             try:
+                if later.source is not None:
+                    await self.rebuild(state, later.source)
+                elif later.keep_parent:
+                    await self.keep_parent(state)
                 await self.write(state, state.lease, commits, committed)
             except ProxyError as exc:
                 # the app resends this turn in its transcript, and it is committed with the next one

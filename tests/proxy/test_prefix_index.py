@@ -58,13 +58,26 @@ def test_plan_resumes_from_the_earlier_messages_only_and_skips_instructions():
     index.move("b", links[1])
     plan = plan_headerless(conversation, "t", index)
     assert plan.found.depth == 2 and plan.found.branch == "b" and plan.hashes == hashes[:2]
-    assert plan.head == links[1] and plan.link == links[2]
+    assert plan.links == tuple(links[:2]) and plan.link == links[2] and plan.conversation == tuple(hashes)
     assert plan_headerless(conversation, "other", index).found is None  # another tenant's chain
     # the turn itself is never part of what is found: the same history with a new question finds the same state
     assert plan_headerless(conversation[:-1] + messages(("user", "u2'")), "t", index).found.depth == 2
     # no session turn: nothing found, nothing kept
     ending = plan_headerless(conversation[:-1], "t", index)
     assert ending.found is None and not ending.worth_keeping
+
+
+def test_a_state_is_made_once_per_transcript():
+    """``reserve`` claims the making of a state: refused while one is being made or kept for the same chain."""
+    index = PrefixIndex()
+    assert index.reserve("c1") and not index.reserve("c1")
+    index.made("c1")
+    assert index.reserve("c1")
+    index.move("b", "c1")
+    index.made("c1")
+    assert not index.reserve("c1")  # kept
+    index.drop("b")
+    assert index.reserve("c1")
 
 
 def test_branch_records_survive_a_new_store_and_go_with_the_session(tmp_path):

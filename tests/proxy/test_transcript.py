@@ -8,7 +8,7 @@ import pytest
 
 from memt_proxy.errors import ProxyError
 from memt_proxy.protocol import Message
-from memt_proxy.transcript import _canonical, _overlap, as_dict, message_hash, split_transcript
+from memt_proxy.transcript import _canonical, overlap, as_dict, message_hash, split_transcript
 
 
 def msgs(*pairs) -> list[Message]:
@@ -121,15 +121,15 @@ def test_app_that_dropped_old_messages_still_matches():
     assert split.committed == 2 and split.context == []
 
 
-def test_overlap_is_the_longest_match():
+def testoverlap_is_the_longest_match():
     """The longest run of incoming messages that ends what was committed, also among repeated messages."""
-    assert _overlap(list("abab" "c"), list("abab")) == 4
-    assert _overlap(list("ab"), list("abab")) == 2  # a window of the last exchange
-    assert _overlap(list("abx"), list("abab")) == 2
-    assert _overlap(list("aaab"), list("aaa")) == 3
-    assert _overlap(list("aab"), list("aaa")) == 2
-    assert _overlap(list("ba"), list("abab")) == 1 and _overlap(list("ca"), list("abab")) == 0
-    assert _overlap([], list("ab")) == 0 and _overlap(list("ab"), []) == 0
+    assert overlap(list("abab" "c"), list("abab")) == 4
+    assert overlap(list("ab"), list("abab")) == 2  # a window of the last exchange
+    assert overlap(list("abx"), list("abab")) == 2
+    assert overlap(list("aaab"), list("aaa")) == 3
+    assert overlap(list("aab"), list("aaa")) == 2
+    assert overlap(list("ba"), list("abab")) == 1 and overlap(list("ca"), list("abab")) == 0
+    assert overlap([], list("ab")) == 0 and overlap(list("ab"), []) == 0
 
 
 def test_instructions_are_separated_and_never_matched():
