@@ -107,7 +107,7 @@ def create_app(
     add_chat_routes(app, service, inputs, metrics)
     add_session_routes(app, service, inputs)
     if responses is not None:
-        add_responses_routes(app, responses, inputs)
+        add_responses_routes(app, responses, inputs, metrics)
     return app
 
 

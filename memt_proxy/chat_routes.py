@@ -36,4 +36,4 @@ def add_chat_routes(app: FastAPI, service: ChatService, inputs: Inputs, metrics:
         )
         if isinstance(result, dict):
             return result
-        return EventSourceResponse(sse(result, metrics.observe_error), sep="\n", ping=15)
+        return EventSourceResponse(sse(result, metrics.observe_stream_error), sep="\n", ping=15)

@@ -78,6 +78,7 @@ class ProxyMetrics:
         self.completion_tokens = Counter("memt_proxy_completion_tokens", "Tokens generated", ["memory"], registry=registry)
         self.saved_tokens = Counter("memt_proxy_memory_saved_tokens", "Prompt tokens not sent because memory holds them", registry=registry)
         self.upstream_errors = Counter("memt_proxy_upstream_errors", "Errors of the upstream MemT server by kind", ["kind"], registry=registry)
+        self.stream_errors = Counter("memt_proxy_stream_errors", "Errors sent in a stream after its 200 (an error event), by code", ["code"], registry=registry)
 
     def observe_usage(self, *, prompt_tokens: int, completion_tokens: int, saved_tokens: int, memory: bool) -> None:
         """``ChatService.on_usage``: one finished completion."""
@@ -91,6 +92,11 @@ class ProxyMetrics:
         """An error answered to a client (as a response or a stream's error frame)."""
         if is_upstream(error):
             self.upstream_errors.labels(error.code or error.type).inc()
+
+    def observe_stream_error(self, error: ProxyError) -> None:
+        """An error sent in a stream that had begun with a 200: the access log and the request counter say 200."""
+        self.stream_errors.labels(error.code or error.type).inc()
+        self.observe_error(error)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -36,7 +36,6 @@ from typing import AsyncIterator
 
 from memt_core.client.chat_format import ChatFormat
 from memt_core.client.parsers import OutputParser
-from memt_core.sampling_params import DEFAULT_MAX_NEW_TOKENS
 from memt_proxy.branches import BRANCH_TRIES, HeaderlessPlan, after_answer, closed, find_shared, plan_headerless, resumable
 from memt_proxy.conversations import SNAPSHOTS_PER_CHAIN, ResponseRecord, ResponseRecords, Thread, session_name
 from memt_proxy.errors import BadRequest, Conflict, NotFound, ProxyError, Unavailable
@@ -50,7 +49,7 @@ from memt_proxy.serving import RawStream, no_usage, request_digest
 from memt_proxy.sessions import HeldSession, PendingTurn, Sessions, SessionState
 from memt_proxy.structured import structure
 from memt_proxy.transcript import message_hash
-from memt_proxy.turn_plan import check_prefill, check_text_fits, continued_turn_ids, encode, forced_prefix, off_loop, prompt_ids
+from memt_proxy.turn_plan import check_prefill, check_text_fits, continued_turn_ids, encode, fit_output, forced_prefix, off_loop, prompt_ids
 
 log = logging.getLogger("memt.proxy")
 
@@ -315,7 +314,7 @@ class ResponsesService:
         plan.prompt = prompt_ids(self.chat_format, request.instructions, tools, plan.context_ids, plan.turn_ids)
         check_prefill(plan.prompt, self.sessions.max_prefill_tokens, "input")
         plan.sampling = dict(self.chat_format.default_sampling())
-        plan.sampling["max_new_tokens"] = request.max_output_tokens or DEFAULT_MAX_NEW_TOKENS
+        fit_output(plan.sampling, plan.prompt, request.max_output_tokens, self.sessions.context_length, param="max_output_tokens", prompt_param="input")
         for name in ("temperature", "top_p"):
             if getattr(request, name) is not None:
                 plan.sampling[name] = getattr(request, name)

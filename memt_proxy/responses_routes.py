@@ -14,6 +14,7 @@ from sse_starlette.sse import EventSourceResponse
 
 from memt_core.client.errors import MemTClientError
 from memt_proxy.errors import BadRequest, ProxyError, from_native
+from memt_proxy.metrics import ProxyMetrics
 from memt_proxy.responses import ResponsesService
 from memt_proxy.responses_protocol import ConversationRequest, ItemsRequest, ResponseRequest
 from memt_proxy.route_inputs import Inputs, request_body
@@ -22,8 +23,9 @@ ORDER = Query(default="desc", pattern="^(asc|desc)$")
 LIMIT = Query(default=20, ge=1, le=100)
 
 
-def add_responses_routes(app: FastAPI, service: ResponsesService, inputs: Inputs) -> None:
-    """The routes read requests through ``inputs`` (tenant, bounded JSON body), as the chat routes do."""
+def add_responses_routes(app: FastAPI, service: ResponsesService, inputs: Inputs, metrics: ProxyMetrics) -> None:
+    """The routes read requests through ``inputs`` (tenant, bounded JSON body), as the chat routes do; an error
+    event in a stream is counted in ``metrics``."""
 
     @app.post("/v1/responses", tags=["responses"], summary="Create a response (conversation / previous_response_id continue latent memory)",
               openapi_extra=request_body(ResponseRequest))
@@ -37,7 +39,7 @@ def add_responses_routes(app: FastAPI, service: ResponsesService, inputs: Inputs
         result = await service.create(body, tenant=tenant, stateless=memory is not None and memory.lower() == "off", retry=retry, key=key)
         if isinstance(result, dict):
             return result
-        return EventSourceResponse(_sse(result), sep="\n", ping=15)
+        return EventSourceResponse(_sse(result, metrics.observe_stream_error), sep="\n", ping=15)
 
     @app.get("/v1/responses/{response_id}", tags=["responses"], summary="A stored response")
     async def get(response_id: str, request: Request) -> dict:
@@ -78,11 +80,15 @@ def add_responses_routes(app: FastAPI, service: ResponsesService, inputs: Inputs
         return await service.add_items(tenant, conversation_id, body.items)
 
 
-async def _sse(events):
-    """``event: <type>`` + ``data: <event>`` frames; a failure mid-stream becomes an ``error`` event."""
+async def _sse(events, observe_error):
+    """``event: <type>`` + ``data: <event>`` frames; a failure mid-stream becomes an ``error`` event (each told to
+    ``observe_error``)."""
     try:
         async for event in events:
+            if event["type"] == "error":
+                observe_error(ProxyError(400, event.get("message") or "", code=event.get("code")))
             yield {"event": event["type"], "data": json.dumps(event, ensure_ascii=False)}
     except (ProxyError, MemTClientError) as exc:
         error = exc if isinstance(exc, ProxyError) else from_native(exc)
+        observe_error(error)
         yield {"event": "error", "data": json.dumps({"type": "error", "code": error.code, "message": error.message, "param": error.param, "sequence_number": -1})}

@@ -28,14 +28,13 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 
 from memt_core.client.chat_format import ChatFormat
 from memt_core.client.parsers import Delta, OutputParser, hold_partial
-from memt_core.sampling_params import DEFAULT_MAX_NEW_TOKENS
 from memt_proxy.branches import BRANCH_TRIES, HeaderlessPlan, after_answer, closed, find_shared, plan_headerless, resumable
 from memt_proxy.errors import BadRequest, NotFound, ProxyError, Unavailable
 from memt_proxy.protocol import ChatCompletionRequest, NamedToolChoice, Usage, choice, chunk_body, completion_id, logprobs_content, logprobs_sampling, response_body
 from memt_proxy.sessions import HeldSession, MemoryFound, PendingTurn, Sessions, SessionState
 from memt_proxy.structured import structure
 from memt_proxy.transcript import Split, as_dict, check_turn, message_hash, overlap, split_transcript
-from memt_proxy.turn_plan import check_prefill, check_text_fits, continued_turn_ids, encode, forced_prefix, off_loop, prompt_ids
+from memt_proxy.turn_plan import check_prefill, check_text_fits, continued_turn_ids, encode, fit_output, forced_prefix, off_loop, prompt_ids
 
 log = logging.getLogger("memt.proxy")
 
@@ -298,18 +297,20 @@ class ChatService:
             forced=bool(tools) and (request.tool_choice == "required" or named is not None), name=named,
         )
 
-    def _sampling(self, request: ChatCompletionRequest, tools: list[dict] | None = None) -> dict:
+    def _sampling(self, request: ChatCompletionRequest, prompt: list[int], tools: list[dict] | None = None) -> dict:
         """The native sampling params (log-probability fields included; a ``json_schema`` grammar means
-        the answer is the JSON itself, see ``memt_proxy.structured``)."""
+        the answer is the JSON itself, see ``memt_proxy.structured``); the output's limit what fits beside
+        ``prompt`` (``fit_output``)."""
         sampling = dict(self.chat_format.default_sampling())
-        sampling["max_new_tokens"] = request.max_new_tokens or DEFAULT_MAX_NEW_TOKENS
         for name in ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"):
             if getattr(request, name) is not None:
                 sampling[name] = getattr(request, name)
         if request.seed is not None:
             sampling["seed"] = request.seed % SEED_MODULUS
         if request.min_tokens:
-            sampling["min_new_tokens"] = min(request.min_tokens, sampling["max_new_tokens"])
+            sampling["min_new_tokens"] = request.min_tokens
+        limit = "max_completion_tokens" if request.max_completion_tokens else "max_tokens"
+        fit_output(sampling, prompt, request.max_new_tokens, self.sessions.context_length, param=limit, prompt_param="messages")
         if request.logit_bias:
             vocab = len(self.chat_format.tokenizer)
             for key in request.logit_bias:
@@ -333,7 +334,7 @@ class ChatService:
         check_text_fits(self.chat_format, messages, None, self.sessions.max_prefill_tokens, "messages")
         prompt = self.chat_format.conversation_ids(messages, tools=tools, enable_thinking=thinking) + encode(self.chat_format, prefix)
         check_prefill(prompt, self.sessions.max_prefill_tokens, "messages")
-        sampling = self._sampling(request, tools)
+        sampling = self._sampling(request, prompt, tools)
         return Prepared(None, "off", prompt, [], [], None, thinking, sampling, prefix, sampling.get("stop", []), parallel, raw="json_schema" in sampling)
 
     async def _prepare_session(self, request: ChatCompletionRequest, state: SessionState, policy: str, on_divergence: str, size: int) -> Prepared:
@@ -367,9 +368,9 @@ class ChatService:
         check_prefill(prompt, self.sessions.max_prefill_tokens, "messages")
         # a continued turn stays pending until this request ends it (or calls tools again), so that a
         # retry after a failure, here or in a restarted proxy, continues it too; any other request abandons it
+        sampling = self._sampling(request, prompt, tools)
         if not continues:
             self.sessions.set_pending(state, None)
-        sampling = self._sampling(request, tools)
         return Prepared(
             state, policy, prompt, turn_ids + forced, context_ids, split, thinking, sampling, prefix, sampling.get("stop", []), parallel,
             raw="json_schema" in sampling, saved=self.memory_tokens.held(state),

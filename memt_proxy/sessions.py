@@ -137,6 +137,7 @@ class Sessions(Upstream, Leases, Placement, Writes):
         self.native_encoding = native_encoding  # snapshot encoding of save/restore
         self.max_prefill_tokens: int | None = None
         self.chunk_tokens: int | None = None
+        self.context_length: int | None = None  # prompt + output tokens the upstream allows, where it says so
         self._upstream_checked = False
         self.upstream_sessions: int | None = None  # the upstream's session capacity, where it says so
         self._recorded: list | None = None  # sessions the records name, not yet tried for offloading (``offload_recorded``)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from memt_core.client.chat_format import ChatFormat
 from memt_core.client.control_text import ControlGuard
+from memt_core.sampling_params import DEFAULT_MAX_NEW_TOKENS
 from memt_proxy.errors import BadRequest
 from memt_proxy.session.state import PendingTurn
 from memt_proxy.transcript import message_hash
@@ -138,6 +139,27 @@ def _characters(content) -> int:
     if isinstance(content, list):
         return sum(len(part.get("text") or "") for part in content if isinstance(part, dict))
     return 0
+
+
+def fit_output(sampling: dict, prompt: list[int], requested: int | None, context: int | None, *, param: str, prompt_param: str) -> None:
+    """Set ``sampling``'s ``max_new_tokens`` to what fits the upstream's ``context`` length beside ``prompt``: a request
+    that sets no limit (``requested`` None) gets ``min(DEFAULT_MAX_NEW_TOKENS, context - prompt)``, as vLLM does, and
+    never fails for a limit it did not set; one whose own limit cannot fit, or whose prompt leaves no room, is refused
+    (400 ``context_length_exceeded``, naming both counts) before anything runs."""
+    wanted = requested or DEFAULT_MAX_NEW_TOKENS
+    if context:
+        room = context - len(prompt)
+        if room < 1 or requested is not None and requested > room:
+            asked = f" + {param} {requested}" if requested is not None else ""
+            raise BadRequest(
+                f"this model's context length is {context} tokens; the request has {len(prompt)} prompt tokens{asked}. "
+                f"Send fewer or shorter messages or tools{', or a smaller ' + param if requested is not None else ''}",
+                param=prompt_param if requested is None else param, code="context_length_exceeded",
+            )
+        wanted = min(wanted, room)
+    sampling["max_new_tokens"] = wanted
+    if "min_new_tokens" in sampling:
+        sampling["min_new_tokens"] = min(sampling["min_new_tokens"], wanted)
 
 
 def check_prefill(prompt: list[int], limit: int | None, param: str) -> None:

@@ -35,10 +35,10 @@ class Placement:
         self.records.delete(state.native)  # a record from an earlier life of this id (before an upstream restart)
         state.exists, state.version, state.committed, state.history_known = True, 0, [], True
 
-    async def copy(self, state: SessionState, source: SessionState, lease: str) -> None:
+    async def copy(self, state: SessionState, source: SessionState, lease: str, *, make_room: bool = True) -> None:
         """Create ``state``'s native session as a copy of ``source``'s published memory (``lease``: ``source``'s):
-        it then holds what ``source`` holds, at version 0, until its first write."""
-        if not await self._create(state, source=source.native, source_lease=lease):
+        it then holds what ``source`` holds, at version 0, until its first write. ``make_room``: see ``_create``."""
+        if not await self._create(state, make_room=make_room, source=source.native, source_lease=lease):
             raise Conflict(f"session {state.native} exists already", code="session_exists")
         state.exists, state.version, state.committed, state.history_known = True, 0, list(source.committed), True
 
@@ -58,7 +58,7 @@ class Placement:
                 self.prefixes.move(parent.name, link)
                 try:
                     await self.make_branch_room(parent)
-                    await self.copy(parent, state, state.lease)
+                    await self.copy(parent, state, state.lease, make_room=False)  # never at a session's cost
                     self.memory_tokens.copied(parent, state)
                     self._record(parent, self.records.save, parent.committed)
                     self.move_head(parent, link)
@@ -93,11 +93,12 @@ class Placement:
             self.memory_tokens.copied(state, origin)
         await self.acquire(state)
 
-    async def _create(self, state: SessionState, **fields) -> bool:
+    async def _create(self, state: SessionState, *, make_room: bool = True, **fields) -> bool:
         """Create the native session (``fields``: a copy's ``source`` and ``source_lease``), or find it exists (False:
         made earlier, or restored from the upstream's snapshot store, so adopted at its version); when the upstream
-        is full, offload idle sessions to make room (up to ``OFFLOAD_TRIES``) before passing its 429 on."""
-        for attempt in range(OFFLOAD_TRIES + 1):
+        is full, offload idle sessions to make room (up to ``OFFLOAD_TRIES``; none without ``make_room``) before
+        passing its 429 on."""
+        for attempt in range(OFFLOAD_TRIES + 1 if make_room else 1):
             try:
                 created = await self.client.control("create", state.native, memory_read=True, **fields)
                 # a core with a snapshot store restored it (after a crash, or from another node): it is not new
@@ -106,7 +107,7 @@ class Placement:
                 # errors rebuilt from the wire carry the generic class of their status (Conflict), not SessionExists
                 if isinstance(exc.cause, SessionExists):
                     return False
-                if getattr(exc, "status", None) != 429 or attempt == OFFLOAD_TRIES or not await self.offload_idle(state):
+                if getattr(exc, "status", None) != 429 or not make_room or attempt == OFFLOAD_TRIES or not await self.offload_idle(state):
                     raise self.upstream_error(exc) from None
         raise AssertionError("unreachable")
 

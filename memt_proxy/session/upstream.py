@@ -36,6 +36,7 @@ class Upstream:
             raise Unavailable("the upstream MemT server serves a different model/tokenizer than this proxy's --model-path", code="upstream_identity_mismatch")
         self.max_prefill_tokens = capabilities.get("max_prefill_tokens")
         self.chunk_tokens = capabilities.get("chunk_tokens")
+        self.context_length = capabilities.get("context_length")  # our core's extension; None elsewhere
         self.upstream_sessions = capabilities.get("max_sessions_per_rank")  # our core's extension; None elsewhere
         self._upstream_checked = True
 

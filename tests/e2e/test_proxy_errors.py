@@ -294,3 +294,40 @@ def test_upstream_gone_after_start_is_503(http, small, small_upstream):
     assert_openai_error(http.get(f"/v1/memt/sessions/{session}"), 503, type="upstream_error")
     assert http.get("/health").status_code == 200
 
+
+
+def test_context_overflow_is_a_400_before_the_stream(nano_checkpoint, tmp_path, proxy_chat_format):
+    """Issue 48: a chat UI's 36 tool definitions on a small context (here 256 tokens): 400 context_length_exceeded,
+    streamed or not, on both surfaces, before any byte of a stream, counted in /metrics as a 400. A request that
+    sets no max_tokens gets what fits beside its prompt and never fails for a limit it did not set."""
+    context = 256
+    upstream = MemTServer(nano_checkpoint, args=["--context-length", str(context)]).start()
+    try:
+        with ProxyServer(upstream.url, nano_checkpoint) as proxy, proxy.http(None) as http:
+            tools = [{"type": "function", "function": {"name": f"tool_{i}", "description": f"Tool number {i} does a thing.",
+                                                        "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}} for i in range(36)]
+            big = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "tools": tools}
+            for extra in ({}, {"stream": True}, {"max_tokens": 5}):
+                response = http.post("/v1/chat/completions", json={**big, **extra})
+                error = assert_openai_error(response, 400, code="context_length_exceeded", param="max_tokens" if "max_tokens" in extra else "messages")
+                assert str(context) in error["message"]
+            responses_big = {"model": MODEL, "input": "hi", "tools": [{"type": "function", **t["function"]} for t in tools]}
+            for extra in ({}, {"stream": True}):
+                response = http.post("/v1/responses", json={**responses_big, **extra})
+                assert_openai_error(response, 400, code="context_length_exceeded", param="input")
+            words = 1
+            while len(expected_prompt(proxy_chat_format, [{"role": "user", "content": "w " * (words + 1)}], None)) < context - 20:
+                words += 1
+            near = [{"role": "user", "content": "w " * words}]
+            prompt = len(expected_prompt(proxy_chat_format, near, None))
+            fits = http.post("/v1/chat/completions", json={"model": MODEL, "messages": near, "temperature": 1.0, "seed": 1})
+            assert fits.status_code == 200, fits.text
+            assert fits.json()["usage"]["prompt_tokens"] == prompt and fits.json()["usage"]["completion_tokens"] <= context - prompt
+            assert_openai_error(http.post("/v1/chat/completions", json={"model": MODEL, "messages": near, "max_tokens": context}), 400,
+                                code="context_length_exceeded", param="max_tokens")
+            metrics = http.get("/metrics").text
+            refused = sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+                          if line.startswith("memt_proxy_requests_total{") and 'status="400"' in line)
+            assert refused >= 6
+    finally:
+        upstream.close()

@@ -43,11 +43,11 @@ def test_options(service):
 
 
 def test_sampling(service):
-    assert service._sampling(request()) == {"temperature": 0.0, "max_new_tokens": 1024}
-    assert service._sampling(request(max_completion_tokens=7, temperature=0.5, top_p=0.9, seed=3, stop="x")) == {
+    assert service._sampling(request(), []) == {"temperature": 0.0, "max_new_tokens": 1024}
+    assert service._sampling(request(max_completion_tokens=7, temperature=0.5, top_p=0.9, seed=3, stop="x"), []) == {
         "temperature": 0.5, "top_p": 0.9, "seed": 3, "max_new_tokens": 7, "stop": ["x"],
     }
-    assert service._sampling(request(stop=["a", "b"]))["stop"] == ["a", "b"]
+    assert service._sampling(request(stop=["a", "b"]), [])["stop"] == ["a", "b"]
 
 
 def test_earliest_stop_string_wins(service):

@@ -81,17 +81,17 @@ def test_a_schema_llguidance_cannot_compile_is_a_400_naming_the_field(service):
         check_schema({"type": "objectx"}, "response_format")
     assert (info.value.status, info.value.param, info.value.code) == (400, "response_format", "invalid_schema")
     with pytest.raises(ProxyError) as info:
-        service._sampling(request(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objectx"}}}))
+        service._sampling(request(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objectx"}}}), [])
     assert info.value.param == "response_format"
     bad_tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "nope"}}}
     with pytest.raises(ProxyError) as info:
-        service._sampling(request(tools=[TOOLS["add"], bad_tool], tool_choice="required"), [TOOLS["add"], bad_tool])
+        service._sampling(request(tools=[TOOLS["add"], bad_tool], tool_choice="required"), [], [TOOLS["add"], bad_tool])
     assert info.value.param == "tools[1].function.parameters"
 
 
 def test_response_format_becomes_json_schema_and_turns_thinking_off(service, compiler):
     r = request(response_format={"type": "json_schema", "json_schema": {"name": "w", "schema": WEATHER}}, reasoning_effort="high")
-    sampling = service._sampling(r)
+    sampling = service._sampling(r, [])
     assert json.loads(sampling["json_schema"]) == WEATHER
     assert service._options(r)[0] is False  # the grammar starts at the answer: no reasoning block
     grammar = structure(service.chat_format, schema=WEATHER, schema_param="response_format", tools=None, tools_param="tools", forced=False, name=None)
@@ -147,13 +147,13 @@ def test_every_sampling_field_reaches_the_native_params(service):
     sampling = service._sampling(request(
         max_tokens=9, temperature=0.5, top_p=0.9, top_k=40, min_p=0.1, presence_penalty=1.5, frequency_penalty=-2,
         repetition_penalty=1.2, min_tokens=3, seed=-1, logit_bias={"12": -100, "7": 5}, logprobs=True, top_logprobs=4, stop=["x", "y"],
-    ))
+    ), [])
     assert sampling == {
         "temperature": 0.5, "max_new_tokens": 9, "top_p": 0.9, "top_k": 40, "min_p": 0.1, "presence_penalty": 1.5,
         "frequency_penalty": -2, "repetition_penalty": 1.2, "min_new_tokens": 3, "seed": (1 << 63) - 1,  # a negative seed maps into the native range
         "logit_bias": {"12": -100.0, "7": 5.0}, "return_logprob": True, "top_logprobs_num": 4, "return_text_in_logprobs": True, "stop": ["x", "y"],
     }
-    assert service._sampling(request(min_tokens=50, max_tokens=4))["min_new_tokens"] == 4
+    assert service._sampling(request(min_tokens=50, max_tokens=4), [])["min_new_tokens"] == 4
 
 
 def test_logprob_fields_go_to_the_native_body_top_level():
@@ -166,7 +166,7 @@ def test_logprob_fields_go_to_the_native_body_top_level():
 
 def test_logit_bias_beyond_the_vocabulary_is_refused(service):
     with pytest.raises(ProxyError) as info:
-        service._sampling(request(logit_bias={str(len(service.chat_format.tokenizer)): 1}))
+        service._sampling(request(logit_bias={str(len(service.chat_format.tokenizer)): 1}), [])
     assert info.value.param == "logit_bias" and "vocabulary" in info.value.message
 
 

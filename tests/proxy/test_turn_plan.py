@@ -114,3 +114,25 @@ def test_the_template_cost_never_exceeds_a_real_prompt(family, nano_checkpoint, 
     with pytest.raises(ProxyError) as info:  # more messages than tokens: refused from the count alone
         check_text_fits(chat_format, tiny, None, 8999, "messages")
     assert "has 9000 messages" in info.value.message
+
+
+def test_the_output_limit_fits_the_context_beside_the_prompt():
+    """No limit asked: the default, or what the context leaves beside the prompt; a limit asked that cannot fit, or a
+    prompt that leaves no room: 400 context_length_exceeded naming both counts and the field."""
+    from memt_core.sampling_params import DEFAULT_MAX_NEW_TOKENS
+    from memt_proxy.turn_plan import fit_output
+
+    def fitted(prompt: int, requested, context, **sampling) -> dict:
+        fit_output(sampling, [0] * prompt, requested, context, param="max_tokens", prompt_param="messages")
+        return sampling
+
+    assert fitted(10, None, None)["max_new_tokens"] == DEFAULT_MAX_NEW_TOKENS  # an upstream that states no context length
+    assert fitted(10, None, 100_000)["max_new_tokens"] == DEFAULT_MAX_NEW_TOKENS
+    assert fitted(4000, None, 4096)["max_new_tokens"] == 96  # never fails for a limit it did not set
+    assert fitted(4000, 96, 4096, min_new_tokens=200) == {"max_new_tokens": 96, "min_new_tokens": 96}
+    for prompt, requested, param in ((4000, 97, "max_tokens"), (4096, None, "messages"), (10342, None, "messages")):
+        with pytest.raises(ProxyError) as info:
+            fitted(prompt, requested, 4096)
+        error = info.value
+        assert (error.status, error.code, error.param) == (400, "context_length_exceeded", param)
+        assert "4096" in error.message and str(prompt) in error.message
