@@ -154,13 +154,14 @@ async def _fork(sessions: Sessions, tenant: str, parent: str | None, link: str, 
             try:
                 written = await ids()
                 if parent is None:
-                    await sessions.make_branch_room(state)
+                    async with sessions.state_room(state):
+                        await held.start()
                 else:
                     await _copy(sessions, tenant, parent, state, hashes)
-                await held.start()
+                    await held.start()
+                sessions.move_head(state, link)  # recorded once it exists: its session record then says what it holds
                 sessions.memory_tokens.wrote(state, len(hashes), len(written))
                 await sessions.write(state, held.lease, sessions.pieces(written), hashes)
-                sessions.move_head(state, link)  # recorded once it holds what its chain names
             except ProxyError as exc:
                 log.info("a header-less conversation's state is not kept (%s)", exc.message)
                 sessions.prefixes.drop(state.name)
@@ -181,6 +182,7 @@ async def _copy(sessions: Sessions, tenant: str, parent: str, state: SessionStat
         held = source.state.committed
         if not (source.state.exists and source.state.history_known and held == hashes[: len(held)]):
             raise Unavailable("the state it extends is gone", code="state_gone")
-        await sessions.make_branch_room(state)
-        await sessions.copy(state, source.state, await sessions.lease_of(source.state))
+        lease = await sessions.lease_of(source.state)
+        async with sessions.state_room(state):
+            await sessions.copy(state, source.state, lease)
         sessions.memory_tokens.copied(state, source.state)

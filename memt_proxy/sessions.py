@@ -144,6 +144,7 @@ class Sessions(Upstream, Leases, Placement, Writes):
         self.offloads = 0  # native sessions offloaded to make room, since start
         self.restores = 0  # offloaded sessions restored, since start
         self.writes = 0  # memory writes published, since start
+        self._room = asyncio.Lock()  # kept states are made one at a time (``Placement.state_room``)
         self.memory_tokens = MemoryTokens()  # the prompt tokens each session's memory spares, for every surface
         self.prefixes = PrefixIndex()  # header-less states (``memt_proxy.branches``), as recorded
         for branch in self.records.branches():

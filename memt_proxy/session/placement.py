@@ -3,14 +3,16 @@ restored, reloaded after the upstream let it go, handed off (unload); header-les
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections import Counter
 from dataclasses import asdict
 
 from memt_core.client.errors import MemTClientError
 from memt_core.client.native import new_nonce, new_transaction
 from memt_core.client.turns import MemoryWrite
 from memt_core.errors import SessionExists, UnknownSession
-from memt_proxy.errors import Conflict, ProxyError, Unavailable
+from memt_proxy.errors import Conflict, ProxyError, RateLimited, Unavailable
 from memt_proxy.prefix_index import chain
 from memt_proxy.session.state import OFFLOAD_PREFIX, OFFLOAD_TRIES, PendingTurn, SessionState, native_session_id, new_branch_name, offload_file
 
@@ -57,8 +59,8 @@ class Placement:
                 parent = held.state
                 self.prefixes.move(parent.name, link)
                 try:
-                    await self.make_branch_room(parent)
-                    await self.copy(parent, state, state.lease, make_room=False)  # never at a session's cost
+                    async with self.state_room(parent):
+                        await self.copy(parent, state, state.lease, make_room=False)  # never at a session's cost
                     self.memory_tokens.copied(parent, state)
                     self._record(parent, self.records.save, parent.committed)
                     self.move_head(parent, link)
@@ -288,18 +290,37 @@ class Placement:
             return max(1, min(self.max_memory_states, self.upstream_sessions // 2))
         return self.max_memory_states
 
-    async def make_branch_room(self, keep: SessionState) -> None:
-        """Close the least recently used idle header-less branches (never ``keep``) while ``branch_limit()`` or more
-        are kept, so a new one fits; busy ones are passed over (the bound then waits for them)."""
-        branches = [state for state in self.table if state.branch and state.exists and state is not keep]
-        for state in branches[: max(0, len(branches) + 1 - self.branch_limit())]:
-            if state.users == 0 and not state.lock.locked():
-                state.users += 1
-                try:
-                    async with state.lock:
-                        await self.close_branch(state)
-                finally:
-                    state.users -= 1
+    @contextlib.asynccontextmanager
+    async def state_room(self, state: SessionState):
+        """Hold while a kept state (``state``) is created: room is made for it, and kept states are made one at a time, so
+        that concurrent ones never pass ``branch_limit()``; RateLimited (the state is then not kept) where every kept
+        state is in use."""
+        async with self._room:
+            if not await self.make_branch_room(state):
+                raise RateLimited(f"every kept conversation state ({self.branch_limit()}) is in use", code="memory_states_full")
+            yield
+
+    async def make_branch_room(self, keep: SessionState) -> bool:
+        """Room for one more kept state (never closing ``keep``): while ``branch_limit()`` or more are kept, close the
+        least recently used idle one of the tenant holding the most (``keep``'s own counted): a tenant pushes out
+        another's states only while it holds fewer, so none takes more than its share. False where the rest are busy."""
+        while True:
+            kept = [state for state in self.table if state.branch and state.exists and state is not keep]  # least recently used first
+            if len(kept) < self.branch_limit():
+                return True
+            held = Counter(state.tenant for state in kept)
+            held[keep.tenant] += 1
+            idle = [state for state in kept if state.users == 0 and not state.lock.locked()]
+            if not idle:
+                return False
+            most = max(held[state.tenant] for state in idle)
+            victim = next(state for state in idle if held[state.tenant] == most)
+            victim.users += 1
+            try:
+                async with victim.lock:
+                    await self.close_branch(victim)
+            finally:
+                victim.users -= 1
 
     async def close_branch(self, state: SessionState, lease: str | None = None) -> None:
         """Close a header-less branch nobody holds (its lease, or ``lease``, taken if need be): a dropped branch

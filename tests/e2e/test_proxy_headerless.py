@@ -156,9 +156,11 @@ def test_header_and_strict_divergence(fresh_proxy, proxy_chat_format):
     assert response.usage.prompt_tokens == len(expected_prompt(proxy_chat_format, edited, 0))
 
 
-def test_a_restarted_proxy_with_a_state_directory_resumes_a_conversation(proxy_upstream, nano_checkpoint, proxy_chat_format, tmp_path):
-    """Kept states and what they hold are recorded in --state-directory: after a restart the next turn of a
-    header-less conversation still sends only its new message."""
+@pytest.mark.parametrize("ending", ["sigterm", "kill -9"])
+def test_a_restarted_proxy_with_a_state_directory_resumes_a_conversation(proxy_upstream, nano_checkpoint, proxy_chat_format, tmp_path, ending):
+    """Kept states and what they hold are recorded in --state-directory as they are made: after a restart, graceful
+    or kill -9 right after the last state was written, the next turn of a header-less conversation still sends only
+    its new message."""
     server = ProxyServer(proxy_upstream.url, nano_checkpoint, args=["--state-directory", str(tmp_path / "state")])
     history: list[dict] = []
     with server:
@@ -166,6 +168,9 @@ def test_a_restarted_proxy_with_a_state_directory_resumes_a_conversation(proxy_u
         for turn in range(1, 5):
             conversation_turn(client, history, f"Before the restart, {turn}.", seed=turn)
         writes_reach(server, 3)
+        if ending == "kill -9":
+            server.process.kill()
+            server.process.wait(30)
     with server:  # the same directory, a new process
         sent = conversation_turn(server.openai(), history, "After the restart.", seed=9)
         assert sent == len(expected_prompt(proxy_chat_format, history[:-1], len(history) - 2))
