@@ -39,6 +39,7 @@ from memt_proxy.protocol import Message
 from memt_proxy.session.state import new_branch_name
 from memt_proxy.sessions import Sessions, SessionState
 from memt_proxy.transcript import message_hash
+from memt_proxy.turn_plan import off_loop
 
 log = logging.getLogger("memt.proxy")
 
@@ -78,6 +79,21 @@ def plan_headerless(messages: list[Message] | list[dict], tenant: str, prefixes:
     found = prefixes.find(earlier)
     worth = found is None and bool(earlier) and prefixes.worth_keeping(earlier, users)
     return HeaderlessPlan(hashes[:last_user], found, worth, link, tuple(earlier), tuple(hashes), tenant)
+
+
+async def planned(sessions: Sessions, messages: list[Message] | list[dict], tenant: str, size: int) -> HeaderlessPlan:
+    """``plan_headerless``, once the state the request's whole history names is made, if it is being made (its answer,
+    just sent, forks it behind itself): a conversation's next request reads it, as a named session's next request waits
+    for its commit. The wait is bounded by ``lease_wait``; past it the request reads what is kept."""
+    plan = await off_loop(size, plan_headerless, messages, tenant, sessions.prefixes)
+    making = sessions.making.get(plan.links[-1]) if plan.links else None
+    if making is not None and (plan.found is None or plan.found.depth < len(plan.links)):
+        try:
+            await asyncio.wait_for(making.wait(), timeout=sessions.lease_wait)
+        except asyncio.TimeoutError:
+            return plan
+        plan = await off_loop(size, plan_headerless, messages, tenant, sessions.prefixes)
+    return plan
 
 
 def find_shared(sessions: Sessions, plan: HeaderlessPlan) -> None:
@@ -141,6 +157,7 @@ def after_answer(
     sessions.prefixes.answered(link)
     if not keep or not sessions.prefixes.reserve(link):
         return
+    sessions.making[link] = asyncio.Event()
     task = asyncio.get_running_loop().create_task(_fork(sessions, plan.tenant, None if parent is None else parent.name, link, hashes, ids))
     sessions.behind.add(task)
     task.add_done_callback(sessions.behind.discard)
@@ -173,6 +190,7 @@ async def _fork(sessions: Sessions, tenant: str, parent: str | None, link: str, 
         log.exception("keeping a header-less conversation's state failed")
     finally:
         sessions.prefixes.made(link)
+        sessions.making.pop(link).set()
 
 
 async def _copy(sessions: Sessions, tenant: str, parent: str, state: SessionState, hashes: list[str]) -> None:

@@ -36,7 +36,7 @@ from typing import AsyncIterator
 
 from memt_core.client.chat_format import ChatFormat
 from memt_core.client.parsers import OutputParser
-from memt_proxy.branches import BRANCH_TRIES, HeaderlessPlan, after_answer, closed, find_shared, plan_headerless, resumable
+from memt_proxy.branches import BRANCH_TRIES, HeaderlessPlan, after_answer, closed, find_shared, planned, resumable
 from memt_proxy.conversations import SNAPSHOTS_PER_CHAIN, ResponseRecord, ResponseRecords, Thread, session_name
 from memt_proxy.errors import BadRequest, Conflict, NotFound, ProxyError, Unavailable
 from memt_proxy.protocol import logprobs_content, logprobs_sampling
@@ -149,7 +149,7 @@ class ResponsesService:
         messages = await off_loop(request._size, item_messages, items)
         instructed = any(m["role"] in ("system", "developer") for m in messages)
         for attempt in range(BRANCH_TRIES):
-            found = await off_loop(request._size, plan_headerless, messages, tenant, self.sessions.prefixes)
+            found = await planned(self.sessions, messages, tenant, request._size)
             find_shared(self.sessions, found)
             if attempt == BRANCH_TRIES - 1 or instructed:
                 found.found = None  # the states it found kept going away: answered from the text

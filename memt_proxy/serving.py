@@ -28,7 +28,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 
 from memt_core.client.chat_format import ChatFormat
 from memt_core.client.parsers import Delta, OutputParser, hold_partial
-from memt_proxy.branches import BRANCH_TRIES, HeaderlessPlan, after_answer, closed, find_shared, plan_headerless, resumable
+from memt_proxy.branches import BRANCH_TRIES, HeaderlessPlan, after_answer, closed, find_shared, planned, resumable
 from memt_proxy.errors import BadRequest, NotFound, ProxyError, Unavailable
 from memt_proxy.protocol import ChatCompletionRequest, NamedToolChoice, Usage, choice, chunk_body, completion_id, logprobs_content, logprobs_sampling, response_body
 from memt_proxy.sessions import HeldSession, MemoryFound, PendingTurn, Sessions, SessionState
@@ -182,7 +182,7 @@ class ChatService:
         state = held.state
         if divergence in STRICT or policy != "auto" or not state.committed or not state.history_known:
             return None
-        plan = await off_loop(size, plan_headerless, request.messages, state.tenant, self.sessions.prefixes)
+        plan = await planned(self.sessions, request.messages, state.tenant, size)
         if plan.found is None or overlap(plan.hashes, state.committed):
             return None  # nothing kept to fork from, or the request continues memory
         try:
@@ -234,7 +234,7 @@ class ChatService:
         from the deepest kept state its earlier messages reach; with none, a plain generation. Behind the answer
         the conversation's next state is forked (``_after``)."""
         for attempt in range(BRANCH_TRIES):
-            plan = await off_loop(size, plan_headerless, request.messages, tenant, self.sessions.prefixes)
+            plan = await planned(self.sessions, request.messages, tenant, size)
             find_shared(self.sessions, plan)
             if attempt == BRANCH_TRIES - 1:
                 plan.found = None  # the states it found kept going away: answered from the text

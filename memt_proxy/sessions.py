@@ -145,6 +145,7 @@ class Sessions(Upstream, Leases, Placement, Writes):
         self.restores = 0  # offloaded sessions restored, since start
         self.writes = 0  # memory writes published, since start
         self._room = asyncio.Lock()  # kept states are made one at a time (``Placement.state_room``)
+        self.making: dict[str, asyncio.Event] = {}  # chain → set once the state it names is made (``memt_proxy.branches``)
         self.memory_tokens = MemoryTokens()  # the prompt tokens each session's memory spares, for every surface
         self.prefixes = PrefixIndex()  # header-less states (``memt_proxy.branches``), as recorded
         for branch in self.records.branches():

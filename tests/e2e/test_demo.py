@@ -160,3 +160,29 @@ def test_the_demo_model_has_one_listed_name_and_answers_to_its_aliases(demo_prox
 
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="memt-flash", messages=[{"role": "user", "content": "Hi!"}], max_tokens=4)
+
+
+#: (what the user says, the value the answer must hold or None): facts, chatter, and questions right after questions
+RECALL_CONVERSATION = [
+    ("Hi, my name is Siobhan and I live in Valparaiso.", None), ("I have a parrot named Belkavo.", None),
+    ("Tell me something, number 1.", None), ("What is my name?", "Siobhan"), ("Where do I live?", "Valparaiso"),
+    ("Tell me something, number 2.", None), ("What is my parrot's name?", "Belkavo"), ("What is my name?", "Siobhan"),
+    ("Tell me something, number 3.", None), ("Where do I live?", "Valparaiso"), ("What is my parrot's name?", "Belkavo"),
+    ("What is my name?", "Siobhan"),
+]
+
+
+def test_a_conversation_without_a_header_recalls_as_well_as_a_named_session(client):
+    """Issue 45: the same 12-turn conversation played without any header and with X-MemT-Session: each turn from the
+    third on reads only its new message in both (the header-less one from the state its answer forked), and the
+    header-less one recalls at least as many of the 7 answers less one. Played header-less first: a named session's
+    kept states would otherwise serve the same transcript."""
+    recalled, prompts = {}, {}
+    for mode in ("no header", "header"):
+        app = Conversation(client, unique("demo-recall") if mode == "header" else None)
+        replies = [app.say(text) for text, _ in RECALL_CONVERSATION]
+        recalled[mode] = sum(value in reply.choices[0].message.content for (_, value), reply in zip(RECALL_CONVERSATION, replies) if value)
+        prompts[mode] = [reply.usage.prompt_tokens for reply in replies]
+    print(f"recalled of 7: {recalled}; prompt tokens per turn: {prompts}")
+    assert prompts["no header"][2:] == prompts["header"][2:], prompts
+    assert recalled["no header"] >= recalled["header"] - 1, recalled
