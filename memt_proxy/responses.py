@@ -45,11 +45,12 @@ from memt_proxy.responses_protocol import (
     item_messages, message_item, new_id, reasoning_item, response_object, usage,
 )
 from memt_proxy.responses_stream import StreamedItems, replayed
-from memt_proxy.serving import RawStream, no_usage, request_digest
 from memt_proxy.sessions import HeldSession, PendingTurn, Sessions, SessionState
 from memt_proxy.structured import structure
 from memt_proxy.transcript import message_hash
-from memt_proxy.turn_plan import check_prefill, check_text_fits, continued_turn_ids, encode, fit_output, forced_prefix, off_loop, prompt_ids
+from memt_proxy.turn_plan import (
+    RawStream, check_prefill, check_text_fits, continued_turn_ids, encode, fit_output, forced_prefix, no_usage, off_loop, prompt_ids, request_digest,
+)
 
 log = logging.getLogger("memt.proxy")
 

@@ -86,7 +86,7 @@ async def _sse(events, observe_error):
     try:
         async for event in events:
             if event["type"] == "error":
-                observe_error(ProxyError(400, event.get("message") or "", code=event.get("code")))
+                observe_error(BadRequest(event.get("message") or "", code=event.get("code")))  # its status is gone: only the code is counted
             yield {"event": event["type"], "data": json.dumps(event, ensure_ascii=False)}
     except (ProxyError, MemTClientError) as exc:
         error = exc if isinstance(exc, ProxyError) else from_native(exc)

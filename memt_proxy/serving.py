@@ -20,33 +20,30 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import hashlib
 import logging
 import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 from memt_core.client.chat_format import ChatFormat
-from memt_core.client.parsers import Delta, OutputParser, hold_partial
+from memt_core.client.parsers import OutputParser, hold_partial
 from memt_proxy.branches import BRANCH_TRIES, HeaderlessPlan, after_answer, closed, find_shared, planned, resumable
 from memt_proxy.errors import BadRequest, NotFound, ProxyError, Unavailable
 from memt_proxy.protocol import ChatCompletionRequest, NamedToolChoice, Usage, choice, chunk_body, completion_id, logprobs_content, logprobs_sampling, response_body
 from memt_proxy.sessions import HeldSession, MemoryFound, PendingTurn, Sessions, SessionState
 from memt_proxy.structured import structure
 from memt_proxy.transcript import Split, as_dict, check_turn, message_hash, overlap, split_transcript
-from memt_proxy.turn_plan import check_prefill, check_text_fits, continued_turn_ids, encode, fit_output, forced_prefix, off_loop, prompt_ids
+from memt_proxy.turn_plan import (
+    RawStream, check_prefill, check_text_fits, continued_turn_ids, encode, fit_output, forced_prefix, no_usage, off_loop, prompt_ids, request_digest,
+)
 
 log = logging.getLogger("memt.proxy")
 
 POLICIES = ("auto", "read", "off")
-DIVERGENCE = ("branch", "error", "reset", "reject")  # reset: the old name of branch; reject: of error
+DIVERGENCE = ("fork", "error", "branch", "reset", "reject")  # branch, reset: older names of fork; reject: of error
 STRICT = ("error", "reject")
 STREAM_START_TIMEOUT = 60.0
 SEED_MODULUS = 1 << 63  # native seeds are in [0, 2**63); OpenAI's may be negative
-
-
-def no_usage(**usage) -> None:
-    """The default ``on_usage``: nobody is counting."""
 
 
 @dataclass
@@ -75,11 +72,6 @@ class Prepared:
     follower: HeldSession | None = None  # a named session forking from the state the prompt reads: it follows (``_fork``)
 
 
-def request_digest(dumped: str) -> str:
-    """SHA-256 of the whole request as received (its JSON dump): a client's retry of the same request has the same digest."""
-    return hashlib.sha256(dumped.encode()).hexdigest()
-
-
 class ChatService:
     """Serves /v1/chat/completions for one upstream model, over its session layer.
 
@@ -99,7 +91,7 @@ class ChatService:
         aliases: tuple[str, ...] = (),
         default_memory: str = "auto",
         default_thinking: bool = False,
-        on_divergence: str = "branch",
+        on_divergence: str = "fork",
         headerless: bool = True,
     ):
         self.sessions = sessions
@@ -613,19 +605,6 @@ def _regenerates(request: ChatCompletionRequest, state: SessionState) -> bool:
 def _structured(request: ChatCompletionRequest, prefix: str) -> bool:
     """Whether the answer is constrained from its first token: a JSON response format, or a forced call."""
     return bool(prefix) or request.output_schema() is not None
-
-
-class RawStream:
-    """The stream parser's interface for a structured answer: all of it is content, nothing is parsed."""
-
-    def __init__(self):
-        self.sent = 0
-
-    def feed(self, text: str) -> list[Delta]:
-        new, self.sent = text[self.sent:], max(self.sent, len(text))
-        return [Delta("content", new)] if new else []
-
-    finish = feed
 
 
 def _deltas(deltas, parallel_tools: bool):

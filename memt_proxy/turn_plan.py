@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import hashlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from memt_core.client.chat_format import ChatFormat
+from memt_core.client.parsers import Delta
 from memt_core.client.control_text import ControlGuard
 from memt_core.sampling_params import DEFAULT_MAX_NEW_TOKENS
 from memt_proxy.errors import BadRequest
@@ -166,3 +168,25 @@ def check_prefill(prompt: list[int], limit: int | None, param: str) -> None:
     """Refuse (400 ``context_length_exceeded``) a prompt longer than the upstream's ``max_prefill_tokens``."""
     if limit and len(prompt) > limit:
         raise BadRequest(f"the prompt has {len(prompt)} tokens; the upstream accepts at most {limit}", param=param, code="context_length_exceeded")
+
+
+def no_usage(**usage) -> None:
+    """The default ``on_usage``: nobody is counting."""
+
+
+def request_digest(dumped: str) -> str:
+    """SHA-256 of the whole request as received (its JSON dump): a client's retry of the same request has the same digest."""
+    return hashlib.sha256(dumped.encode()).hexdigest()
+
+
+class RawStream:
+    """The stream parser's interface for a structured answer: all of it is content, nothing is parsed."""
+
+    def __init__(self):
+        self.sent = 0
+
+    def feed(self, text: str) -> list[Delta]:
+        new, self.sent = text[self.sent:], max(self.sent, len(text))
+        return [Delta("content", new)] if new else []
+
+    finish = feed

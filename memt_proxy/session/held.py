@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, AsyncIterator
+from typing import Any, AsyncIterator
 
 from memt_core.client.errors import MemTClientError
 from memt_core.client.native import new_nonce, new_transaction
@@ -13,16 +13,13 @@ from memt_core.errors import Conflict, LeaseConflict, UnknownSession
 from memt_proxy.errors import NotFound, ProxyError
 from memt_proxy.session.state import Later, LeaseTaken, MemoryFound, SessionState
 
-if TYPE_CHECKING:
-    from memt_proxy.sessions import Sessions
-
 log = logging.getLogger("memt.proxy")
 
 
 class HeldSession:
     """One session held by one request (see ``Sessions.turn``): its state, and its lease once started."""
 
-    def __init__(self, sessions: Sessions, state: SessionState):
+    def __init__(self, sessions: Any, state: SessionState):  # memt_proxy.sessions.Sessions, which holds this module's class
         self.sessions = sessions
         self.state = state
         self.lease: str | None = None

@@ -20,7 +20,8 @@ from memt_proxy.errors import ProxyError
 from memt_proxy.protocol import ChatCompletionRequest, Usage, logprobs_content, output_schema
 from memt_proxy.responses import ResponsesService
 from memt_proxy.responses_protocol import InputItems, ResponseRequest, message_item
-from memt_proxy.serving import ChatService, Prepared, RawStream
+from memt_proxy.serving import ChatService, Prepared
+from memt_proxy.turn_plan import RawStream
 from memt_proxy.session.state import MemoryTokens
 from memt_proxy.sessions import Sessions, SessionState
 from memt_proxy.structured import check_schema, structure
