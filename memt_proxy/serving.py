@@ -22,6 +22,7 @@ import contextlib
 import functools
 import logging
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Awaitable, Callable
 
@@ -43,6 +44,7 @@ POLICIES = ("auto", "read", "off")
 DIVERGENCE = ("fork", "error", "branch", "reset", "reject")  # branch, reset: older names of fork; reject: of error
 STRICT = ("error", "reject")
 STREAM_START_TIMEOUT = 60.0
+RETRIES_KEPT = 1024  # header-less answers kept for a client's retry (named sessions keep their last in their state)
 SEED_MODULUS = 1 << 63  # native seeds are in [0, 2**63); OpenAI's may be negative
 
 
@@ -105,6 +107,7 @@ class ChatService:
         self.headerless = headerless  # requests without X-MemT-Session get memory too (``memt_proxy.branches``)
         self.on_usage = no_usage
         self.memory_tokens = sessions.memory_tokens
+        self._answers: OrderedDict[tuple[str, str], dict] = OrderedDict()  # header-less: (tenant, digest) → answer, for retries
 
     async def complete(
         self, request: ChatCompletionRequest, *, tenant: str, session: str | None, memory: str | None, on_divergence: str | None = None,
@@ -134,19 +137,22 @@ class ChatService:
             if request.stream:
                 return self._stream(request, prepared, None, None)
             return await self._run(request, prepared, None)
+        digest = request_digest(dumped)
         if session is None:
-            return await self._headerless(request, tenant, policy, len(dumped))
+            replayed = self._replay(request, self._answers.get((tenant, digest)), digest, retry, key)
+            if replayed is not None:
+                return replayed
+            return await self._headerless(request, tenant, policy, len(dumped), digest, key)
         held_until = contextlib.AsyncExitStack()  # the session is held until this closes
         held = await held_until.enter_async_context(self.sessions.turn(tenant, session))
         state = held.state
         divergence = on_divergence or self.on_divergence
-        digest = request_digest(dumped)
         try:
             await self.sessions.adopt_recorded(state)  # e.g. after a restart: its record, its last answer
         except BaseException:
             await held_until.aclose()
             raise
-        replayed = self._replay(request, state, digest, retry, key)
+        replayed = self._replay(request, state.last_turn, digest, retry, key, version=state.version)
         if replayed is not None:
             await held_until.aclose()
             return replayed
@@ -221,7 +227,7 @@ class ChatService:
             if not handed_off:
                 await held_until.aclose()
 
-    async def _headerless(self, request: ChatCompletionRequest, tenant: str, policy: str, size: int) -> dict | AsyncIterator[dict]:
+    async def _headerless(self, request: ChatCompletionRequest, tenant: str, policy: str, size: int, digest: str, key: str | None) -> dict | AsyncIterator[dict]:
         """A conversation without X-MemT-Session, identified by its transcript (``memt_proxy.branches``): resumed
         from the deepest kept state its earlier messages reach; with none, a plain generation. Behind the answer
         the conversation's next state is forked (``_after``)."""
@@ -247,7 +253,7 @@ class ChatService:
                 raise
             if held is None:
                 prepared = await off_loop(size, self._prepare_stateless, request)
-                prepared.headerless = plan
+                prepared.headerless, prepared.digest, prepared.key = plan, digest, key
                 plan.worth_keeping = plan.worth_keeping and policy == "auto"
                 conversation = [as_dict(m) for m in request.messages if m.role not in ("system", "developer")]
                 earlier, turn = conversation[: len(plan.hashes)], conversation[len(plan.hashes):]
@@ -258,7 +264,7 @@ class ChatService:
 
             async def prepare() -> Prepared:
                 prepared = await off_loop(size, self._prepare_split, request, held.state, policy, plan.hashes)
-                prepared.headerless = plan
+                prepared.headerless, prepared.digest, prepared.key = plan, digest, key
                 return prepared
 
             return await self._answer(request, held, held_until, prepare)
@@ -475,6 +481,10 @@ class ChatService:
         """Header-less: a completed answer (policy auto) forks the conversation's next state from the one the request
         read (or starts one, for a conversation worth keeping); a tool call keeps none (its results come next)."""
         plan = prepared.headerless
+        usage = Usage(prompt_tokens=len(prepared.prompt), completion_tokens=len(output_ids), total_tokens=len(prepared.prompt) + len(output_ids))
+        self._answers[(plan.tenant, prepared.digest)] = {"digest": prepared.digest, "key": prepared.key, "message": message, "finish": finish, "usage": usage.model_dump()}
+        while len(self._answers) > RETRIES_KEPT:
+            self._answers.popitem(last=False)
         keep = finish in ("stop", "length") and (prepared.policy == "auto" if held is not None else plan.worth_keeping)
         reply = closed(self._reply_ids(prepared, output_ids), self.chat_format.tokenizer.eos_token_id, finish == "length") if keep else []
         if held is not None:
@@ -487,16 +497,15 @@ class ChatService:
                 return await prepared.opening() + reply
         after_answer(self.sessions, plan, [message], parent=held.state if held is not None else None, keep=keep, ids=ids)
 
-    def _replay(self, request: ChatCompletionRequest, state: SessionState, digest: str, retry: bool, key: str | None) -> dict | AsyncIterator[dict] | None:
-        """The kept answer when a client's retry (``retry``, or the ``key`` the kept answer was given under) repeats
-        the session's last committed turn exactly (e.g. the openai SDK after the answer was lost): nothing is
-        generated or committed again."""
-        last = state.last_turn
-        if not last or last.get("version") != state.version or last.get("digest") != digest:
+    def _replay(self, request: ChatCompletionRequest, last: dict | None, digest: str, retry: bool, key: str | None, *, version: int | None = None) -> dict | AsyncIterator[dict] | None:
+        """The kept answer ``last`` when a client's retry (``retry``, or the ``key`` the kept answer was given under)
+        repeats its request exactly (e.g. the openai SDK after the answer was lost): nothing is generated or
+        committed again. ``version``: a session's, which the kept answer must have made (its last committed turn)."""
+        if not last or version is not None and last.get("version") != version or last.get("digest") != digest:
             return None
         if not (retry or key is not None and last.get("key") == key):
             return None
-        log.info("an identical retry of the last committed turn of %s: answered again, not committed twice", state.native)
+        log.info("an identical retry of an answered request: answered again, not committed twice")
         usage = Usage(**last["usage"])
         if request.stream:
             return self._replayed_stream(request, last["message"], last["finish"], usage)

@@ -162,3 +162,21 @@ def test_concurrent_identical_requests_keep_one_state(fresh_proxy):
     assert writes_reach(fresh_proxy, 1) == 1
     assert metric(fresh_proxy, "memt_proxy_memory_states") == 1
     assert metric(fresh_proxy, "memt_proxy_memory_writes_total") == 1
+
+
+@pytest.mark.parametrize("retry", [{"x-stainless-retry-count": "2"}, {"Idempotency-Key": "headerless-2"}])
+def test_a_headerless_retry_gets_the_kept_answer(fresh_proxy, retry):
+    """Without a header too: a client's retry of an answered request gets the kept answer, and no second state is
+    made; the same request without a retry header is answered anew (temperature 2, no seed: another sample)."""
+    history = play(fresh_proxy.openai(), {}, 1) + [{"role": "user", "content": "Retried."}]
+    keyed = {"Idempotency-Key": retry["Idempotency-Key"]} if "Idempotency-Key" in retry else {}
+    body = {"model": MODEL, "messages": history, "max_tokens": 12, "temperature": 2.0, "stop": STOPS}
+    with fresh_proxy.http() as http:
+        first = http.post("/v1/chat/completions", json=body, headers=keyed).json()
+        assert writes_reach(fresh_proxy, 1) == 1
+        for _ in range(3):
+            again = http.post("/v1/chat/completions", json=body, headers={**keyed, **retry}).json()
+            assert again["choices"] == first["choices"] and again["usage"] == first["usage"]
+        assert metric(fresh_proxy, "memt_proxy_memory_writes_total") == 1
+        anew = [http.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]["content"] for _ in range(3)]
+    assert len({first["choices"][0]["message"]["content"], *anew}) > 1
