@@ -10,8 +10,9 @@ hash of each message it committed, in order. An incoming transcript is split int
 * *turn*: the last user message and any tool rounds after it — what the model answers now.
 
 If earlier messages exist but do not line up with what was committed (an edited or foreign history),
-the transcript has *diverged*: by default the request is refused with 409 ``transcript_diverged``
-rather than silently mixing that history with memory (docs/proxy.md, "Edited history is a branch").
+the transcript has *diverged*: ``split_transcript`` refuses it (409 ``transcript_diverged``) rather than
+mix that history with memory; the chat surface then forks from a kept state, or starts over, unless the
+session asks for the 409 (docs/proxy.md, "Edits, regenerates and retries").
 """
 
 from __future__ import annotations
