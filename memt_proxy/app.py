@@ -111,13 +111,18 @@ def create_app(
     return app
 
 
+RETRY_AFTER_SECONDS = 1  # a 429's Retry-After (the OpenAI SDKs wait that long before their automatic retry)
+
+
 def _add_error_handlers(app: FastAPI, metrics: ProxyMetrics) -> None:
     """Every refusal in OpenAI's error shape: ours, unknown routes and methods, FastAPI's own validation."""
 
     @app.exception_handler(ProxyError)
     async def proxy_error(request: Request, exc: ProxyError) -> JSONResponse:
         metrics.observe_error(exc)
-        return JSONResponse(exc.body(), status_code=exc.status)
+        # no room now (sessions or states in use, a slot still leased by a client gone a moment ago): worth a retry soon
+        headers = {"Retry-After": str(RETRY_AFTER_SECONDS)} if exc.status == 429 else None
+        return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:

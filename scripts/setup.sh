@@ -30,8 +30,9 @@ else
   "$PYTHON" -m venv .venv
 fi
 
-# pip shows progress bars on a terminal; elsewhere (CI, logs) it stays quiet.
-PIP=(.venv/bin/python -m pip install --disable-pip-version-check)
+# pip shows progress bars on a terminal; elsewhere (CI, logs) it stays quiet. setuptools' notice that an editable
+# install was made ("Editable installation.", a page of asterisks per package) is left out: it is no warning here.
+PIP=(env PYTHONWARNINGS="ignore:Editable installation" .venv/bin/python -m pip install --disable-pip-version-check)
 [ -t 1 ] || PIP+=(-q)
 
 STAMP=.venv/.memt-setup-stamp

@@ -167,7 +167,7 @@ class MemTProtocol:
         def apply(results, now):
             # the engine answers NewMemory with the version it restored from durable memory (0: new)
             restored = results[0] if a.source is None and isinstance(results[0], int) else 0
-            self.sessions[name] = Session(id=name, memory_read=a.memory_read, retain_kv=a.retain_kv, published_version=restored)
+            self.sessions[name] = Session(id=name, memory_read=a.memory_read, retain_kv=a.retain_kv, published_version=restored, copied=a.source is not None)
             body = {"session": name, "memory_read": a.memory_read, "retain_kv": a.retain_kv, "source": a.source}
             if restored:
                 body["restored_version"] = restored
@@ -570,15 +570,18 @@ class MemTProtocol:
         return plans
 
     def room_unload(self, now: float) -> Plan | None:
-        """With a snapshot store and every slot taken: a plan that unloads the session given up longest ago (its
-        lease released or lapsed; one never leased may be its creator's next step) and doing nothing, so a new one fits (its memory stays in the store; a later create under
-        its name restores it). ``None`` when no session is free or memory is not durable."""
-        if not self.limits.durable or len(self.sessions) + len(self._creating) < self.limits.max_sessions:
+        """With every slot taken: a plan that unloads the session given up longest ago (its lease released or lapsed;
+        one never leased may be its creator's next step) and doing nothing, so a new one fits. With a snapshot store
+        any such session (its memory stays in the store; a later create under its name restores it); without one only
+        a session whose memory is still empty (never published to, not a copy, no retained context): nothing is lost,
+        so a client that made it and went away (a proxy killed before its first commit) never holds the slot for
+        good. ``None`` when no session is free."""
+        if len(self.sessions) + len(self._creating) < self.limits.max_sessions:
             return None
         free = [
             s for s in self.sessions.values()
             if s.lease_ended(now) is not None and not s.in_flight and s.transaction is None and s.reserved is None
-            and not s.uncertain
+            and not s.uncertain and (self.limits.durable or s.published_version == 0 and not s.copied and not s.retain_kv)
         ]
         if not free:
             return None

@@ -84,6 +84,7 @@ class Session:
     free_since: float | None = None  # when it was last seen without a valid lease (idle unloading)
     lapsed: str | None = None  # transaction the reaper abandoned under the current lease, until the lease ends
     released_at: float | None = None  # when its last lease was released (making room unloads the longest idle)
+    copied: bool = False  # created as a copy of another session's memory (it holds memory at version 0)
 
     def lease_ended(self, now: float) -> float | None:
         """When the session was last given up: its lease released or lapsed; ``None`` while leased or never leased."""

@@ -92,8 +92,9 @@ class MemTService:
         return response
 
     async def _plan_control(self, action, now: float):
-        """The protocol's plan for ``action``; a create that finds every slot taken first unloads the longest
-        idle session when memory is durable (``room_unload``), instead of answering 429."""
+        """The protocol's plan for ``action``; a create that finds every slot taken first unloads the longest idle
+        session that can go without loss (``room_unload``: any, where memory is durable; else an empty one), instead
+        of answering 429."""
         try:
             return self.protocol.control(action, now)
         except CapacityExceeded:
@@ -110,7 +111,7 @@ class MemTService:
             log.exception("unloading session %r %s failed; it stays here", plan.session, why)
             return False
         self.protocol.complete(plan, results, self.clock())
-        log.info("unloaded session %r %s (its memory stays in the snapshot store)", plan.session, why)
+        log.info("unloaded session %r %s (its memory stays in the snapshot store, or it held none)", plan.session, why)
         return True
 
     async def reap(self) -> None:

@@ -18,6 +18,8 @@ from memt_proxy.session.state import OFFLOAD_PREFIX, OFFLOAD_TRIES, PendingTurn,
 
 log = logging.getLogger("memt.proxy")
 
+RECORDED_TRIES = 8  # recorded sessions tried, at most, per attempt to make room among them
+
 
 class Placement:
     """Create, adopt, offload, restore, unload; header-less branches. A part of ``memt_proxy.sessions.Sessions``."""
@@ -125,23 +127,30 @@ class Placement:
 
     async def offload_recorded(self, keep: SessionState) -> bool:
         """Offload (a header-less branch: close) a native session the records name and the table does not hold,
-        idle upstream (its lease free); False if none could be. The records are listed once per process."""
+        idle upstream (its lease free); False if none could be now. The records are listed once per process and tried
+        ``RECORDED_TRIES`` at a time in turn; one that could not be offloaded (e.g. still leased by a proxy killed a
+        moment ago, until that lease lapses) goes to the end of the list, for a later request; one gone upstream is
+        dropped."""
         if self._recorded is None:
             branches = {native_session_id(b["tenant"], b["name"]): b for b in self.records.branches()}
             self._recorded = [(native, branches.get(native)) for native in self.records.sessions()]
         held = {state.native for state in self.table}
-        while self._recorded:
-            native, branch = self._recorded.pop(0)
+        for _ in range(min(RECORDED_TRIES, len(self._recorded))):
+            native, branch = entry = self._recorded.pop(0)
             if native == keep.native or native in held:
+                self._recorded.append(entry)
                 continue
             state = SessionState(native=native, tenant=branch["tenant"] if branch else "", name=branch["name"] if branch else "")
             try:
                 self.adopt(state, await self.client.control("inspect", native))
-            except MemTClientError:
-                continue  # gone upstream (or the upstream briefly away): nothing to offload
+            except MemTClientError as exc:
+                if not isinstance(exc.cause, UnknownSession):  # gone upstream: nothing to offload
+                    self._recorded.append(entry)  # the upstream briefly away: later
+                continue
             if await self.offload(state):
                 log.info("offloaded %s, a session recorded before this proxy started, to make room", native)
                 return True
+            self._recorded.append(entry)  # leased (by a proxy killed a moment ago, until the lease lapses): later
         return False
 
     async def offload(self, state: SessionState) -> bool:

@@ -108,11 +108,13 @@ def run(*, quick: bool, only: set[str] | None = None, workdir: Path | None = Non
     if wanted("strict"):
         check("spec_strict", lambda: checks.spec_strict(checkpoint, state_directory=workdir / "strict-state"))
     if wanted("restart"):
-        # two full cores (4 sessions): one with a snapshot store, one without (the proxies share their records)
+        # three full cores (4 sessions): one with a snapshot store, one without (the proxies share their records), and
+        # one with neither store nor state directory (its sessions never committed)
         with MemTServer(checkpoint, state_directory=workdir / "stored-state",
                         args=["--snapshot-store", str(workdir / "store"), "--max-sessions-per-rank", "4"]) as stored, \
-                MemTServer(checkpoint, state_directory=workdir / "bare-state", args=["--max-sessions-per-rank", "4"]) as bare:
-            check("restart_capacity", lambda: checks.restart_capacity(checkpoint, stored, bare, state_directory=workdir / "capacity-proxy-state"))
+                MemTServer(checkpoint, state_directory=workdir / "bare-state", args=["--max-sessions-per-rank", "4"]) as bare, \
+                MemTServer(checkpoint, args=["--max-sessions-per-rank", "4"]) as empty:
+            check("restart_capacity", lambda: checks.restart_capacity(checkpoint, stored, bare, empty, state_directory=workdir / "capacity-proxy-state"))
     if wanted("distinct"):
         # default proxy settings (no flags at all) in front of a core with the demo model's capacity: 64 sessions
         with MemTServer(checkpoint, state_directory=workdir / "distinct-state", args=["--max-sessions-per-rank", "64"]) as core, \

@@ -950,9 +950,23 @@ def test_a_full_durable_server_makes_room_by_unloading_the_session_given_up_long
     d.do("begin", session="newer", lease=lease, transaction="t1")
     d.advance(4000)  # both leases lapse; "newer" keeps its open transaction, "held" is free again
     assert d.proto.room_unload(d.now).session == "held"
-    plain = Driver(max_sessions=1)
+    # without a store only a session whose memory is empty goes: never published to, and not a copy
+    plain = Driver(max_sessions=2)
     lease = plain.session("a")
+    plain.do("begin", session="a", lease=lease, transaction="t")
+    plain.do("publish", session="a", lease=lease, transaction="t")
     plain.do("release", session="a", lease=lease)
+    lease = plain.session("b")
+    plain.do("release", session="b", lease=lease)
+    assert plain.proto.room_unload(plain.now).session == "b"
+    plain = Driver(max_sessions=2)
+    lease = plain.session("a")
+    plain.do("create", session="copy", source="a", source_lease=lease)
+    plain.do("release", session="a", lease=lease)
+    plain.do("release", session="copy", lease=plain.do("acquire", session="copy")["lease"])
+    assert plain.proto.room_unload(plain.now).session == "a"  # empty, given up after the copy was made
+    plain.do("release", session="a", lease=plain.do("acquire", session="a")["lease"]) if False else None
+    plain.proto.sessions["a"].published_version = 1  # written since: no session can go without loss
     assert plain.proto.room_unload(plain.now) is None
     fresh = Driver(max_sessions=1, durable=True)
     fresh.do("create", session="a")
