@@ -148,7 +148,8 @@ class Sessions(Upstream, Leases, Placement, Writes):
         self.making: dict[str, asyncio.Event] = {}  # chain → set once the state it names is made (``memt_proxy.branches``)
         self.memory_tokens = MemoryTokens()  # the prompt tokens each session's memory spares, for every surface
         self.prefixes = PrefixIndex()  # header-less states (``memt_proxy.branches``), as recorded
-        for branch in self.records.branches():
+        self._recorded_branches = self.records.branches()  # taken into the table once the upstream answers (``adopt_branches``)
+        for branch in self._recorded_branches:
             self.prefixes.move(branch["name"], branch["head"])
         self.branches_closed = 0  # header-less branches closed to make room, since start
 

@@ -166,8 +166,7 @@ class Placement:
             except MemTClientError:
                 return False  # leased by another client, or gone: not ours to offload now
             if state.branch:
-                await self.close_branch(state, lease)
-                return True
+                return await self.close_branch(state, lease)
             try:
                 # a name of its own (not the content's: equal memories would share one file), deleted once restored
                 exported = await self.client.control("export", state.native, lease=lease, encoding=self.native_encoding, file=offload_file(state.native))
@@ -291,6 +290,28 @@ class Placement:
         except OSError:
             log.warning("could not record branch %s", state.native, exc_info=True)
 
+    async def adopt_branches(self) -> None:
+        """Once, when the upstream first answers: the kept states an earlier life of this proxy recorded, taken into
+        the table (adopted upstream: so they count against ``branch_limit()`` and are closed to make room like any
+        other), those gone upstream forgotten, those beyond the bound closed. A crash then never leaves more states on
+        the upstream than the bound."""
+        recorded, self._recorded_branches = self._recorded_branches, []
+        for branch in recorded:
+            state = self.table.entry(branch["tenant"], branch["name"])
+            if state.exists:
+                continue
+            try:
+                self.adopt(state, await self.client.control("inspect", state.native))
+            except MemTClientError as exc:
+                if isinstance(exc.cause, UnknownSession):  # closed upstream (or lost with it): nothing holds it
+                    self.prefixes.drop(state.name)
+                    self.records.delete(state.native)
+                continue
+        kept = [state for state in self.table if state.branch and state.exists]
+        for state in kept[: max(0, len(kept) - self.branch_limit())]:
+            async with state.lock:
+                await self.close_branch(state)  # or closed to make room once the dead proxy's lease lapses
+
     def branch_limit(self) -> int:
         """Header-less branches kept at most: ``max_memory_states``, and at most half the upstream's session
         capacity where it says it (our core does), so that they never take the room of sessions named by a header,
@@ -312,14 +333,16 @@ class Placement:
     async def make_branch_room(self, keep: SessionState) -> bool:
         """Room for one more kept state (never closing ``keep``): while ``branch_limit()`` or more are kept, close the
         least recently used idle one of the tenant holding the most (``keep``'s own counted): a tenant pushes out
-        another's states only while it holds fewer, so none takes more than its share. False where the rest are busy."""
+        another's states only while it holds fewer, so none takes more than its share. False where the rest are busy
+        or cannot be closed now."""
+        failed: list[SessionState] = []
         while True:
             kept = [state for state in self.table if state.branch and state.exists and state is not keep]  # least recently used first
             if len(kept) < self.branch_limit():
                 return True
             held = Counter(state.tenant for state in kept)
             held[keep.tenant] += 1
-            idle = [state for state in kept if state.users == 0 and not state.lock.locked()]
+            idle = [state for state in kept if state.users == 0 and not state.lock.locked() and state not in failed]
             if not idle:
                 return False
             most = max(held[state.tenant] for state in idle)
@@ -327,13 +350,16 @@ class Placement:
             victim.users += 1
             try:
                 async with victim.lock:
-                    await self.close_branch(victim)
+                    if not await self.close_branch(victim):
+                        failed.append(victim)
             finally:
                 victim.users -= 1
 
-    async def close_branch(self, state: SessionState, lease: str | None = None) -> None:
-        """Close a header-less branch nobody holds (its lease, or ``lease``, taken if need be): a dropped branch
-        costs only a longer prompt when its conversation comes back (its messages are then sent again)."""
+    async def close_branch(self, state: SessionState, lease: str | None = None) -> bool:
+        """Close a kept state nobody holds (its lease, or ``lease``, taken if need be): a closed state costs only a
+        longer prompt when its conversation comes back (its messages are then sent again). False, and the state kept
+        (found no more, but still counted), where it cannot be closed now: leased by another client (a proxy killed a
+        moment ago, until its lease lapses), or the upstream away; its native session never outlives its record."""
         self.prefixes.drop(state.name)
         lease = state.drop_lease() or lease
         try:
@@ -341,8 +367,11 @@ class Placement:
                 lease = (await self.client.control("acquire", state.native, ttl=self.lease_ttl))["lease"]
             await self.client.control("close", state.native, lease=lease)
         except MemTClientError as exc:
-            log.info("closing branch %s: %s", state.native, exc.message)
+            if not isinstance(exc.cause, UnknownSession):
+                log.info("kept state %s not closed now: %s", state.native, exc.message)
+                return False
         self.records.delete(state.native)
         state.forget()
         self.branches_closed += 1
+        return True
 

@@ -39,6 +39,7 @@ class Upstream:
         self.context_length = capabilities.get("context_length")  # our core's extension; None elsewhere
         self.upstream_sessions = capabilities.get("max_sessions_per_rank")  # our core's extension; None elsewhere
         self._upstream_checked = True
+        await self.adopt_branches()
 
     async def call(self, call, *args, **kwargs):
         """``await call(*args, **kwargs)`` on the native client, its failure mapped to ProxyError."""

@@ -26,18 +26,22 @@ def chat(nano_checkpoint):
 
 
 def run(nano_checkpoint, chat, body, **limits):
-    """``body(service)`` with a chat service over a fresh embedded core, the core's engine running."""
+    """``body(service)`` with a chat service over a fresh embedded core, the core's engine running; ``body`` may take
+    ``lives`` too: ``body(service, lives)``, where ``lives()`` makes another proxy's service over the same core."""
     app, core = build_core(core_plan(str(nano_checkpoint), "--device cpu --max-sessions-per-rank 64"))
     chat_format, parser = chat
 
+    def life(**more) -> ChatService:
+        sessions = Sessions(InProcessNativeClient(app, service=core, max_body_bytes=8 << 20), identity=chat_format.identity, **{**limits, **more})
+        return ChatService(sessions, chat_format, parser, model_names=[MODEL])
+
     async def main():
         async with app.router.lifespan_context(app):
-            sessions = Sessions(InProcessNativeClient(app, service=core, max_body_bytes=8 << 20), identity=chat_format.identity, **limits)
-            service = ChatService(sessions, chat_format, parser, model_names=[MODEL])
+            service = life()
             try:
-                return await body(service)
+                return await (body(service) if body.__code__.co_argcount == 1 else body(service, life, core))
             finally:
-                await sessions.aclose()
+                await service.sessions.aclose()
 
     return asyncio.run(main())
 
@@ -94,3 +98,33 @@ def test_a_tenant_cannot_push_out_another_tenants_share(nano_checkpoint, chat):
 
     b, held = run(nano_checkpoint, chat, body, max_memory_states=4)
     assert held == {"a": 3, "b": 1}, held
+
+
+def test_after_a_crash_the_states_on_the_upstream_stay_within_the_bound(nano_checkpoint, chat, tmp_path):
+    """A proxy with --state-directory makes its three states and dies without a word (its leases still held): the
+    next one takes the recorded states into its table, so the upstream never holds more kept states than the bound,
+    however many new conversations it keeps, and every native session it made has its record."""
+    from memt_proxy.store import SessionRecordStore
+
+    async def body(service, life, core):
+        for index in range(5):
+            await converse(service, "t", f"before {index}", 2)
+        for state in service.sessions.table:  # killed: nothing released, its leases lapse in their own time
+            state.drop_lease()
+        first = {s.native for s in kept(service.sessions)}
+        after = life(records=SessionRecordStore(tmp_path))
+        try:
+            upstream = []
+            for index in range(6):
+                await converse(after, "t", f"after {index}", 2)
+                upstream.append(len([name for name in core.protocol.sessions if name.startswith("p-")]))
+            recorded = set(after.sessions.records.sessions())
+            native = {name for name in core.protocol.sessions if name.startswith("p-")}
+            return first, upstream, native, recorded
+        finally:
+            await after.sessions.aclose()
+
+    first, upstream, native, recorded = run(nano_checkpoint, chat, body, max_memory_states=3, lease_ttl=1, records=SessionRecordStore(tmp_path))
+    assert len(first) == 3
+    assert max(upstream) <= 3, upstream
+    assert native <= recorded  # no native session outlives its record
