@@ -8,7 +8,7 @@ from sse_starlette.sse import EventSourceResponse
 from memt_proxy.errors import BadRequest
 from memt_proxy.metrics import ProxyMetrics
 from memt_proxy.protocol import ChatCompletionRequest
-from memt_proxy.route_inputs import DIVERGENCE_HEADER, MEMORY_HEADER, SESSION_HEADER, Inputs, request_body, sse
+from memt_proxy.route_inputs import CONTROLS, DIVERGENCE_HEADER, SESSION_HEADER, Inputs, request_body, sse
 from memt_proxy.serving import DIVERGENCE, ChatService
 
 
@@ -19,20 +19,16 @@ def add_chat_routes(app: FastAPI, service: ChatService, inputs: Inputs, metrics:
         return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "memt"} for name in service.model_names]}
 
     @app.post("/v1/chat/completions", openapi_extra=request_body(ChatCompletionRequest))
-    async def chat_completions(
-        request: Request,
-        x_memt_session: str | None = Header(default=None, alias=SESSION_HEADER),
-        x_memt_memory: str | None = Header(default=None, alias=MEMORY_HEADER),
-        x_memt_on_divergence: str | None = Header(default=None, alias=DIVERGENCE_HEADER),
-    ):
+    async def chat_completions(request: Request, x_memt_session: str | None = Header(default=None, alias=SESSION_HEADER)):
         tenant = inputs.tenant(request)
         completion = await inputs.model(request, ChatCompletionRequest)
-        if x_memt_on_divergence not in (None, *DIVERGENCE):
-            raise BadRequest(f"{DIVERGENCE_HEADER} must be one of {', '.join(DIVERGENCE)}", param=DIVERGENCE_HEADER)
-        retry, key = inputs.retry(request)
+        controls = inputs.controls(request, completion.metadata)
+        if controls.on_divergence not in (None, *DIVERGENCE):
+            where = DIVERGENCE_HEADER if DIVERGENCE_HEADER in request.headers else f"metadata.{CONTROLS[DIVERGENCE_HEADER]}"
+            raise BadRequest(f"{where} must be one of {', '.join(DIVERGENCE)}", param=where)
         result = await service.complete(
-            completion, tenant=tenant, session=inputs.session(x_memt_session), memory=x_memt_memory, on_divergence=x_memt_on_divergence,
-            retry=retry, key=key,
+            completion, tenant=tenant, session=inputs.session(x_memt_session), memory=controls.memory, on_divergence=controls.on_divergence,
+            retry=controls.retry, key=controls.idempotency_key,
         )
         if isinstance(result, dict):
             return result

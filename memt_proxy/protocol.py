@@ -115,6 +115,7 @@ class ChatCompletionRequest(BaseModel):
     tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: StrictBool | None = None
     user: str | None = None
+    metadata: dict[str, Any] | None = None  # its memt_* keys are per-request controls (``route_inputs.CONTROLS``)
     reasoning_effort: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     n: StrictInt | None = Field(default=None, ge=1, le=128)

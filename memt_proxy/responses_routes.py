@@ -32,11 +32,8 @@ def add_responses_routes(app: FastAPI, service: ResponsesService, inputs: Inputs
     async def create(request: Request):
         tenant = inputs.tenant(request)
         body = await inputs.model(request, ResponseRequest)
-        memory = request.headers.get("x-memt-memory")
-        if memory is not None and memory.lower() not in ("auto", "read", "off"):
-            raise BadRequest("X-MemT-Memory must be one of auto, read, off", param="X-MemT-Memory")
-        retry, key = inputs.retry(request)
-        result = await service.create(body, tenant=tenant, stateless=memory is not None and memory.lower() == "off", retry=retry, key=key)
+        controls = inputs.controls(request, body.metadata)
+        result = await service.create(body, tenant=tenant, stateless=controls.memory == "off", retry=controls.retry, key=controls.idempotency_key)
         if isinstance(result, dict):
             return result
         return EventSourceResponse(_sse(result, metrics.observe_stream_error), sep="\n", ping=15)

@@ -1,4 +1,10 @@
-"""What every route of the proxy reads from a request, read one way: its tenant, its session header, its body.
+"""What every route of the proxy reads from a request, read one way: its tenant, its session header, its
+per-request controls, its body.
+
+Each per-request control (memory policy, on-divergence, idempotency key) is a header or, the same value, a
+key of the body's ``metadata`` (``CONTROLS``): a router such as SMG forwards the body's ``metadata`` but drops
+unknown headers, so ``metadata`` is the one way that reaches the proxy in every deployment. The two may be
+sent together only with the same value (else 400 naming the header).
 
 Every JSON body is read through ``memt_core.request_body``: at most ``max_request_bytes`` (413 past it,
 refused from ``Content-Length`` before anything is read), parsed with bounded integers, nesting and valid
@@ -10,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from fastapi import Request
@@ -27,6 +34,9 @@ MEMORY_HEADER = "X-MemT-Memory"
 DIVERGENCE_HEADER = "X-MemT-On-Divergence"
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 IDEMPOTENCY_KEY_LIMIT = 255
+MEMORY_POLICIES = ("auto", "read", "off")
+#: each per-request control's header and the key of the body's ``metadata`` that carries it as well
+CONTROLS = {MEMORY_HEADER: "memt_memory", DIVERGENCE_HEADER: "memt_on_divergence", IDEMPOTENCY_HEADER: "memt_idempotency_key"}
 #: default --max-request-bytes: far above any chat a context window holds, far below what stalls a server
 DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024
 #: default --body-timeout: seconds a client has to send its whole body (408 past it)
@@ -34,6 +44,16 @@ DEFAULT_BODY_TIMEOUT = 60.0
 _WHERE = re.compile(r"\$((?:\.[^ .\[]+|\[\d+\])*)")
 
 Model = TypeVar("Model", bound=BaseModel)
+
+
+@dataclass(frozen=True)
+class Controls:
+    """What a request asks of memory beside its body's OpenAI fields, from its headers or its ``metadata``."""
+
+    memory: str | None = None  # auto, read or off (lower case); None: the proxy's --memory default
+    on_divergence: str | None = None  # checked by the chat route against the service's choices
+    idempotency_key: str | None = None
+    retry: bool = False  # the client says it sends this request again (``x-stainless-retry-count`` > 0)
 
 
 class Inputs:
@@ -61,14 +81,29 @@ class Inputs:
             raise BadRequest(exc.message, param=SESSION_HEADER, code="invalid_session") from None
 
     @staticmethod
-    def retry(request: Request) -> tuple[bool, str | None]:
-        """Whether the client says it sends this request again (the OpenAI SDKs' ``x-stainless-retry-count`` > 0),
-        and its ``Idempotency-Key`` (a request repeating the key of a kept answer is a retry too)."""
-        count = request.headers.get("x-stainless-retry-count", "0").strip()
-        key = request.headers.get(IDEMPOTENCY_HEADER)
+    def controls(request: Request, metadata: Any = None) -> Controls:
+        """The request's controls (``CONTROLS``: each a header or its key in the body's ``metadata``), checked:
+        the memory policy one of ``MEMORY_POLICIES``, the ``Idempotency-Key`` 1 to 255 characters (a request
+        repeating the key of a kept answer is a retry), and whether the client says it retries (the OpenAI SDKs'
+        ``x-stainless-retry-count`` > 0)."""
+        given = {}
+        for header, key in CONTROLS.items():
+            sent = request.headers.get(header)
+            carried = metadata.get(key) if isinstance(metadata, dict) else None
+            if carried is not None and not isinstance(carried, str):
+                raise BadRequest(f"metadata.{key} must be a string", param=f"metadata.{key}")
+            if sent is not None and carried is not None and sent != carried:
+                raise BadRequest(f"{header} and metadata.{key} disagree: send one of them, or the same value", param=header)
+            given[header] = (sent if sent is not None else carried, header if sent is not None else f"metadata.{key}")
+        memory, where = given[MEMORY_HEADER]
+        if memory is not None and memory.lower() not in MEMORY_POLICIES:
+            raise BadRequest(f"{where} must be one of {', '.join(MEMORY_POLICIES)}", param=where)
+        key, where = given[IDEMPOTENCY_HEADER]
         if key is not None and not 0 < len(key) <= IDEMPOTENCY_KEY_LIMIT:
-            raise BadRequest(f"{IDEMPOTENCY_HEADER} must be 1 to {IDEMPOTENCY_KEY_LIMIT} characters", param=IDEMPOTENCY_HEADER)
-        return count.isdigit() and int(count) > 0, key
+            raise BadRequest(f"{where} must be 1 to {IDEMPOTENCY_KEY_LIMIT} characters", param=where)
+        count = request.headers.get("x-stainless-retry-count", "0").strip()
+        return Controls(memory=memory and memory.lower(), on_divergence=given[DIVERGENCE_HEADER][0], idempotency_key=key,
+                        retry=count.isdigit() and int(count) > 0)
 
     async def json(self, request: Request) -> Any:
         """The request's JSON body, read and parsed within the bounds above."""

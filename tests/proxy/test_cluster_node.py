@@ -129,3 +129,38 @@ def test_undrain_takes_requests_again_with_the_operator_key_only():
     assert tenant.status_code == 403 and still.status_code == 503  # a tenant's key changes nothing
     assert undrained.json() == {"draining": False} and not node.draining
     assert ready.status_code != 503
+
+
+def controls(headers: dict[str, str] | None = None, metadata=None):
+    """``Inputs.controls`` of a request with ``headers`` and a body whose ``metadata`` is ``metadata``."""
+    from starlette.requests import Request as Bare
+
+    from memt_proxy.route_inputs import Inputs
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions",
+             "headers": [(name.lower().encode(), value.encode()) for name, value in (headers or {}).items()]}
+    return Inputs.controls(Bare(scope), metadata)
+
+
+def test_every_control_is_a_header_or_the_same_key_in_the_body_metadata():
+    """SMG forwards the body's metadata and drops X-MemT-* and Idempotency-Key (tests/e2e/test_cluster.py): each
+    control is read from either, and the two may only agree."""
+    import pytest
+
+    from memt_proxy.errors import BadRequest
+
+    assert controls() == controls(metadata={"other": "x"}) == controls(metadata="not an object")
+    by_header = controls({"X-MemT-Memory": "OFF", "X-MemT-On-Divergence": "error", "Idempotency-Key": "k-1", "x-stainless-retry-count": "1"})
+    by_body = controls({"x-stainless-retry-count": "1"}, {"memt_memory": "off", "memt_on_divergence": "error", "memt_idempotency_key": "k-1"})
+    assert by_header == by_body and (by_body.memory, by_body.on_divergence, by_body.idempotency_key, by_body.retry) == ("off", "error", "k-1", True)
+    assert controls({"X-MemT-Memory": "read"}, {"memt_memory": "read"}).memory == "read"
+    for headers, metadata, param in (
+        ({"X-MemT-Memory": "off"}, {"memt_memory": "auto"}, "X-MemT-Memory"),  # disagree
+        ({}, {"memt_memory": "all"}, "metadata.memt_memory"),
+        ({}, {"memt_memory": 0}, "metadata.memt_memory"),
+        ({}, {"memt_idempotency_key": ""}, "metadata.memt_idempotency_key"),
+        ({"Idempotency-Key": "x" * 256}, None, "Idempotency-Key"),
+    ):
+        with pytest.raises(BadRequest) as refused:
+            controls(headers, metadata)
+        assert refused.value.param == param, (headers, metadata)
