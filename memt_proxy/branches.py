@@ -27,6 +27,7 @@ conversation's next prompt.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from dataclasses import dataclass
 from typing import Awaitable, Callable
@@ -37,7 +38,7 @@ from memt_proxy.errors import ProxyError, Unavailable
 from memt_proxy.prefix_index import Found, PrefixIndex, chain, extend, root
 from memt_proxy.protocol import Message
 from memt_proxy.session.state import new_branch_name
-from memt_proxy.sessions import Sessions, SessionState
+from memt_proxy.sessions import HeldSession, Sessions, SessionState
 from memt_proxy.transcript import message_hash
 from memt_proxy.turn_plan import off_loop
 
@@ -94,6 +95,36 @@ async def planned(sessions: Sessions, messages: list[Message] | list[dict], tena
             return plan
         plan = await off_loop(size, plan_headerless, messages, tenant, sessions.prefixes)
     return plan
+
+
+async def resume(sessions: Sessions, messages: list[Message] | list[dict], tenant: str, size: int, *, reads: bool = True) -> tuple[HeaderlessPlan, HeldSession | None, contextlib.AsyncExitStack]:
+    """Where a header-less request resumes, for either surface: its plan, the deepest kept state it reaches held
+    (``Sessions.turn``; checked under its lock, ``resumable``: one closed meanwhile is looked for again, up to
+    ``BRANCH_TRIES`` times), and the stack that lets that state go; None held: answered from its text (no state
+    reached, every state in use, or ``reads`` False)."""
+    for attempt in range(BRANCH_TRIES):
+        plan = await planned(sessions, messages, tenant, size)
+        find_shared(sessions, plan)
+        if attempt == BRANCH_TRIES - 1 or not reads:
+            plan.found = None  # the states it found kept going away: answered from the text
+        hold = contextlib.AsyncExitStack()
+        if plan.found is None:
+            return plan, None, hold
+        try:
+            held = await hold.enter_async_context(sessions.turn(tenant, plan.found.branch))
+            if await resumable(sessions, held.state, plan):
+                return plan, held, hold
+        except ProxyError as exc:
+            await hold.aclose()
+            if exc.status != 429:
+                raise
+            plan.found = None  # no room for the state now (every state in use): answered without memory
+            return plan, None, contextlib.AsyncExitStack()
+        except BaseException:
+            await hold.aclose()
+            raise
+        await hold.aclose()  # the state was closed meanwhile: look again
+    raise AssertionError("unreachable: the last attempt answers without memory")
 
 
 def find_shared(sessions: Sessions, plan: HeaderlessPlan) -> None:

@@ -30,13 +30,12 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import AsyncIterator
 
 from memt_core.client.chat_format import ChatFormat
 from memt_core.client.parsers import OutputParser
-from memt_proxy.branches import BRANCH_TRIES, HeaderlessPlan, after_answer, closed, find_shared, planned, resumable
+from memt_proxy.branches import HeaderlessPlan, after_answer, closed, resume
 from memt_proxy.conversations import SNAPSHOTS_PER_CHAIN, ResponseRecord, ResponseRecords, Thread, session_name
 from memt_proxy.errors import BadRequest, Conflict, NotFound, ProxyError, Unavailable
 from memt_proxy.protocol import logprobs_content, logprobs_sampling
@@ -49,12 +48,11 @@ from memt_proxy.sessions import HeldSession, PendingTurn, Sessions, SessionState
 from memt_proxy.structured import structure
 from memt_proxy.transcript import message_hash
 from memt_proxy.turn_plan import (
-    RawStream, check_prefill, check_text_fits, continued_turn_ids, encode, fit_output, forced_prefix, no_usage, off_loop, prompt_ids, request_digest,
+    KeptAnswers, RawStream, check_prefill, check_text_fits, continued_turn_ids, encode, fit_output, forced_prefix, no_usage, off_loop, prompt_ids, request_digest, retried,
 )
 
 log = logging.getLogger("memt.proxy")
 
-RETRIES_KEPT = 1024  # responses on memory kept for an identical retry (the durable one: each thread's latest)
 STREAM_START_TIMEOUT = 60.0  # seconds a held session waits for its stream to be consumed
 
 
@@ -100,7 +98,7 @@ class ResponsesService:
         self.headerless = headerless  # an input carrying its history resumes from memory (``memt_proxy.branches``)
         self.on_usage = no_usage  # as ChatService.on_usage: once per finished response
         self.memory_tokens = sessions.memory_tokens
-        self._answers: OrderedDict[tuple[str, str], tuple[str | None, dict]] = OrderedDict()  # (tenant, request digest) → (its key, response), for retries
+        self._answers = KeptAnswers()  # responses on memory, for a client's retry (the durable one: each thread's latest)
 
     # ------------------------------------------------------------------ POST /v1/responses
 
@@ -120,10 +118,10 @@ class ResponsesService:
         request._size = len(dumped)  # decides where its prompt is prepared (``turn_plan.off_loop``)
         request._digest = request_digest(dumped)  # an identical retry is answered again, not run twice
         request._retry, request._key = retry, key
-        kept = self._answers.get((tenant, request._digest))
-        if kept is not None and _retried(request, kept[0]):
+        kept = self._answers.retried(tenant, request._digest, retry, key)
+        if kept is not None:
             log.info("an identical retry of a response: answered again")
-            return replayed(kept[1]) if request.stream else kept[1]
+            return replayed(kept) if request.stream else kept
         items = await off_loop(request._size, lambda: InputItems.of(request.input).items)
         await self.sessions.check_upstream()
         if request.conversation_id is not None:
@@ -149,38 +147,22 @@ class ResponsesService:
         nothing: they sit among the items, where a kept state's message count cannot skip them."""
         messages = await off_loop(request._size, item_messages, items)
         instructed = any(m["role"] in ("system", "developer") for m in messages)
-        for attempt in range(BRANCH_TRIES):
-            found = await planned(self.sessions, messages, tenant, request._size)
-            find_shared(self.sessions, found)
-            if attempt == BRANCH_TRIES - 1 or instructed:
-                found.found = None  # the states it found kept going away: answered from the text
-            hold = contextlib.AsyncExitStack()
-            handed_off = False
-            try:
-                held = None
-                if found.found is not None:
-                    try:
-                        held = await hold.enter_async_context(self.sessions.turn(tenant, found.found.branch))
-                        if not await resumable(self.sessions, held.state, found):
-                            continue  # the state was closed meanwhile: look again
-                    except ProxyError as exc:
-                        if exc.status != 429:
-                            raise
-                        held = None  # no room for the state now: answered without memory
-                if held is None:
-                    plan = await self._planned(request, tenant, items, None, [], [], None)
-                    if not instructed:
-                        plan.headerless = found
-                    return self._stream(plan, None, None) if request.stream else await self._run(plan, None)
-                plan = await self._planned(request, tenant, items, None, [], [], None, held=len(held.state.committed))
-                await held.start(with_answer=True)
-                plan.headerless, plan.parent, plan.saved = found, held.state, self.memory_tokens.held(held.state)
-                handed_off = True
-                return await self._answer(plan, held, hold)
-            finally:
-                if not handed_off:
-                    await hold.aclose()
-        raise AssertionError("unreachable: the last attempt answers without memory")
+        found, held, hold = await resume(self.sessions, messages, tenant, request._size, reads=not instructed)
+        handed_off = False
+        try:
+            if held is None:
+                plan = await self._planned(request, tenant, items, None, [], [], None)
+                if not instructed:
+                    plan.headerless = found
+                return self._stream(plan, None, None) if request.stream else await self._run(plan, None)
+            plan = await self._planned(request, tenant, items, None, [], [], None, held=len(held.state.committed))
+            await held.start(with_answer=True)
+            plan.headerless, plan.parent, plan.saved = found, held.state, self.memory_tokens.held(held.state)
+            handed_off = True
+            return await self._answer(plan, held, hold)
+        finally:
+            if not handed_off:
+                await hold.aclose()
 
     def _previous(self, request: ResponseRequest, tenant: str) -> ResponseRecord:
         previous = self.records.response(tenant, request.previous_response_id)
@@ -200,7 +182,7 @@ class ResponsesService:
                 result = await self._in_thread(request, items, tenant, thread, previous.id)
                 if result is not None:
                     return result
-            elif thread is not None and (thread.answered or {}).get("digest") == request._digest and _retried(request, thread.answered.get("key")):
+            elif thread is not None and (thread.answered or {}).get("digest") == request._digest and retried(request._retry, request._key, thread.answered.get("key")):
                 result = await self._in_thread(request, items, tenant, thread, thread.head)  # a retry of its latest
                 if result is not None:
                     return result
@@ -223,7 +205,7 @@ class ResponsesService:
         handed_off = False
         try:
             answered = thread.answered
-            if answered and answered["digest"] == request._digest and thread.head == answered["id"] and _retried(request, answered.get("key")):
+            if answered and answered["digest"] == request._digest and thread.head == answered["id"] and retried(request._retry, request._key, answered.get("key")):
                 # a client's retry of the response that is this thread's latest (its answer lost on the way, or
                 # a timeout): the same response again, streamed if asked so, its turn not committed twice (issue 38)
                 log.info("an identical retry of %s on %s: answered again", answered["id"], thread.id)
@@ -404,9 +386,7 @@ class ResponsesService:
             self._headerless_after(plan, output, output_ids, bool(calls), incomplete)
         else:
             thread.answered = {"digest": request._digest, "key": request._key, "id": response_id, "body": body}
-            self._answers[(plan.tenant, request._digest)] = (request._key, body)
-            while len(self._answers) > RETRIES_KEPT:
-                self._answers.popitem(last=False)
+            self._answers.keep(plan.tenant, request._digest, request._key, body)
             await self._advance(plan, held, thread, response_id, messages, calls, output, output_ids, incomplete)
             uncommitted, version, snapshot_of = list(thread.uncommitted), thread.version, thread.snapshot_of
         try:
@@ -538,8 +518,3 @@ class ResponsesService:
 def _finish(body: dict) -> str:
     """The native finish reason as "stop" (an end token or stop string) or "length"."""
     return "stop" if (body["meta_info"].get("finish_reason") or {}).get("type") == "stop" else "length"
-
-
-def _retried(request: ResponseRequest, key: str | None) -> bool:
-    """Whether ``request`` is a client's retry of one answered under ``key``: it says so, or repeats that key."""
-    return request._retry or request._key is not None and request._key == key

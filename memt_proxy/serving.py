@@ -22,20 +22,19 @@ import contextlib
 import functools
 import logging
 import time
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 from memt_core.client.chat_format import ChatFormat
 from memt_core.client.parsers import OutputParser, hold_partial
-from memt_proxy.branches import BRANCH_TRIES, HeaderlessPlan, after_answer, closed, find_shared, planned, resumable
+from memt_proxy.branches import HeaderlessPlan, after_answer, closed, planned, resumable, resume
 from memt_proxy.errors import BadRequest, NotFound, ProxyError, Unavailable
 from memt_proxy.protocol import ChatCompletionRequest, NamedToolChoice, Usage, choice, chunk_body, completion_id, logprobs_content, logprobs_sampling, response_body
 from memt_proxy.sessions import HeldSession, MemoryFound, PendingTurn, Sessions, SessionState
 from memt_proxy.structured import structure
 from memt_proxy.transcript import Split, as_dict, check_turn, message_hash, overlap, split_transcript
 from memt_proxy.turn_plan import (
-    RawStream, check_prefill, check_text_fits, continued_turn_ids, encode, fit_output, forced_prefix, no_usage, off_loop, prompt_ids, request_digest,
+    KeptAnswers, RawStream, check_prefill, check_text_fits, continued_turn_ids, encode, fit_output, forced_prefix, no_usage, off_loop, prompt_ids, request_digest, retried,
 )
 
 log = logging.getLogger("memt.proxy")
@@ -44,7 +43,6 @@ POLICIES = ("auto", "read", "off")
 DIVERGENCE = ("fork", "error", "branch", "reset", "reject")  # branch, reset: older names of fork; reject: of error
 STRICT = ("error", "reject")
 STREAM_START_TIMEOUT = 60.0
-RETRIES_KEPT = 1024  # header-less answers kept for a client's retry (named sessions keep their last in their state)
 SEED_MODULUS = 1 << 63  # native seeds are in [0, 2**63); OpenAI's may be negative
 
 
@@ -107,7 +105,7 @@ class ChatService:
         self.headerless = headerless  # requests without X-MemT-Session get memory too (``memt_proxy.branches``)
         self.on_usage = no_usage
         self.memory_tokens = sessions.memory_tokens
-        self._answers: OrderedDict[tuple[str, str], dict] = OrderedDict()  # header-less: (tenant, digest) → answer, for retries
+        self._answers = KeptAnswers()  # header-less answers, for a client's retry (a named session keeps its last turn's)
 
     async def complete(
         self, request: ChatCompletionRequest, *, tenant: str, session: str | None, memory: str | None, on_divergence: str | None = None,
@@ -139,9 +137,9 @@ class ChatService:
             return await self._run(request, prepared, None)
         digest = request_digest(dumped)
         if session is None:
-            replayed = self._replay(request, self._answers.get((tenant, digest)), digest, retry, key)
-            if replayed is not None:
-                return replayed
+            kept = self._answers.retried(tenant, digest, retry, key)
+            if kept is not None:
+                return self._replayed(request, kept)
             return await self._headerless(request, tenant, policy, len(dumped), digest, key)
         held_until = contextlib.AsyncExitStack()  # the session is held until this closes
         held = await held_until.enter_async_context(self.sessions.turn(tenant, session))
@@ -152,8 +150,9 @@ class ChatService:
         except BaseException:
             await held_until.aclose()
             raise
-        replayed = self._replay(request, state.last_turn, digest, retry, key, version=state.version)
-        if replayed is not None:
+        last = state.last_turn  # a retry of the session's last committed turn gets its kept answer
+        if last and last.get("version") == state.version and last.get("digest") == digest and retried(retry, key, last.get("key")):
+            replayed = self._replayed(request, last)
             await held_until.aclose()
             return replayed
 
@@ -231,44 +230,24 @@ class ChatService:
         """A conversation without X-MemT-Session, identified by its transcript (``memt_proxy.branches``): resumed
         from the deepest kept state its earlier messages reach; with none, a plain generation. Behind the answer
         the conversation's next state is forked (``_after``)."""
-        for attempt in range(BRANCH_TRIES):
-            plan = await planned(self.sessions, request.messages, tenant, size)
-            find_shared(self.sessions, plan)
-            if attempt == BRANCH_TRIES - 1:
-                plan.found = None  # the states it found kept going away: answered from the text
-            held_until = contextlib.AsyncExitStack()
-            try:
-                held = None if plan.found is None else await held_until.enter_async_context(self.sessions.turn(tenant, plan.found.branch))
-                if held is not None and not await resumable(self.sessions, held.state, plan):
-                    await held_until.aclose()  # the state was closed meanwhile: look again
-                    continue
-            except ProxyError as exc:
-                await held_until.aclose()
-                if exc.status != 429:
-                    raise
-                held = None  # no room for the state now (every state in use): answered without memory
-                plan.found = None
-            except BaseException:
-                await held_until.aclose()
-                raise
-            if held is None:
-                prepared = await off_loop(size, self._prepare_stateless, request)
-                prepared.headerless, prepared.digest, prepared.key = plan, digest, key
-                plan.worth_keeping = plan.worth_keeping and policy == "auto"
-                conversation = [as_dict(m) for m in request.messages if m.role not in ("system", "developer")]
-                earlier, turn = conversation[: len(plan.hashes)], conversation[len(plan.hashes):]
-                prepared.opening = functools.partial(off_loop, size, self._opening_ids, earlier, turn, prepared)
-                if request.stream:
-                    return self._stream(request, prepared, None, None)
-                return await self._run(request, prepared, None)
+        plan, held, held_until = await resume(self.sessions, request.messages, tenant, size)
+        if held is None:
+            prepared = await off_loop(size, self._prepare_stateless, request)
+            prepared.headerless, prepared.digest, prepared.key = plan, digest, key
+            plan.worth_keeping = plan.worth_keeping and policy == "auto"
+            conversation = [as_dict(m) for m in request.messages if m.role not in ("system", "developer")]
+            earlier, turn = conversation[: len(plan.hashes)], conversation[len(plan.hashes):]
+            prepared.opening = functools.partial(off_loop, size, self._opening_ids, earlier, turn, prepared)
+            if request.stream:
+                return self._stream(request, prepared, None, None)
+            return await self._run(request, prepared, None)
 
-            async def prepare() -> Prepared:
-                prepared = await off_loop(size, self._prepare_split, request, held.state, policy, plan.hashes)
-                prepared.headerless, prepared.digest, prepared.key = plan, digest, key
-                return prepared
+        async def prepare() -> Prepared:
+            prepared = await off_loop(size, self._prepare_split, request, held.state, policy, plan.hashes)
+            prepared.headerless, prepared.digest, prepared.key = plan, digest, key
+            return prepared
 
-            return await self._answer(request, held, held_until, prepare)
-        raise AssertionError("unreachable: the last attempt answers without memory")
+        return await self._answer(request, held, held_until, prepare)
 
     def _opening_ids(self, earlier: list[dict], turn: list[dict], prepared: Prepared) -> list[int]:
         """A conversation's history and open turn as a session would commit them (its answer's ids follow)."""
@@ -482,9 +461,7 @@ class ChatService:
         read (or starts one, for a conversation worth keeping); a tool call keeps none (its results come next)."""
         plan = prepared.headerless
         usage = Usage(prompt_tokens=len(prepared.prompt), completion_tokens=len(output_ids), total_tokens=len(prepared.prompt) + len(output_ids))
-        self._answers[(plan.tenant, prepared.digest)] = {"digest": prepared.digest, "key": prepared.key, "message": message, "finish": finish, "usage": usage.model_dump()}
-        while len(self._answers) > RETRIES_KEPT:
-            self._answers.popitem(last=False)
+        self._answers.keep(plan.tenant, prepared.digest, prepared.key, {"message": message, "finish": finish, "usage": usage.model_dump()})
         keep = finish in ("stop", "length") and (prepared.policy == "auto" if held is not None else plan.worth_keeping)
         reply = closed(self._reply_ids(prepared, output_ids), self.chat_format.tokenizer.eos_token_id, finish == "length") if keep else []
         if held is not None:
@@ -497,15 +474,10 @@ class ChatService:
                 return await prepared.opening() + reply
         after_answer(self.sessions, plan, [message], parent=held.state if held is not None else None, keep=keep, ids=ids)
 
-    def _replay(self, request: ChatCompletionRequest, last: dict | None, digest: str, retry: bool, key: str | None, *, version: int | None = None) -> dict | AsyncIterator[dict] | None:
-        """The kept answer ``last`` when a client's retry (``retry``, or the ``key`` the kept answer was given under)
-        repeats its request exactly (e.g. the openai SDK after the answer was lost): nothing is generated or
-        committed again. ``version``: a session's, which the kept answer must have made (its last committed turn)."""
-        if not last or version is not None and last.get("version") != version or last.get("digest") != digest:
-            return None
-        if not (retry or key is not None and last.get("key") == key):
-            return None
-        log.info("an identical retry of an answered request: answered again, not committed twice")
+    def _replayed(self, request: ChatCompletionRequest, last: dict) -> dict | AsyncIterator[dict]:
+        """The kept answer ``last`` again, for a client's retry of its request (e.g. the openai SDK after the answer was
+        lost): nothing is generated or committed again."""
+        log.info("a client's retry of an answered request: answered again, not committed twice")
         usage = Usage(**last["usage"])
         if request.stream:
             return self._replayed_stream(request, last["message"], last["finish"], usage)

@@ -231,6 +231,7 @@ class Sessions(Upstream, Leases, Placement, Writes):
                 return {"restored": name}
             if action == "reset":
                 await self.reset(held.state, held.lease)
+                await self.close_kept_of(held.state)
                 return {"reset": True}
             if action == "close":
                 await held.close()

@@ -208,10 +208,11 @@ class SessionRecordStore:
             return []
         return sorted(path.name[: -len(".json")] for path in self.records_directory.glob("*.json") if not path.name.endswith(".offload.json"))
 
-    def save_branch(self, native: str, tenant: str, name: str, head: str | None) -> None:
-        """Record a header-less branch's name and head (``memt_proxy.branches``), so that a restarted proxy
-        finds it again; what its memory holds is its per-session record's, checked on use. Records shared by
-        a cluster's proxies also name the branch by its head (``branch_at``), for the other nodes."""
+    def save_branch(self, native: str, tenant: str, name: str, head: str | None, origin: str | None = None) -> None:
+        """Record a kept state's name and head (``memt_proxy.branches``), and the named session it was kept for
+        (``origin``), so that a restarted proxy finds it again; what its memory holds is its per-session record's,
+        checked on use. Records shared by a cluster's proxies also name the state by its head (``branch_at``), for
+        the other nodes."""
         if self.records_directory is None:
             return
         (self.records_directory / BRANCHES).mkdir(exist_ok=True)
@@ -222,7 +223,7 @@ class SessionRecordStore:
             if head is not None:
                 self._head_path(head).parent.mkdir(exist_ok=True)
                 self._write(f"{BRANCHES}/{HEADS}/{head}", {"tenant": tenant, "name": name})
-        self._write(f"{BRANCHES}/{native}", {"tenant": tenant, "name": name, "head": head})
+        self._write(f"{BRANCHES}/{native}", {"tenant": tenant, "name": name, "head": head, "origin": origin})
 
     def _head_path(self, head: str) -> Path:
         return self.records_directory / BRANCHES / HEADS / f"{head}.json"
@@ -239,7 +240,7 @@ class SessionRecordStore:
         return None
 
     def branches(self) -> list[dict]:
-        """The recorded branches, each ``{"tenant", "name", "head"}`` (unreadable ones skipped)."""
+        """The recorded kept states, each ``{"tenant", "name", "head", "origin"}`` (unreadable ones skipped)."""
         place = self.records_directory / BRANCHES if self.records_directory is not None else None
         if place is None or not place.is_dir():
             return []
@@ -247,5 +248,6 @@ class SessionRecordStore:
         for path in sorted(place.glob("*.json")):
             record = self._read(f"{BRANCHES}/{path.stem}")
             if record is not None and all(isinstance(record.get(key), str) for key in ("tenant", "name")) and isinstance(record.get("head"), (str, type(None))):
-                found.append({key: record[key] for key in ("tenant", "name", "head")})
+                origin = record.get("origin")
+                found.append({**{key: record[key] for key in ("tenant", "name", "head")}, "origin": origin if isinstance(origin, str) else None})
         return found

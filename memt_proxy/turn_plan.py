@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import hashlib
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -21,6 +22,8 @@ from memt_core.sampling_params import DEFAULT_MAX_NEW_TOKENS
 from memt_proxy.errors import BadRequest
 from memt_proxy.session.state import PendingTurn
 from memt_proxy.transcript import message_hash
+
+RETRIES_KEPT = 1024  # answers kept for a client's retry where no session keeps them (header-less chat, Responses)
 
 
 #: requests with more text than this are templated and tokenized in a worker thread, off the event loop
@@ -168,6 +171,31 @@ def check_prefill(prompt: list[int], limit: int | None, param: str) -> None:
     """Refuse (400 ``context_length_exceeded``) a prompt longer than the upstream's ``max_prefill_tokens``."""
     if limit and len(prompt) > limit:
         raise BadRequest(f"the prompt has {len(prompt)} tokens; the upstream accepts at most {limit}", param=param, code="context_length_exceeded")
+
+
+def retried(retry: bool, key: str | None, kept_key: str | None) -> bool:
+    """Whether a request repeating an answered one is a client's retry: it says so (``retry``: the OpenAI SDKs'
+    ``x-stainless-retry-count`` > 0), or repeats the ``Idempotency-Key`` the kept answer was given under."""
+    return retry or key is not None and key == kept_key
+
+
+class KeptAnswers:
+    """Answers kept for a client's retry, the newest ``limit``: (tenant, request digest) → (its Idempotency-Key, answer)."""
+
+    def __init__(self, limit: int = RETRIES_KEPT):
+        self.limit = limit
+        self._kept: OrderedDict[tuple[str, str], tuple[str | None, object]] = OrderedDict()
+
+    def keep(self, tenant: str, digest: str, key: str | None, answer) -> None:
+        self._kept[(tenant, digest)] = (key, answer)
+        self._kept.move_to_end((tenant, digest))
+        while len(self._kept) > self.limit:
+            self._kept.popitem(last=False)
+
+    def retried(self, tenant: str, digest: str, retry: bool, key: str | None):
+        """The answer kept for this request when it is a client's retry (``retried``), else None."""
+        kept = self._kept.get((tenant, digest))
+        return kept[1] if kept is not None and retried(retry, key, kept[0]) else None
 
 
 def no_usage(**usage) -> None:

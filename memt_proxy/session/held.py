@@ -238,6 +238,7 @@ class HeldSession:
         sessions.records.delete(state.native)
         sessions.records.forget_offload(state.native)
         state.forget()
+        await sessions.close_kept_of(state)
 
 
 def _renamed(error: ProxyError, file: str, name: str) -> ProxyError:

@@ -59,6 +59,7 @@ class Placement:
         try:
             async with self.turn(state.tenant, new_branch_name()) as held:
                 parent = held.state
+                parent.origin = state.native  # it holds that session's memory: closed with it
                 self.prefixes.move(parent.name, link)
                 try:
                     async with self.state_room(parent):
@@ -286,7 +287,7 @@ class Placement:
         """A header-less branch now holds (or is about to hold) the state named ``head``: index and record it."""
         self.prefixes.move(state.name, head)
         try:
-            self.records.save_branch(state.native, state.tenant, state.name, head)
+            self.records.save_branch(state.native, state.tenant, state.name, head, state.origin)
         except OSError:
             log.warning("could not record branch %s", state.native, exc_info=True)
 
@@ -300,6 +301,7 @@ class Placement:
             state = self.table.entry(branch["tenant"], branch["name"])
             if state.exists:
                 continue
+            state.origin = branch.get("origin")
             try:
                 self.adopt(state, await self.client.control("inspect", state.native))
             except MemTClientError as exc:
@@ -354,6 +356,17 @@ class Placement:
                         failed.append(victim)
             finally:
                 victim.users -= 1
+
+    async def close_kept_of(self, state: SessionState) -> None:
+        """Close the states kept before a named session's turns (``keep_parent``), which hold copies of its memory, as
+        the session is closed or its memory reset: what a client deletes is gone, not kept elsewhere."""
+        for kept in [other for other in self.table if other.branch and other.exists and other.origin == state.native]:
+            kept.users += 1
+            try:
+                async with kept.lock:
+                    await self.close_branch(kept)
+            finally:
+                kept.users -= 1
 
     async def close_branch(self, state: SessionState, lease: str | None = None) -> bool:
         """Close a kept state nobody holds (its lease, or ``lease``, taken if need be): a closed state costs only a

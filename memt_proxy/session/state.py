@@ -91,6 +91,7 @@ class SessionState:
     committing: asyncio.Task | None = None  # the commit of the previous turn, while under way
     users: int = 0  # requests holding or waiting for this state, and its commit: while any, it is never dropped
     last_turn: dict | None = None  # the surface's answer to the last committed turn (JSON, with its version), for an identical retry
+    origin: str | None = None  # a kept state made before a named session's turn: that session's native id (closed with it)
 
     @property
     def branch(self) -> bool:

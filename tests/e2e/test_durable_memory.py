@@ -84,8 +84,12 @@ def test_a_full_server_with_a_store_unloads_the_longest_idle_session_to_make_roo
         assert wire.control("create", "left-behind")["restored_version"] == 1
         back = Handle("left-behind", wire.control("acquire", "left-behind")["lease"])
         assert answer(wire, back) == remembered
-    plain = memt_servers(nano_checkpoint, "--max-sessions-per-rank", "1")  # no store: unloading would lose memory
+    plain = memt_servers(nano_checkpoint, "--max-sessions-per-rank", "1")  # no store: unloading a memory would lose it
     with plain.client() as http:
         wire = Wire(http)
-        wire.ctl("release", wire.open("only"))
+        wire.ctl("release", wire.open("empty"))  # never written to: it goes, nothing is lost (issue 48)
+        only = wire.open("only")
+        assert wire.control("inspect", "empty", expect=409)["error"]["code"] == "unknown_session"
+        wire.write(only, [11, 12])
+        wire.ctl("release", only)
         assert wire.control("create", "second", expect=429)["error"]["code"] == "capacity_exceeded"

@@ -180,3 +180,18 @@ def test_a_headerless_retry_gets_the_kept_answer(fresh_proxy, retry):
         assert metric(fresh_proxy, "memt_proxy_memory_writes_total") == 1
         anew = [http.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]["content"] for _ in range(3)]
     assert len({first["choices"][0]["message"]["content"], *anew}) > 1
+
+
+@pytest.mark.parametrize("action", ["reset", "delete"])
+def test_the_states_kept_for_a_session_go_with_its_memory(fresh_proxy, action):
+    """The states a named session keeps before its turns hold copies of its memory: a reset or a delete of the session
+    closes them too, so what a client deletes is not kept elsewhere."""
+    client = fresh_proxy.openai()
+    session = unique("kept")
+    play(client, {"X-MemT-Session": session}, 3)
+    writes_reach(fresh_proxy, 3)
+    assert metric(fresh_proxy, "memt_proxy_memory_states") == 2  # before turns 2 and 3
+    with fresh_proxy.http() as http:
+        answer = http.post(f"/v1/memt/sessions/{session}/reset") if action == "reset" else http.delete(f"/v1/memt/sessions/{session}")
+    assert answer.status_code == 200, answer.text
+    assert metric(fresh_proxy, "memt_proxy_memory_states") == 0

@@ -83,9 +83,11 @@ def test_a_state_is_made_once_per_transcript():
 def test_branch_records_survive_a_new_store_and_go_with_the_session(tmp_path):
     store = SessionRecordStore(tmp_path)
     store.save_branch("p-1", "alpha", "~n1", "h1")
-    store.save_branch("p-2", "beta", "~n2", None)
+    store.save_branch("p-2", "beta", "~n2", None, "p-named")
     (tmp_path / "branches" / "p-3.json").write_text("{not json")
-    assert SessionRecordStore(tmp_path).branches() == [{"tenant": "alpha", "name": "~n1", "head": "h1"}, {"tenant": "beta", "name": "~n2", "head": None}]
+    assert SessionRecordStore(tmp_path).branches() == [
+        {"tenant": "alpha", "name": "~n1", "head": "h1", "origin": None}, {"tenant": "beta", "name": "~n2", "head": None, "origin": "p-named"},
+    ]
     store.delete("p-1")
     assert [b["name"] for b in store.branches()] == ["~n2"]
     assert SessionRecordStore(None).branches() == []
