@@ -2,12 +2,14 @@
 
 Two pieces, switched on by ``--cluster`` (``install``):
 
-* **The session from the routing key.** SMG (the Shepherd Model Gateway) routes with consistent hashing
-  on a routing-key header and forwards only a short list of headers to its workers — ``Authorization``,
-  request ids, trace context and its own ``X-SMG-Routing-Key`` — so ``X-MemT-Session`` never reaches the
-  proxy. Behind SMG a client sends its session as ``X-SMG-Routing-Key`` (SMG hashes it and passes it
-  on); ``RoutingKeySession`` gives the request that session. A request carrying both headers with
-  different values is refused (400): it would be routed by one name and served under another.
+* **The session from the routing key.** SMG (the Shepherd Model Gateway) pins a request with a routing-key
+  header to one node (``SMG_ROUTING``) and forwards only a short list of headers to its workers —
+  ``Authorization``, request ids, trace context and its own ``X-SMG-Routing-Key`` — so ``X-MemT-Session``
+  (and every other ``X-MemT-*`` header, and ``Idempotency-Key``) never reaches the proxy. Behind SMG a client
+  sends its session as ``X-SMG-Routing-Key`` (SMG routes by it and passes it on) and the other controls in the
+  body's ``metadata`` (``route_inputs.CONTROLS``); the middleware gives the request that session. A request
+  carrying both headers with different values is refused (400): it would be routed by one name and served
+  under another.
 * **Planned drain.** ``POST /admin/drain`` (the operator key only: ``--admin-key``) refuses new requests (503 ``draining``, with ``Retry-After``),
   makes ``/health/ready`` fail (the router's health check then stops sending here), waits for the
   requests and commits under way, then hands every session off (``Sessions.unload``: its core frees it
@@ -32,6 +34,12 @@ from memt_core.bearer import bearer_token, matching
 
 log = logging.getLogger("memt.proxy")
 
+#: SMG's routing for a MemT cluster (scripts/start_cluster.sh runs it; scripts/bench/routing.py measured it against
+#: consistent hashing and prefix_hash): a request with X-SMG-Routing-Key is pinned to one node by its key (sticky:
+#: the node the policy picks for the key's first request); a header-less one goes to the node whose past requests
+#: share the longest prefix with it (cache_aware's prefix tree), the node that keeps its conversation's state. No
+#: cache hit is diverted to a node the router thinks thin: that would move a live conversation off its state.
+SMG_ROUTING = ("--policy", "cache_aware", "--routing-key-override", "--assignment-mode", "min_group", "--worker-warmup-divert-every", "0")
 ROUTING_KEY_HEADER = b"x-smg-routing-key"
 SESSION_HEADER = b"x-memt-session"
 DRAIN_PATH = "/admin/drain"

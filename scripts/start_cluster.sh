@@ -1,12 +1,15 @@
 #!/bin/bash
 # Start a MemT cluster on this machine: Redis (session ownership), one shared snapshot store, N core+proxy
-# pairs, and SMG in front routing each session to one pair (consistent hashing on X-SMG-Routing-Key).
-# Ctrl-C (or SIGTERM) stops everything it started.
+# pairs, and SMG in front: a request with X-SMG-Routing-Key goes to its key's node (sticky), a header-less
+# one to the node that keeps its conversation's state (cache_aware: the longest shared prefix; see
+# docs/deployment.md for the figures, scripts/bench/routing.py to measure). Ctrl-C (or SIGTERM) stops
+# everything it started.
 #
 #   bash scripts/start_cluster.sh [N] [CHECKPOINT_DIR]
 #
-# Clients send the session as `X-SMG-Routing-Key: <id>` (SMG hashes it and forwards it; the proxies run
-# with --cluster and take it as the session). Environment:
+# Clients send a named session as `X-SMG-Routing-Key: <id>` (SMG routes by it and forwards it; the proxies run
+# with --cluster and take it as the session), and per-request controls in the body's metadata
+# ({"memt_memory": "off"}: SMG drops X-MemT-* headers). Environment:
 #   MEMT_PYTHON          the project's .venv/bin/python, else python3
 #   MEMT_CLUSTER_DIR     ./memt-cluster: snapshot store, proxy records, per-node state, logs
 #   MEMT_CLUSTER_PORT    8800: SMG's port (the OpenAI API is at http://127.0.0.1:$MEMT_CLUSTER_PORT/v1);
@@ -92,8 +95,11 @@ for ((i=0; i<N; i++)); do
     WORKERS+=("http://127.0.0.1:$pport")
 done
 
+# the routing (memt_proxy.cluster.SMG_ROUTING): keys pinned, header-less requests by prefix, no cache hit
+# diverted to a node the router thinks thin (it would move a live conversation off its state)
+ROUTING=(--policy cache_aware --routing-key-override --assignment-mode min_group --worker-warmup-divert-every 0)
 "$SMG" launch --host 127.0.0.1 --port "$PORT" --prometheus-host 127.0.0.1 --prometheus-port $((PORT+1)) \
-    --policy consistent_hashing --worker-urls "${WORKERS[@]}" "${KEY_ARGS[@]}" \
+    "${ROUTING[@]}" --worker-urls "${WORKERS[@]}" "${KEY_ARGS[@]}" \
     --health-check-endpoint /health/ready --health-check-interval-secs 2 --health-failure-threshold 2 \
     --shutdown-grace-period-secs 5 --log-level warn >"$DIR/logs/smg.log" 2>&1 &
 PIDS+=($!)
@@ -101,7 +107,7 @@ AUTH=()
 [ -n "${MEMT_PROXY_KEY:-}" ] && AUTH=(-H "Authorization: Bearer $MEMT_PROXY_KEY")
 # until SMG has registered the workers and lists their model
 wait_for "SMG" $! "$DIR/logs/smg.log" lists_models "${AUTH[@]}" "http://127.0.0.1:$PORT/v1/models"
-echo "MemT cluster: $N nodes behind SMG at http://127.0.0.1:$PORT/v1 (send X-SMG-Routing-Key: <session>); Ctrl-C stops it"
+echo "MemT cluster: $N nodes behind SMG at http://127.0.0.1:$PORT/v1 (a named session: X-SMG-Routing-Key: <session>); Ctrl-C stops it"
 wait || true
 echo "a process of the cluster exited; see $DIR/logs" >&2
 exit 1

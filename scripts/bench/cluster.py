@@ -7,7 +7,7 @@ restore a session on a new node.
 
 For each cluster size, starts on 127.0.0.1 Redis, a fresh shared snapshot store, N pairs
 (``memt_core.launch --snapshot-store --ownership`` + ``memt_proxy --cluster --records-directory``) and
-SMG (consistent hashing on ``X-SMG-Routing-Key``), then runs ``--sessions`` conversations of ``--turns``
+SMG (``memt_proxy.cluster.SMG_ROUTING``: each session pinned by its ``X-SMG-Routing-Key``), then runs ``--sessions`` conversations of ``--turns``
 turns each through SMG with the OpenAI SDK, ``--concurrency`` at a time (greedy answers of at most
 ``--max-tokens`` tokens; each turn's commit runs behind its answer). Printed: turns/s per size and its
 ratio to one pair (expect roughly linear until the machine's cores are saturated: each pair's core is
@@ -44,6 +44,7 @@ sys.path.insert(0, str(ROOT))
 from demo import free_port, start  # noqa: E402  (the demo's: start a server process, wait for its /health)
 
 from memt_demo import BUNDLED_MODEL  # noqa: E402
+from memt_proxy.cluster import SMG_ROUTING  # noqa: E402
 from memt_proxy.sessions import native_session_id  # noqa: E402
 
 ROUTED = "x-smg-routed-worker-id"
@@ -53,10 +54,15 @@ def say(text: str = "") -> None:
     print(text, flush=True)
 
 
-class Cluster:
-    """Redis, N pairs and SMG, on a fresh store; ``close`` stops them all."""
+#: SMG's routing, as scripts/start_cluster.sh runs it (bench/routing.py measures the choice)
+ROUTING = list(SMG_ROUTING)
 
-    def __init__(self, pairs: int, model: Path, work: Path, ttl: float):
+
+class Cluster:
+    """Redis, N pairs and SMG (``routing``: its policy flags, ``ROUTING`` by default), on a fresh store; ``route``
+    restarts SMG with other flags over the same pairs; ``close`` stops them all."""
+
+    def __init__(self, pairs: int, model: Path, work: Path, ttl: float, routing: list[str] | None = None):
         self.processes: list[subprocess.Popen] = []
         self.work = work
         work.mkdir(parents=True)
@@ -84,20 +90,39 @@ class Cluster:
             self.nodes = list(pool.map(pair, range(pairs)))
         for core, proxy, _ in self.nodes:
             self.processes += [core, proxy]
+        self.router: subprocess.Popen | None = None
+        self.route(ROUTING if routing is None else routing)
+
+    def route(self, routing: list[str]) -> None:
+        """(Re)start SMG over the pairs with the policy flags ``routing``: a fresh router, nothing learnt yet."""
+        self.stop_router()
         self.port = free_port()
         smg = shutil.which("smg") or str(Path(sys.executable).with_name("smg"))
-        self.processes.append(subprocess.Popen(
+        log = self.work / "smg.log"
+        with log.open("a") as out:
+            out.write(f"--- smg {' '.join(routing)}\n")
+        self.router = subprocess.Popen(
             [smg, "launch", "--host", "127.0.0.1", "--port", str(self.port), "--prometheus-host", "127.0.0.1",
-             "--prometheus-port", str(free_port()), "--policy", "consistent_hashing", "--worker-urls", *self.workers,
+             "--prometheus-port", str(free_port()), *routing, "--worker-urls", *self.workers,
              "--health-check-endpoint", "/health/ready", "--health-check-interval-secs", "1", "--health-failure-threshold", "1",
              "--disable-retries", "--shutdown-grace-period-secs", "1", "--log-level", "warn"],
-            stdout=(work / "smg.log").open("w"), stderr=subprocess.STDOUT))
+            stdout=log.open("a"), stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 120
         while self.healthy() != set(self.workers):
-            if time.monotonic() > deadline:
-                raise SystemExit(f"SMG did not register the workers; its log:\n{(work / 'smg.log').read_text()[-3000:]}")
+            if time.monotonic() > deadline or self.router.poll() is not None:
+                raise SystemExit(f"SMG did not register the workers; its log:\n{log.read_text()[-3000:]}")
             time.sleep(0.2)
         self.model = httpx.get(self.url + "/v1/models", timeout=10).json()["data"][0]["id"]
+
+    def stop_router(self) -> None:
+        if self.router is not None and self.router.poll() is None:
+            self.router.terminate()
+            try:
+                self.router.wait(20)
+            except subprocess.TimeoutExpired:
+                self.router.kill()
+                self.router.wait()
+        self.router = None
 
     @property
     def url(self) -> str:
@@ -114,6 +139,7 @@ class Cluster:
             return set()
 
     def close(self) -> None:
+        self.stop_router()
         for process in reversed(self.processes):
             if process.poll() is None:
                 process.terminate()

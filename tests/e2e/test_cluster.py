@@ -1,13 +1,15 @@
-"""Scale-out, live: core+proxy pairs on one snapshot store and one Redis, SMG in front (consistent hashing).
+"""Scale-out, live: core+proxy pairs on one snapshot store and one Redis, SMG in front (``SMG_ROUTING``: routing
+keys pinned, header-less requests by prefix).
 
-Clients talk to SMG with the OpenAI SDK, naming the session in ``X-SMG-Routing-Key`` (the header SMG hashes
+Clients talk to SMG with the OpenAI SDK, naming the session in ``X-SMG-Routing-Key`` (the header SMG routes by
 and forwards). The tests check what the router cannot know: every turn of a session lands on one node;
 a node killed with SIGKILL loses no published version (its sessions continue elsewhere, trimmed from the
 shared records, once its ownership leases lapse); a node added back takes back exactly the sessions
-consistent hashing maps to it; a planned drain hands a node's sessions off; Responses chains and
-conversations continue on another node from the shared records. The CI size is 12 sessions ×
-3 turns; ``MEMT_CLUSTER_FULL=1`` runs the issue's 60 × 10. Skipped, saying why, without ``smg`` or
-``redis-server``.
+pinned to it; a planned drain hands a node's sessions off; Responses chains and conversations continue on
+another node from the shared records; header-less conversations (no header at all) are routed to the node
+that keeps their state; per-request controls reach the proxy in the body's ``metadata`` (SMG drops the
+``X-MemT-*`` headers). The CI size is 12 sessions × 3 turns; ``MEMT_CLUSTER_FULL=1`` runs the issue's
+60 × 10. Skipped, saying why, without ``smg`` or ``redis-server``.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import pytest
 from coordination import redis_server_binary, redis_url  # noqa: F401  (redis_url: a pytest fixture)
 from e2e.proxies import STOPS, ProxyServer, expected_prompt, unique
 from e2e.servers import HOST, REPO_ROOT, MemTServer, cluster_script_ports, free_port
+from memt_proxy.cluster import SMG_ROUTING
 from memt_proxy.sessions import native_session_id
 
 FULL = os.environ.get("MEMT_CLUSTER_FULL") == "1"
@@ -49,7 +52,7 @@ def smg_binary() -> str:
 
 
 class Router:
-    """One ``smg launch`` process: consistent hashing over the proxies, /health/ready as the health check."""
+    """One ``smg launch`` process: the cluster's routing (``SMG_ROUTING``) over the proxies, /health/ready as the health check."""
 
     def __init__(self, workers: list[str]):
         self.binary = smg_binary()
@@ -66,7 +69,7 @@ class Router:
         command = [
             self.binary, "launch", "--host", HOST, "--port", str(self.port),
             "--prometheus-host", HOST, "--prometheus-port", str(self.metrics_port),
-            "--policy", "consistent_hashing", "--worker-urls", *self.workers,
+            *SMG_ROUTING, "--worker-urls", *self.workers,
             "--health-check-endpoint", "/health/ready", "--health-check-interval-secs", "1",
             "--health-failure-threshold", "1", "--health-success-threshold", "1",
             "--disable-retries", "--shutdown-grace-period-secs", "1", "--log-level", "warn",
@@ -170,11 +173,11 @@ class Conversation:
         self.nodes: list[str] = []  # the worker that answered each turn
         self.prompts: list[tuple[list[dict], int]] = []  # each turn's messages and the prompt tokens the proxy sent
 
-    def turn(self, text: str) -> str:
-        """One completed turn; returns the worker that served it."""
+    def turn(self, text: str, **extra) -> str:
+        """One completed turn (``extra``: more arguments of the SDK's ``create``); returns the worker that served it."""
         sent = [*self.messages, {"role": "user", "content": text}]
         raw = self.client.chat.completions.with_raw_response.create(
-            model=MODEL_NAME, messages=sent, max_tokens=24, stop=STOPS, seed=len(self.messages),
+            model=MODEL_NAME, messages=sent, max_tokens=24, stop=STOPS, seed=len(self.messages), **extra,
         )
         completion = raw.parse()
         choice = completion.choices[0]
@@ -239,13 +242,13 @@ def run_turns(conversations: list[Conversation], turns: range) -> None:
 
 def test_sessions_stay_on_one_node_survive_a_killed_node_and_only_remapped_ones_move_back(cluster, proxy_chat_format):
     """Sticky routing; SIGKILL of a node loses no published version and its sessions continue elsewhere with
-    their transcripts still trimmed; the node's return moves back exactly the sessions that hashed to it."""
+    their transcripts still trimmed; the node's return moves back exactly the sessions pinned to it."""
     router, nodes, store = cluster
     by_url = {node.url: node for node in nodes}
     conversations = [Conversation(router, unique("c")) for _ in range(SESSIONS)]
     run_turns(conversations, range(TURNS))
     while len({c.nodes[0] for c in conversations}) < 3 and len(conversations) < 4 * SESSIONS:
-        # the router hashes random names: a few sessions can miss a node (12 do, 2-3 % of runs); add more
+        # new keys go to the node with the fewest (min_group): all three get some; more sessions, were one missed
         conversations.append(Conversation(router, unique("c")))
         run_turns(conversations[-1:], range(TURNS))
     home = {}
@@ -318,7 +321,8 @@ def test_a_drained_node_hands_its_sessions_off(cluster, proxy_chat_format):
 
     drained = httpx.post(leaving.url + "/admin/drain", timeout=150)
     assert drained.status_code == 200 and drained.json()["drained"], drained.text
-    assert drained.json()["handed_off"] == len(theirs), drained.text
+    # every state the node holds is handed off: its sessions' (a named session also keeps the state before its turn)
+    assert drained.json()["handed_off"] == drained.json()["sessions"] >= len(theirs), drained.text
     assert httpx.get(leaving.url + "/health/ready").status_code == 503
     refused = httpx.post(leaving.url + "/v1/chat/completions", json={"model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}]})
     assert refused.status_code == 503 and refused.json()["error"]["code"] == "draining"
@@ -462,9 +466,10 @@ def test_the_cluster_script_refuses_a_node_count_that_is_not_a_positive_integer(
 
 
 def test_a_headerless_conversation_continues_from_memory_on_another_node(pair):
-    """Header-less memory across nodes (issue 37): a conversation kept on one node (its branch recorded by head
-    in the shared records, its memory in the shared store once that core lets it go) resumes from that memory
-    on the other node, which finds the branch by the transcript alone: the prompt holds only the last exchange."""
+    """Header-less memory across nodes (issue 37): a conversation kept on one node (its states recorded by head
+    in the shared records, their memory in the shared store once that core lets them go) resumes from that
+    memory on the other node, which finds the deepest state by the transcript alone: the one forked behind the
+    third answer, so the prompt holds only the new message."""
     from openai import OpenAI
 
     from e2e.proxies import DEMO_MODEL, demo_chat_format
@@ -489,27 +494,76 @@ def test_a_headerless_conversation_continues_from_memory_on_another_node(pair):
             break
         assert time.monotonic() < deadline, branches
         time.sleep(0.05)
-    (branch,) = branches
-    served.core.wait_unloaded(native_session_id("default", branch["name"]), timeout=WAIT)
+    # turn 2 kept a state of turns 1-2; turn 3 read it and forked the next behind its answer (turns 1-3)
+    assert len(branches) == 2, branches
+    for branch in branches:
+        served.core.wait_unloaded(native_session_id("default", branch["name"]), timeout=WAIT)
     response = turn(clients[1], "What is my name?")
-    assert response.usage.prompt_tokens == len(expected_prompt(demo_chat_format(), history[:-1], 4))
+    assert response.usage.prompt_tokens == len(expected_prompt(demo_chat_format(), history[:-1], 6))
 
 
 def test_headerless_conversations_through_the_router(cluster, proxy_chat_format):
-    """Header-less memory behind SMG (issue 37), no header of any kind: SMG spreads a conversation's turns over
-    the nodes (no routing key to hash), and every turn is answered wherever it lands. A turn served by the node
-    that kept the conversation's branch reads it: the prompt holds only the last exchange and the new message;
-    elsewhere it reads as text what that node does not hold. Routing decides the prompt's length, not the answer."""
-    router, nodes, store = cluster
-    conversations = [Conversation(router, unique("h"), routing_key=False) for _ in range(6)]
-    run_turns(conversations, range(4))
-    flat = 0
+    """Header-less memory behind SMG (issues 37, 49), no header of any kind: the router sends each turn to the node
+    whose past requests share the longest prefix with it, the node that keeps the conversation's state, so from
+    turn 3 on a turn reads only its new message; conversations spread over the nodes. Issue 49's targets: >= 95 %
+    of turns 3+ from memory, no node over 1.5x the mean of conversations (asserted with a margin for a loaded
+    machine; the figures are printed)."""
+    router, nodes, _ = cluster
+    conversations = [Conversation(router, unique("h"), routing_key=False) for _ in range(12)]
+
+    def talk(conversation: Conversation) -> None:
+        for t in range(6):  # each opens with its own name: conversations that open alike share a prefix
+            conversation.turn(f"{conversation.name} says: turn {t}.")
+
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(talk, conversations))
+    from_memory = 0
     for conversation in conversations:
-        for t in (2, 3):
-            sent, prompt_tokens = conversation.prompts[t]
-            assert prompt_tokens <= len(expected_prompt(proxy_chat_format, sent, None))
-            # turns 1-3 on one node: the branch made behind turn 2 (holding turn 1) is there for turn 3, and so on
-            if len(set(conversation.nodes[t - 2: t + 1])) == 1:
-                assert prompt_tokens == len(expected_prompt(proxy_chat_format, sent, len(sent) - 3)), (conversation.nodes, t)
-                flat += 1
-    print(f"header-less through SMG: {flat} of {2 * len(conversations)} later turns served where their branch was kept")
+        for sent, prompt_tokens in conversation.prompts[2:]:
+            assert prompt_tokens <= len(expected_prompt(proxy_chat_format, sent, None))  # wherever it ran
+            from_memory += prompt_tokens == len(expected_prompt(proxy_chat_format, sent, len(sent) - 1))  # only the new message
+    later = 4 * len(conversations)
+    homes = [max(set(c.nodes), key=c.nodes.count) for c in conversations]
+    per_node = [homes.count(node.url) for node in nodes]
+    print(f"header-less through SMG: {from_memory} of {later} turns 3-6 from memory; conversations per node {per_node}")
+    assert from_memory >= 0.9 * later, (from_memory, [c.nodes for c in conversations])
+    assert max(per_node) <= 1.5 * len(conversations) / len(nodes), per_node
+
+
+def test_per_request_controls_reach_the_proxy_through_the_router_in_the_body_metadata(cluster, proxy_chat_format):
+    """SMG forwards X-SMG-Routing-Key but not X-MemT-Memory: behind it the memory policy travels in the body's
+    ``metadata`` (``memt_memory``), which SMG keeps. A stateless request through the router reads the whole
+    transcript on the very node that keeps the session, and leaves the session's memory as it was; the header
+    alone is dropped on the way (the turn is served from memory and committed)."""
+    router, nodes, _ = cluster
+    by_url = {node.url: node for node in nodes}
+    named = Conversation(router, unique("m"))
+    home = {named.turn("My name is Ann."), named.turn("I live in Oslo.")}
+    assert len(home) == 1
+    node = by_url[home.pop()]
+    assert node.inspect(named.name)["committed_messages"] == 4
+    whole = len(expected_prompt(proxy_chat_format, [*named.messages, {"role": "user", "content": "Where do I live?"}], None))
+
+    sent = [*named.messages, {"role": "user", "content": "Where do I live?"}]
+    raw = named.client.chat.completions.with_raw_response.create(model=MODEL_NAME, messages=sent, max_tokens=24, stop=STOPS,
+                                                                 metadata={"memt_memory": "off"})
+    assert raw.headers[ROUTED] == node.url and raw.parse().usage.prompt_tokens == whole  # stateless, on the session's node
+    seen = node.inspect(named.name)
+    assert seen["committed_messages"] == 4 and seen["native"]["published_version"] == 2, seen  # nothing committed
+
+    assert named.turn("Where do I live?", extra_headers={"X-MemT-Memory": "off"}) == node.url  # the header does not get through:
+    assert named.prompts[-1][1] == len(expected_prompt(proxy_chat_format, named.prompts[-1][0], 4)) < whole  # from memory
+    assert node.inspect(named.name)["committed_messages"] == 6  # and committed
+
+    headerless = Conversation(router, unique("s"), routing_key=False)
+    for t in range(3):
+        headerless.turn(f"{headerless.name} says: turn {t}.")
+    sent = [*headerless.messages, {"role": "user", "content": "And now?"}]
+    stateless = headerless.client.chat.completions.create(model=MODEL_NAME, messages=sent, max_tokens=24, stop=STOPS, metadata={"memt_memory": "off"})
+    assert stateless.usage.prompt_tokens == len(expected_prompt(proxy_chat_format, sent, None))
+
+
+def test_the_cluster_script_routes_as_the_tests_do():
+    """``scripts/start_cluster.sh`` starts SMG with ``memt_proxy.cluster.SMG_ROUTING``, the routing these tests run."""
+    script = (REPO_ROOT / "scripts" / "start_cluster.sh").read_text()
+    assert f"ROUTING=({' '.join(SMG_ROUTING)})" in script and '"${ROUTING[@]}" --worker-urls' in script
