@@ -33,6 +33,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from pathlib import Path
 
@@ -248,7 +249,31 @@ def upstream_metric(server: MemTServer, name: str) -> float:
     raise KeyError(name)
 
 
+def proxy_metric(proxy: ProxyServer, name: str) -> float:
+    """A counter or gauge of the proxy's /metrics, summed over its labels."""
+    with proxy.http() as http:
+        text = http.get("/metrics").text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + " "))
+
+
+def writes_reach(proxy: ProxyServer, count: int) -> float:
+    """The proxy's write counter once it reaches ``count`` (writes land behind answers), polled up to 60 s."""
+    deadline = time.monotonic() + 60
+    while (value := proxy_metric(proxy, "memt_proxy_memory_writes_total")) < count and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return value
+
+
 # ---------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture
+def fresh_proxy(proxy_upstream, nano_checkpoint, tmp_path):
+    """A proxy of the test's own (two tenants, as ``proxy``) on the shared upstream: its counters move only by what the test does."""
+    keys = tmp_path / "keys.json"
+    keys.write_text(json.dumps(KEYS))
+    with ProxyServer(proxy_upstream.url, nano_checkpoint, args=["--api-keys-file", str(keys)]) as server:
+        yield server
 
 
 @pytest.fixture(scope="session")

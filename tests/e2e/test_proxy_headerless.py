@@ -9,35 +9,11 @@ only by what the test did; tests wait for a commit behind an answer by polling t
 from __future__ import annotations
 
 import asyncio
-import json
-import time
 
 import pytest
-from e2e.proxies import KEY_A, KEY_B, KEYS, MODEL, STOPS, ProxyServer, assistant, expected_prompt, unique
+from e2e.proxies import KEY_A, KEY_B, MODEL, ProxyServer, STOPS, assistant, expected_prompt, proxy_metric, unique, writes_reach
 
 pytestmark = pytest.mark.timeout(600)
-
-
-@pytest.fixture
-def fresh_proxy(proxy_upstream, nano_checkpoint, tmp_path):
-    keys = tmp_path / "keys.json"
-    keys.write_text(json.dumps(KEYS))
-    with ProxyServer(proxy_upstream.url, nano_checkpoint, args=["--api-keys-file", str(keys)]) as server:
-        yield server
-
-
-def metric(proxy: ProxyServer, name: str) -> float:
-    with proxy.http() as http:
-        text = http.get("/metrics").text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + " "))
-
-
-def writes_reach(proxy: ProxyServer, count: int) -> float:
-    """The write counter once it reaches ``count`` (commits land behind answers), polled up to 60 s."""
-    deadline = time.monotonic() + 60
-    while (value := metric(proxy, "memt_proxy_memory_writes_total")) < count and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return value
 
 
 def chat(client, messages, *, seed=0, **extra):
@@ -68,7 +44,7 @@ def test_a_resent_history_resumes_from_memory_and_commits_one_exchange_per_turn(
         prompts.append(sent)
     replay = len(expected_prompt(proxy_chat_format, history + [{"role": "user", "content": "Again."}], None))
     assert max(prompts[2:]) < replay / 10, (prompts, replay)
-    assert 1 <= metric(fresh_proxy, "memt_proxy_memory_states") <= 29  # one state per kept turn, within the bound
+    assert 1 <= proxy_metric(fresh_proxy, "memt_proxy_memory_states") <= 29  # one state per kept turn, within the bound
 
 
 def test_one_shot_requests_commit_nothing(fresh_proxy, proxy_chat_format):
@@ -80,8 +56,8 @@ def test_one_shot_requests_commit_nothing(fresh_proxy, proxy_chat_format):
     response = chat(client, few_shot, seed=1)
     assert response.usage.prompt_tokens == len(expected_prompt(proxy_chat_format, few_shot, None))
     list(chat(client, [{"role": "user", "content": "Streamed."}], stream=True))
-    assert metric(fresh_proxy, "memt_proxy_memory_writes_total") == 0
-    assert metric(fresh_proxy, "memt_proxy_memory_states") == 0
+    assert proxy_metric(fresh_proxy, "memt_proxy_memory_writes_total") == 0
+    assert proxy_metric(fresh_proxy, "memt_proxy_memory_states") == 0
 
 
 def test_a_regenerate_reads_the_state_before_the_turn_and_an_edit_forks(fresh_proxy, proxy_chat_format):
@@ -225,9 +201,9 @@ def test_many_conversations_stay_within_the_limits_without_errors(nano_checkpoin
                 await asyncio.gather(*(one(index) for index in range(60)))
 
             asyncio.run(run())  # any 4xx/5xx raises
-            assert metric(server, "memt_proxy_memory_states") <= 8
-            assert metric(server, "memt_proxy_sessions") <= 8
-            assert metric(server, "memt_proxy_memory_states_closed_total") > 0  # states were made beyond the room, and closed
+            assert proxy_metric(server, "memt_proxy_memory_states") <= 8
+            assert proxy_metric(server, "memt_proxy_sessions") <= 8
+            assert proxy_metric(server, "memt_proxy_memory_states_closed_total") > 0  # states were made beyond the room, and closed
             with upstream.client() as http:
                 assert http.get("/metrics").status_code == 200
     finally:
@@ -244,8 +220,8 @@ def test_max_memory_states_bounds_the_kept_conversations(proxy_upstream, nano_ch
             for turn in range(2):
                 conversation_turn(client, history, f"Bounded {index}, turn {turn}.", seed=turn)
             writes_reach(server, index + 1)
-        assert metric(server, "memt_proxy_memory_states") == 3
-        assert metric(server, "memt_proxy_memory_states_closed_total") == 1
+        assert proxy_metric(server, "memt_proxy_memory_states") == 3
+        assert proxy_metric(server, "memt_proxy_memory_states_closed_total") == 1
         sent = conversation_turn(client, histories[0], "The oldest again.", seed=5)  # closed: all of it as text
         assert sent == len(expected_prompt(proxy_chat_format, histories[0][:-1], 0))
         sent = conversation_turn(client, histories[3], "The newest again.", seed=5)  # kept: the new message only
@@ -280,7 +256,7 @@ def test_a_streamed_conversation_with_a_tool_round_resumes_from_memory(fresh_pro
     history += [call, {"role": "tool", "tool_call_id": call["tool_calls"][0]["id"], "content": "found it"}]
     answer, _ = streamed(history, tool_choice="none")
     history.append({**answer, "content": answer["content"] or ""})
-    assert metric(fresh_proxy, "memt_proxy_memory_writes_total") == 0  # nothing continued the conversation yet
+    assert proxy_metric(fresh_proxy, "memt_proxy_memory_writes_total") == 0  # nothing continued the conversation yet
     for turn in range(2):
         history.append({"role": "user", "content": f"And then {turn}?"})
         answer, sent = streamed(history, tool_choice="none")

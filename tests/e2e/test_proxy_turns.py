@@ -12,37 +12,13 @@ write counter and the session's inspect.
 from __future__ import annotations
 
 import asyncio
-import json
-import time
 
 import pytest
-from e2e.proxies import KEYS, MODEL, STOPS, ProxyServer, assistant, expected_prompt, unique
+from e2e.proxies import MODEL, STOPS, assistant, expected_prompt, proxy_metric, unique, writes_reach
 
 pytestmark = pytest.mark.timeout(600)
 
 MODES = ["named", "headerless"]
-
-
-@pytest.fixture
-def fresh_proxy(proxy_upstream, nano_checkpoint, tmp_path):
-    keys = tmp_path / "keys.json"
-    keys.write_text(json.dumps(KEYS))
-    with ProxyServer(proxy_upstream.url, nano_checkpoint, args=["--api-keys-file", str(keys)]) as server:
-        yield server
-
-
-def metric(proxy: ProxyServer, name: str) -> float:
-    with proxy.http() as http:
-        text = http.get("/metrics").text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + " "))
-
-
-def writes_reach(proxy: ProxyServer, count: int) -> float:
-    """The write counter once it reaches ``count`` (writes land behind answers), polled up to 60 s."""
-    deadline = time.monotonic() + 60
-    while (value := metric(proxy, "memt_proxy_memory_writes_total")) < count and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return value
 
 
 def answer(client, messages, headers, **sampling):
@@ -116,7 +92,7 @@ def test_a_clients_retry_gets_the_kept_answer_and_commits_nothing_twice(fresh_pr
         retried = http.post("/v1/chat/completions", json=body, headers={**keyed, **retry}).json()
         assert retried["choices"] == first["choices"] and retried["usage"] == first["usage"]
         assert fresh_proxy.inspect(session)["native"]["published_version"] == version  # nothing committed twice
-        assert metric(fresh_proxy, "memt_proxy_memory_writes_total") == 3
+        assert proxy_metric(fresh_proxy, "memt_proxy_memory_writes_total") == 3
         again = http.post("/v1/chat/completions", json=body, headers=headers).json()  # no retry: a regenerate
     assert again["choices"][0]["message"] == first["choices"][0]["message"]  # the same seed: the same sample
     assert writes_reach(fresh_proxy, 4) == 4  # committed again, in place of the old answer
@@ -160,8 +136,8 @@ def test_concurrent_identical_requests_keep_one_state(fresh_proxy):
     answers = asyncio.run(twenty())
     assert len({a.choices[0].message.content for a in answers}) == 1
     assert writes_reach(fresh_proxy, 1) == 1
-    assert metric(fresh_proxy, "memt_proxy_memory_states") == 1
-    assert metric(fresh_proxy, "memt_proxy_memory_writes_total") == 1
+    assert proxy_metric(fresh_proxy, "memt_proxy_memory_states") == 1
+    assert proxy_metric(fresh_proxy, "memt_proxy_memory_writes_total") == 1
 
 
 @pytest.mark.parametrize("retry", [{"x-stainless-retry-count": "2"}, {"Idempotency-Key": "headerless-2"}])
@@ -177,7 +153,7 @@ def test_a_headerless_retry_gets_the_kept_answer(fresh_proxy, retry):
         for _ in range(3):
             again = http.post("/v1/chat/completions", json=body, headers={**keyed, **retry}).json()
             assert again["choices"] == first["choices"] and again["usage"] == first["usage"]
-        assert metric(fresh_proxy, "memt_proxy_memory_writes_total") == 1
+        assert proxy_metric(fresh_proxy, "memt_proxy_memory_writes_total") == 1
         anew = [http.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]["content"] for _ in range(3)]
     assert len({first["choices"][0]["message"]["content"], *anew}) > 1
 
@@ -190,8 +166,8 @@ def test_the_states_kept_for_a_session_go_with_its_memory(fresh_proxy, action):
     session = unique("kept")
     play(client, {"X-MemT-Session": session}, 3)
     writes_reach(fresh_proxy, 3)
-    assert metric(fresh_proxy, "memt_proxy_memory_states") == 2  # before turns 2 and 3
+    assert proxy_metric(fresh_proxy, "memt_proxy_memory_states") == 2  # before turns 2 and 3
     with fresh_proxy.http() as http:
         answer = http.post(f"/v1/memt/sessions/{session}/reset") if action == "reset" else http.delete(f"/v1/memt/sessions/{session}")
     assert answer.status_code == 200, answer.text
-    assert metric(fresh_proxy, "memt_proxy_memory_states") == 0
+    assert proxy_metric(fresh_proxy, "memt_proxy_memory_states") == 0
