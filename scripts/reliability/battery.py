@@ -37,7 +37,7 @@ SIZES = {
     "distinct_sessions": (2000, 90),  # past the core's 64: offloading is exercised either way
     "large_mb": ((1.0, 2.0, 4.0, 5.0), (1.0,)),
 }
-NAMES = ["fuzz", "hostile", "large", "tiny", "control", "strict", "tenants", "concurrent", "retry", "drain", "kill_proxy", "restart", "distinct", "kill_core"]
+NAMES = ["fuzz", "hostile", "large", "tiny", "control", "overflow", "strict", "tenants", "concurrent", "retry", "drain", "kill_proxy", "restart", "distinct", "kill_core"]
 
 
 def run(*, quick: bool, only: set[str] | None = None, workdir: Path | None = None) -> dict:
@@ -105,6 +105,8 @@ def run(*, quick: bool, only: set[str] | None = None, workdir: Path | None = Non
             check("kill_proxy", lambda: checks.kill_proxy(checkpoint, core, chat_format, rounds=size["kill_proxy_rounds"]))
         if wanted("drain"):  # last on this core: a proxy of its own, drained
             check("drain_auth", lambda: checks.drain_auth(checkpoint, core, keys_file, tuple(KEYS), admin_key=ADMIN_KEY))
+    if wanted("overflow"):
+        check("context_overflow", lambda: checks.context_overflow(checkpoint))
     if wanted("strict"):
         check("spec_strict", lambda: checks.spec_strict(checkpoint, state_directory=workdir / "strict-state"))
     if wanted("restart"):

@@ -138,6 +138,36 @@ def tiny_messages(proxy: ProxyServer, *, count: int = 90_000, key: str | None = 
     return figures
 
 
+def context_overflow(checkpoint: Path, *, context: int = 512) -> dict:
+    """A chat web UI's defaults (issue 48, Open WebUI): 36 tool definitions with every turn on a core whose context
+    cannot hold them: a 400 context_length_exceeded before any byte, streamed or not, on chat and Responses (it was a
+    200 carrying an error event), counted as a 400; and its background task (a one-message '### Task:' request with
+    no max_tokens, near the limit) answered with what fits (it failed for a limit it did not set)."""
+    tools = [{"type": "function", "function": {"name": f"tool_{i}", "description": f"Tool {i}: does one of the many things a chat UI offers.",
+                                                "parameters": {"type": "object", "properties": {"query": {"type": "string", "description": "what to do"}}}}}
+             for i in range(36)]
+    with MemTServer(checkpoint, args=["--context-length", str(context)]) as core, ProxyServer(core.url, checkpoint) as proxy:
+        statuses: dict[str, list] = {}
+        with httpx.Client(base_url=proxy.url, timeout=120) as http:
+            for name, path, body in (
+                ("chat", "/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "tools": tools}),
+                ("chat_stream", "/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "tools": tools, "stream": True}),
+                ("responses", "/v1/responses", {"model": MODEL, "input": "hi", "tools": [{"type": "function", **t["function"]} for t in tools]}),
+                ("responses_stream", "/v1/responses", {"model": MODEL, "input": "hi", "tools": [{"type": "function", **t["function"]} for t in tools], "stream": True}),
+            ):
+                answer = http.post(path, json=body)
+                statuses[name] = [answer.status_code, (answer.json().get("error") or {}).get("code") if answer.headers.get("content-type", "").startswith("application/json") else answer.headers.get("content-type")]
+            task = "### Task: Generate a concise, 3-5 word title for the chat below.\n" + " ".join(f"word{i}" for i in range(context // 8))
+            fits = http.post("/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": task}]})
+            statuses["background_task"] = [fits.status_code, fits.json().get("usage") if fits.status_code == 200 else fits.json().get("error", {}).get("code")]
+            counted = sum(float(line.rsplit(" ", 1)[1]) for line in http.get("/metrics").text.splitlines()
+                          if line.startswith("memt_proxy_requests_total{") and 'status="400"' in line)
+    refused = all(statuses[name] == [400, "context_length_exceeded"] for name in ("chat", "chat_stream", "responses", "responses_stream"))
+    usage = statuses["background_task"][1]
+    fitted = statuses["background_task"][0] == 200 and usage["prompt_tokens"] + usage["completion_tokens"] <= context
+    return {"context": context, "statuses": statuses, "400s_counted": counted, "ok": refused and fitted and counted >= 4}
+
+
 def control_tokens(proxy: ProxyServer, chat_format, *, key: str | None = None) -> dict:
     """No control token from any client string (issue 48): every client-string position of both the chat
     format's prompts fed every control text joined with each character ``tojson`` escapes must give the
