@@ -321,8 +321,10 @@ class ChatService:
         except ProxyError as exc:
             if exc.code != "transcript_diverged" or on_divergence in STRICT:
                 raise
-        # a branch: the versions between the deepest shared message and the head are gone, so memory starts
-        # over and the request's history is committed again (no trace of what the edit took out)
+        # no kept state holds a prefix of the request's history (``_fork``): memory starts over from it, the request's
+        # history committed again; what memory held is kept first, so the conversation it was can still be resumed
+        await self.sessions.lease_of(state)
+        await self.sessions.keep_parent(state)
         await self.sessions.reset(state)
         return await off_loop(size, self._prepare_split, request, state, policy)
 

@@ -171,3 +171,17 @@ def test_the_states_kept_for_a_session_go_with_its_memory(fresh_proxy, action):
         answer = http.post(f"/v1/memt/sessions/{session}/reset") if action == "reset" else http.delete(f"/v1/memt/sessions/{session}")
     assert answer.status_code == 200, answer.text
     assert proxy_metric(fresh_proxy, "memt_proxy_memory_states") == 0
+
+
+def test_a_named_session_that_starts_over_keeps_what_it_held(fresh_proxy, proxy_chat_format):
+    """A request no kept state matches (its first message edited) starts the session's memory over from its history;
+    what memory held is kept first, so the conversation it was still resumes from memory afterwards."""
+    client = fresh_proxy.openai()
+    headers = {"X-MemT-Session": unique("over")}
+    history = play(client, headers, 3)
+    edited = [{"role": "user", "content": "An edited opening."}, *history[1:], {"role": "user", "content": "Edited line."}]
+    response = answer(client, edited, headers)
+    assert response.usage.prompt_tokens == len(expected_prompt(proxy_chat_format, edited, 0))  # a replay
+    history.append({"role": "user", "content": "The first line again."})
+    response = answer(client, history, headers)
+    assert response.usage.prompt_tokens == len(expected_prompt(proxy_chat_format, history, len(history) - 1))
