@@ -113,7 +113,7 @@ class ChatService:
     ) -> dict | AsyncIterator[dict]:
         """A chat.completion body, or (``stream``) an iterator of chat.completion.chunk bodies. ``retry``: the client
         says it sends this request again (the OpenAI SDKs' ``x-stainless-retry-count``); ``key``: its
-        ``Idempotency-Key``. A retry of a session's last committed turn gets its kept answer (``_replay``); the same
+        ``Idempotency-Key``. A retry of an answered request gets its kept answer (``_replayed``); the same
         request without either is a regenerate: a new answer, which memory keeps in place of the old one."""
         ignored = request.validate_semantics()
         if ignored:
@@ -182,14 +182,21 @@ class ChatService:
         plan = await planned(self.sessions, request.messages, state.tenant, size)
         if plan.found is None or overlap(plan.hashes, state.committed):
             return None  # nothing kept to fork from, or the request continues memory
+        hold = contextlib.AsyncExitStack()
         try:
-            origin = await held_until.enter_async_context(self.sessions.turn(state.tenant, plan.found.branch))
+            origin = await hold.enter_async_context(self.sessions.turn(state.tenant, plan.found.branch))
+            if not await resumable(self.sessions, origin.state, plan):
+                await hold.aclose()  # closed meanwhile: memory starts over instead
+                return None
         except ProxyError as exc:
+            await hold.aclose()
             if exc.status != 429:
                 raise
             return None
-        if not await resumable(self.sessions, origin.state, plan):
-            return None
+        except BaseException:
+            await hold.aclose()
+            raise
+        held_until.push_async_callback(hold.aclose)  # let go with the session, before it (its commit forks from it)
         log.info("%s forks from a kept state of %d messages", state.native, len(origin.state.committed))
 
         async def prepare() -> Prepared:
