@@ -166,7 +166,7 @@ class Conversation:
     def __init__(self, router: Router, name: str, *, routing_key: bool = True):
         from openai import OpenAI
 
-        self.name = name
+        self.name, self.routing_key = name, routing_key
         self.messages: list[dict] = []
         headers = {"X-SMG-Routing-Key": name} if routing_key else {}  # without: a header-less conversation
         self.client = OpenAI(base_url=router.url + "/v1", api_key="none", max_retries=0, timeout=120, default_headers=headers)
@@ -176,12 +176,17 @@ class Conversation:
     def turn(self, text: str, **extra) -> str:
         """One completed turn (``extra``: more arguments of the SDK's ``create``); returns the worker that served it."""
         sent = [*self.messages, {"role": "user", "content": text}]
-        raw = self.client.chat.completions.with_raw_response.create(
-            model=MODEL_NAME, messages=sent, max_tokens=24, stop=STOPS, seed=len(self.messages), **extra,
-        )
-        completion = raw.parse()
-        choice = completion.choices[0]
-        assert choice.finish_reason == "stop", "a turn cut by max_tokens is not committed; the counts below assume completed turns"
+        for attempt in range(8):
+            raw = self.client.chat.completions.with_raw_response.create(
+                model=MODEL_NAME, messages=sent, max_tokens=24, stop=STOPS, seed=len(self.messages) + 1000 * attempt, **extra,
+            )
+            completion = raw.parse()
+            choice = completion.choices[0]
+            # a named session commits completed answers only (a reply cut by max_tokens stays context: asked again,
+            # with another seed); without a header a cut answer is kept too (closed as the transcript closes it)
+            if choice.finish_reason == "stop" or not self.routing_key:
+                break
+        assert choice.finish_reason in ("stop", "length") and (choice.finish_reason == "stop" or not self.routing_key), choice.finish_reason
         reply = choice.message.content
         self.messages += [{"role": "user", "content": text}, {"role": "assistant", "content": reply}]
         node = raw.headers[ROUTED]
@@ -489,8 +494,10 @@ def test_a_headerless_conversation_continues_from_memory_on_another_node(pair):
     records = served.proxy_args[served.proxy_args.index("--records-directory") + 1]
     deadline = time.monotonic() + WAIT
     while True:  # the third turn's commit behind its answer has reached the shared records
+        # the count first: a state is recorded before its write, so the records read after it hold both states
+        written = httpx.get(served.url + "/metrics", timeout=10).text.count("memt_proxy_memory_writes_total 2.0")
         branches = [json.loads(path.read_text()) for path in (Path(records) / "branches").glob("*.json")]
-        if any(b["head"] is not None for b in branches) and httpx.get(served.url + "/metrics", timeout=10).text.count("memt_proxy_memory_writes_total 2.0"):
+        if written and any(b["head"] is not None for b in branches):
             break
         assert time.monotonic() < deadline, branches
         time.sleep(0.05)
