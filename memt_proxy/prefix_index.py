@@ -13,6 +13,11 @@ transcript (``memt_proxy.branches``), each holding the messages its chain names 
 closed is dropped. Nothing here does I/O or reads a clock; the session layer holds the states, checks one
 under its lock and makes new ones.
 
+``message_hash`` keys on exactly the text the model reads (``memt_proxy.transcript``), so a chain names a state
+only for that text. Its scheme-2 hashes never equal scheme-1 ones: a state recorded under a scheme-1 chain (a proxy
+before that rule) is not found by any new chain, which only lengthens its conversation's next prompt; the state is
+bounded and closed as any other.
+
 Besides the heads the index remembers, by recency, the chains of transcripts it has *answered* (conversation
 plus answer): a later request whose history carries one shows that conversation continuing, which is what makes
 committing it worth its cost (see ``PrefixIndex.worth_keeping``).

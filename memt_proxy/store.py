@@ -19,6 +19,13 @@ the proxies of a cluster share, whichever proxy the router sends a session to fi
 since a core restores the session's latest published version from the shared snapshot store, the
 record's version matches and trimming continues there. (Offload records stay in the state directory:
 they name snapshots in one upstream's own state directory.)
+
+Session and offload records carry the scheme of their message hashes (``"hash_scheme"``, see
+``memt_proxy.transcript``). One without it was written under scheme 1 (a proxy before hashes keyed on the exact
+text): it is read with each hash tagged ``LEGACY``, which the transcript matches with the old function and
+rewrites as the new hashes on a request's match; the record is written under the current scheme at the
+session's next change (tagged hashes not matched yet stay tagged). A record of a scheme this proxy does not
+know (a newer proxy's) counts as unknown history.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from collections import OrderedDict
 from pathlib import Path
 
 from memt_core.names import SNAPSHOT_NAME
+from memt_proxy.transcript import HASH_SCHEME, LEGACY
 
 log = logging.getLogger("memt.proxy")
 
@@ -75,13 +83,13 @@ class SessionRecordStore:
             while len(self._offloads) > MEMORY_OFFLOADS:
                 self._offloads.popitem(last=False)
             return
-        self._write(native, record, suffix=".offload.json")
+        self._write(native, {**record, "hash_scheme": HASH_SCHEME}, suffix=".offload.json")
 
     def load_offload(self, native: str) -> dict | None:
         """The session's offload record (``file``, ``committed``, ``pending``), or None if it is not offloaded."""
         if self.directory is None:
             return self._offloads.get(native)
-        record = self._read(native, suffix=".offload.json")
+        record = self._read_hashes(native, suffix=".offload.json")
         if record is None:
             return None
         file, committed, pending = record.get("file"), record.get("committed"), record.get("pending")
@@ -110,14 +118,14 @@ class SessionRecordStore:
         """
         if self.records_directory is None:
             return
-        record = {"version": version, "committed": committed, "next": {"version": version + 1, "committed": next_committed}}
+        record = {"version": version, "committed": committed, "next": {"version": version + 1, "committed": next_committed}, "hash_scheme": HASH_SCHEME}
         if answered is not None:
             record["answered"] = answered
         self._write(native, record)
 
     def load_answer(self, native: str, version: int) -> dict | None:
         """The recorded answer of the turn that made ``version`` (see ``save``), or None."""
-        record = self._read(native) if self.records_directory is not None else None
+        record = self._read_hashes(native) if self.records_directory is not None else None
         answered = record.get("answered") if record is not None else None
         return answered if isinstance(answered, dict) and answered.get("version") == version else None
 
@@ -125,7 +133,7 @@ class SessionRecordStore:
         """Record (or with None, forget) the turn waiting for tool results at ``version``: its message hashes, token ids, thinking flag."""
         if self.records_directory is None:
             return
-        record = self._read(native) or {"version": version, "committed": committed, "next": None}
+        record = self._read_hashes(native) or {"version": version, "committed": committed, "next": None, "hash_scheme": HASH_SCHEME}
         record.pop("pending", None)
         if pending is not None:
             record["pending"] = {"version": version, "hashes": pending["hashes"], "ids": pending["ids"], "thinking": pending["thinking"]}
@@ -153,11 +161,36 @@ class SessionRecordStore:
             log.warning("ignoring unreadable session record %s: %s", self._path(native, suffix), exc)
             return None
 
+    def _read_hashes(self, native: str, suffix: str = ".json") -> dict | None:
+        """A session or offload record with its hashes in the current scheme (see the module docstring): a scheme-1
+        record's hashes tagged ``LEGACY``; None for one of a scheme this proxy does not know."""
+        record = self._read(native, suffix)
+        if record is None:
+            return None
+        scheme = record.get("hash_scheme", 1)
+        if scheme == HASH_SCHEME and type(scheme) is int:
+            return record
+        if scheme != 1 or type(scheme) is not int:
+            log.warning("ignoring session record %s: message hashes of an unknown scheme %r", self._path(native, suffix), scheme)
+            return None
+
+        def tagged(hashes):
+            return [LEGACY + h if isinstance(h, str) else h for h in hashes] if isinstance(hashes, list) else hashes
+
+        record = {**record, "hash_scheme": HASH_SCHEME}
+        if "committed" in record:
+            record["committed"] = tagged(record["committed"])
+        if isinstance(record.get("next"), dict) and "committed" in record["next"]:
+            record["next"] = {**record["next"], "committed": tagged(record["next"]["committed"])}
+        if isinstance(record.get("pending"), dict) and "hashes" in record["pending"]:
+            record["pending"] = {**record["pending"], "hashes": tagged(record["pending"]["hashes"])}
+        return record
+
     def load(self, native: str, version: int) -> list[str] | None:
         """The committed hashes recorded for ``version`` of the session's memory, or None if none match."""
         if self.records_directory is None:
             return None
-        record = self._read(native)
+        record = self._read_hashes(native)
         if record is None:
             return None
         try:
@@ -175,7 +208,7 @@ class SessionRecordStore:
 
     def load_pending(self, native: str, version: int) -> dict | None:
         """The turn waiting for tool results recorded at ``version``, or None."""
-        record = self._read(native) if self.records_directory is not None else None
+        record = self._read_hashes(native) if self.records_directory is not None else None
         pending = record.get("pending") if record is not None else None
         if pending is None:
             return None

@@ -13,6 +13,30 @@ If earlier messages exist but do not line up with what was committed (an edited 
 the transcript has *diverged*: ``split_transcript`` refuses it (409 ``transcript_diverged``) rather than
 mix that history with memory; the chat surface then forks from a kept state, or starts over, unless the
 session asks for the 409 (docs/proxy.md, "Edits, regenerates and retries").
+
+**What a hash keys on.** Two messages hash alike exactly when a chat format is given the same text for them, so a
+kept memory state is reused only for the text the model would read: the role, the content as the template gets it
+(text parts joined, ``None`` as ""), *verbatim* — no template of this project trims it (the Nano and demo
+templates write it as it is, Flash's ``encoding_dsv4.py`` too), so " hi" and "hi" are different messages — and each
+tool call's name and arguments string, verbatim: the Nano and demo templates write a string of arguments as it is
+(no ``tojson``), so reordered keys, a duplicate key or other spacing are other text the model reads. What no format
+renders is not hashed: call ids, a tool result's ``tool_call_id`` and ``name`` (its content is what the model
+reads), a user's ``name``, reasoning (never given back to the template). Flash's encoder parses the arguments and
+writes them again (spacing and a duplicate key then vanish from its text): there two messages the model reads alike
+may hash apart, which only lengthens a prompt; never the other way round. A format that rendered one of the fields
+left out would need it here.
+
+**Hash schemes on disk.** The hashes are kept in session records (``memt_proxy.store``) and name kept states
+(``memt_proxy.prefix_index`` chains). ``message_hash`` is scheme ``HASH_SCHEME`` (2); records carry the scheme they
+were written under. Scheme 1, records without one (proxies before this rule), hashed content stripped and
+arguments parsed as JSON: ``legacy_message_hash``, kept for them. Its canonical text is a JSON object, scheme 2's a
+JSON array, so no hash of one scheme equals one of the other. A scheme-1 record is read back with each hash
+tagged ``LEGACY`` + hash; a tagged entry matches a message whose ``legacy_message_hash`` it is (``matches``), and
+``split_transcript`` rewrites the entries a request matched as the request's own scheme-2 hashes, in the
+session's list, which the session's next record write keeps (a lazy migration: a session's memory is kept across
+the upgrade, and from its first continued turn on it is matched exactly). A state named by a scheme-1 chain is not
+found by scheme-2 chains: that conversation's next prompt is longer once, and the state is bounded and closed as
+any other.
 """
 
 from __future__ import annotations
@@ -41,26 +65,62 @@ def as_dict(message: Message) -> dict:
     return out
 
 
+HASH_SCHEME = 2  # the scheme of ``message_hash``; records carry it (``memt_proxy.store``), 1 when they do not
+LEGACY = "legacy:"  # a scheme-1 hash as read from a record: matched with ``legacy_message_hash``
+
+
+def message_hash(message: Message | dict) -> str:
+    """SHA-256 of what a chat format renders of a message (see the module docstring): role, text, each tool call's
+    name and arguments string, all verbatim. A lone surrogate (JSON arguments may escape one) is hashed as its code
+    point, never refused here."""
+    data = as_dict(message) if isinstance(message, Message) else message
+    return hashlib.sha256(_rendered(data).encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _rendered(data: dict) -> str:
+    """The text ``message_hash`` hashes: ``json.dumps([role, content, [[name, arguments], …]], ensure_ascii=False)``
+    (a JSON array: scheme 1 hashed an object). A message without tool calls, most of a transcript, is written
+    directly, the same text at a fraction of the cost (every resent message is hashed each turn)."""
+    role, content = data["role"], data.get("content")
+    if not isinstance(content, str):
+        content = text_of(content)
+    calls = data.get("tool_calls")
+    if not calls and isinstance(role, str):
+        return f'[{_string(role)}, {_string(content)}, []]'
+    written = [[c["function"]["name"], c["function"]["arguments"]] for c in calls or []]
+    return json.dumps([role, content, written], ensure_ascii=False)
+
+
+def matches(key: str, message: Message | dict, hashed: str | None = None) -> bool:
+    """Whether a recorded hash ``key`` is ``message``'s: its ``message_hash`` (``hashed``, when the caller has it), or
+    for a ``LEGACY`` key, of a scheme-1 record, its ``legacy_message_hash``."""
+    if key.startswith(LEGACY):
+        return key == LEGACY + legacy_message_hash(message)
+    return key == (hashed if hashed is not None else message_hash(message))
+
+
+# ---------------------------------------------------------------------- scheme 1 (records written before scheme 2)
+
+
 def _arguments(text: str) -> object:
-    """Tool-call arguments as compared: parsed JSON, or the text itself when it is not JSON, or JSON this proxy
-    does not read back (nested past the recursion limit, a number of more digits than Python converts)."""
+    """Tool-call arguments as scheme 1 compared them: parsed JSON, or the text itself when it is not JSON, or JSON
+    this proxy does not read back (nested past the recursion limit, a number of more digits than Python converts)."""
     try:
         return json.loads(text)
     except (ValueError, RecursionError, TypeError):
         return text
 
 
-def message_hash(message: Message | dict) -> str:
-    """SHA-256 of a message's meaning: role, text, tool calls (name + parsed arguments), tool_call_id. A lone
-    surrogate (JSON arguments may escape one) is hashed as its code point, never refused here."""
+def legacy_message_hash(message: Message | dict) -> str:
+    """Scheme 1's hash, kept to match records written under it: role, stripped text, tool calls (name + parsed
+    arguments), tool_call_id. Looser than what the model reads (see the module docstring)."""
     data = as_dict(message) if isinstance(message, Message) else message
-    return hashlib.sha256(_canonical(data).encode("utf-8", "surrogatepass")).hexdigest()
+    return hashlib.sha256(_legacy_canonical(data).encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def _canonical(data: dict) -> str:
-    """The canonical JSON that ``message_hash`` hashes; a message without tool calls is written directly, the
-    same text ``json.dumps(sort_keys=True, ensure_ascii=False)`` writes, at a third of its cost (every
-    resent message is hashed each turn)."""
+def _legacy_canonical(data: dict) -> str:
+    """The canonical JSON that ``legacy_message_hash`` hashes; a message without tool calls is written directly, the
+    same text ``json.dumps(sort_keys=True, ensure_ascii=False)`` writes."""
     role, content = data["role"], data.get("content") or ""
     call_id = data.get("tool_call_id") if role == "tool" else None
     if not data.get("tool_calls") and isinstance(role, str) and isinstance(content, str) and isinstance(call_id, (str, type(None))):
@@ -85,14 +145,21 @@ class Split:
 
 def split_transcript(messages: list[Message], committed: list[str], *, history_known: bool = True, hashes: list[str] | None = None) -> Split:
     """Split a request's messages (see the module docstring); raises ProxyError on bad structure or divergence.
-    ``hashes``: the earlier messages' hashes, when the caller computed them already."""
+    ``hashes``: the earlier messages' hashes, when the caller computed them already.
+
+    ``committed`` is the session's own list: ``LEGACY`` entries (a scheme-1 record's) that the request's messages
+    match are rewritten in it, in place, as those messages' hashes (the lazy migration of the module docstring)."""
     instructions = "\n\n".join(text_of(m.content) for m in messages if m.role in ("system", "developer")) or None
     conversation = [m for m in messages if m.role not in ("system", "developer")]
     last_user = check_turn(conversation)
     earlier, turn = conversation[:last_user], conversation[last_user:]
     if hashes is None or len(hashes) != len(earlier):
         hashes = [message_hash(m) for m in earlier]
-    held = overlap(hashes, committed)
+    if any(key.startswith(LEGACY) for key in committed):
+        held = overlap(hashes, committed, legacy=[LEGACY + legacy_message_hash(m) for m in earlier])
+        committed[len(committed) - held:] = hashes[:held]
+    else:
+        held = overlap(hashes, committed)
     if earlier and held == 0 and (committed or not history_known):
         raise Conflict(
             "the transcript does not continue this session's memory: its earlier messages differ from what was "
@@ -104,12 +171,18 @@ def split_transcript(messages: list[Message], committed: list[str], *, history_k
     return Split(instructions=instructions, committed=held, context=earlier[held:], turn=turn, context_hashes=hashes[held:])
 
 
-def overlap(hashes: list[str], committed: list[str]) -> int:
+def overlap(hashes: list[str], committed: list[str], *, legacy: list[str] | None = None) -> int:
     """Largest j such that the first j incoming messages equal the last j committed ones. Only the places
     where the first incoming message was committed can start a match, so a resent transcript costs one
-    comparison per such place (usually one), not one per possible length."""
+    comparison per such place (usually one), not one per possible length. ``legacy``: the incoming messages'
+    ``LEGACY`` keys, when ``committed`` holds some (a scheme-1 record's): an entry matches either key."""
     total = len(committed)
     place = max(0, total - len(hashes))  # j is at most len(hashes); the earliest place gives the largest j
+    if legacy is not None:
+        for place in range(place, total):
+            if all(key == new or key == old for key, new, old in zip(committed[place:], hashes, legacy)):
+                return total - place
+        return 0
     while hashes and place < total:
         try:
             place = committed.index(hashes[0], place)

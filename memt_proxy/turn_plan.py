@@ -21,7 +21,7 @@ from memt_core.client.control_text import ControlGuard
 from memt_core.sampling_params import DEFAULT_MAX_NEW_TOKENS
 from memt_proxy.errors import BadRequest
 from memt_proxy.session.state import PendingTurn
-from memt_proxy.transcript import message_hash
+from memt_proxy.transcript import matches
 
 RETRIES_KEPT = 1024  # answers kept for a client's retry where no session keeps them (header-less chat, Responses)
 
@@ -60,8 +60,8 @@ def continued_turn_ids(chat_format: ChatFormat, pending: PendingTurn | None, tur
     if pending is None:
         return None
     last = max((i for i, m in enumerate(turn) if m["role"] == "assistant"), default=None)
-    if last is None or [message_hash(m) for m in turn[: last + 1]] != pending.hashes:
-        return None
+    if last is None or len(pending.hashes) != last + 1 or not all(map(matches, pending.hashes, turn[: last + 1])):
+        return None  # (a pending turn of a scheme-1 record is matched by its scheme: ``transcript.matches``)
     results = turn[last + 1:]
     if not results or any(m["role"] != "tool" for m in results):
         return None

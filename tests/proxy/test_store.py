@@ -8,6 +8,7 @@ import logging
 import pytest
 
 from memt_proxy.store import SessionRecordStore
+from memt_proxy.transcript import HASH_SCHEME, LEGACY
 
 A, B, C = "a" * 64, "b" * 64, "c" * 64
 
@@ -147,3 +148,48 @@ def test_a_session_is_known_by_its_record_or_its_offload_record(tmp_path):
     memory = SessionRecordStore(None)
     memory.save_offload("p-d", "sha256-" + "0" * 64 + ".safetensors", [], None)
     assert memory.known("p-d") and not memory.known("p-a")
+
+
+# ---------------------------------------------------------------------- hash schemes (memt_proxy.transcript)
+
+
+def test_records_are_written_with_their_hash_scheme(tmp_path):
+    store = SessionRecordStore(tmp_path)
+    store.save("p-1", 0, [], [A])
+    store.save_pending("p-2", 0, [], PENDING)
+    store.save_offload("p-3", "sha256-" + "0" * 64 + ".safetensors", [A], None)
+    for name in ("p-1.json", "p-2.json", "p-3.offload.json"):
+        assert json.loads((tmp_path / name).read_text())["hash_scheme"] == HASH_SCHEME == 2
+
+
+def test_a_scheme_one_record_is_read_with_its_hashes_tagged_and_written_again_as_scheme_two(tmp_path):
+    """A record a proxy before hash scheme 2 wrote (no "hash_scheme"): its hashes come back tagged, to be matched with
+    the old function; the next write keeps them so, under the current scheme."""
+    old = {"version": 3, "committed": [A], "next": {"version": 4, "committed": [A, B]},
+           "pending": {"version": 3, "hashes": [A, C], "ids": [1], "thinking": False}}
+    (tmp_path / "p-1.json").write_text(json.dumps(old))
+    store = SessionRecordStore(tmp_path)
+    assert store.load("p-1", 3) == [LEGACY + A] and store.load("p-1", 4) == [LEGACY + A, LEGACY + B]
+    assert store.load_pending("p-1", 3) == {"hashes": [LEGACY + A, LEGACY + C], "ids": [1], "thinking": False}
+    store.save_pending("p-1", 3, None, None)  # rewrites the record around its committed hashes
+    record = json.loads((tmp_path / "p-1.json").read_text())
+    assert record["hash_scheme"] == HASH_SCHEME and record["committed"] == [LEGACY + A] and "pending" not in record
+    assert store.load("p-1", 4) == [LEGACY + A, LEGACY + B]  # tagged once, not twice
+    store.save("p-1", 4, [LEGACY + A, LEGACY + B], [A, B, C])
+    assert store.load("p-1", 5) == [A, B, C]
+
+
+def test_a_scheme_one_offload_record_is_read_with_its_hashes_tagged(tmp_path):
+    file = "sha256-" + "0" * 64 + ".safetensors"
+    (tmp_path / "p-a.offload.json").write_text(json.dumps({"file": file, "committed": [A], "pending": {"hashes": [B], "ids": [1], "thinking": True}}))
+    assert SessionRecordStore(tmp_path).load_offload("p-a") == {
+        "file": file, "committed": [LEGACY + A], "pending": {"hashes": [LEGACY + B], "ids": [1], "thinking": True},
+    }
+
+
+def test_a_record_of_an_unknown_hash_scheme_counts_as_unknown(tmp_path, caplog):
+    for scheme in (3, "2", True):
+        (tmp_path / "p-1.json").write_text(json.dumps({"version": 0, "committed": [A], "next": None, "hash_scheme": scheme}))
+        with caplog.at_level(logging.WARNING, logger="memt.proxy"):
+            assert SessionRecordStore(tmp_path).load("p-1", 0) is None
+    assert len([r for r in caplog.records if "unknown scheme" in r.message]) == 3

@@ -136,3 +136,17 @@ def test_the_output_limit_fits_the_context_beside_the_prompt():
         error = info.value
         assert (error.status, error.code, error.param) == (400, "context_length_exceeded", param)
         assert "4096" in error.message and str(prompt) in error.message
+
+
+def test_a_pending_turn_of_a_scheme_one_record_continues_by_its_scheme(chat_format):
+    """A turn waiting for tool results when the proxy was upgraded: its record's hashes (scheme 1, read back tagged)
+    match the resent messages by the old function; other messages still do not continue it."""
+    from memt_proxy.transcript import LEGACY, legacy_message_hash
+
+    pending = PendingTurn([LEGACY + legacy_message_hash(QUESTION), LEGACY + legacy_message_hash(CALL)], [7, 8, 9], thinking=False)
+    expected = [7, 8, 9] + chat_format.tool_results_ids([{"tool_call_id": "c1", "content": "sunny"}], enable_thinking=False)
+    assert continued_turn_ids(chat_format, pending, [QUESTION, CALL, RESULT]) == expected
+    assert continued_turn_ids(chat_format, pending, [{**QUESTION, "content": "Weather in Bergen?"}, CALL, RESULT]) is None
+    mixed = PendingTurn([LEGACY + legacy_message_hash(QUESTION), message_hash(CALL)], [7], thinking=False)
+    assert continued_turn_ids(chat_format, mixed, [QUESTION, CALL, RESULT]) is not None
+    assert continued_turn_ids(chat_format, PendingTurn([message_hash(CALL)], [7], False), [QUESTION, CALL, RESULT]) is None
