@@ -65,6 +65,59 @@ def build_tokenizer(
     return tokenizer
 
 
+def write_config(
+    directory: str | Path,
+    family: str | Family = families.DEFAULT,
+    *,
+    chunk_tokens: int = 32,
+    widths: str | None = None,
+    layers: int | None = None,
+    experts: int | None = None,
+) -> Path:
+    """Write a checkpoint's tokenizer, prompt files and ``config.json`` (no weights): the tiny widths, or the
+    family's named ``widths`` (e.g. "nano": the released model's, with ``layers`` layers and ``experts`` experts)."""
+    family = _family(family)
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(directory, family)
+    if widths in (None, "tiny"):
+        if layers is not None or experts is not None:
+            raise ValueError("layers and experts are set by the tiny widths; name other widths (e.g. 'nano') to choose them")
+        config = family.tiny_config(tokenizer, chunk_tokens=chunk_tokens)
+    else:
+        config = family.widths_config(tokenizer, widths, layers=layers, experts=experts, chunk_tokens=chunk_tokens)
+    (directory / "config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    return directory
+
+
+def random_model(checkpoint, *, seed: int = 0, dtype: torch.dtype | None = None, device: str | torch.device = "cpu"):
+    """A ``MemTForCausalLM`` of ``checkpoint``'s configuration with random weights (``seed``), in ``dtype`` (FP32
+    unless told) on ``device``: what ``make_tiny_checkpoint`` saves, or a model for a bench that needs no files."""
+    from memt_core.models.memt import MemTForCausalLM
+    from memt_core.models.weights import build_backbone
+
+    if not hasattr(checkpoint, "memory"):
+        checkpoint = read_checkpoint(checkpoint)
+    std = float(checkpoint.backbone.get("initializer_range", 0.2))
+    torch.manual_seed(seed)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype or torch.float32)
+    try:
+        with torch.device(device):
+            model = MemTForCausalLM(checkpoint, build_backbone(checkpoint))
+    finally:
+        torch.set_default_dtype(previous)
+    with torch.no_grad():
+        for name, param in model.backbone.named_parameters():
+            if not torch.isfinite(param).all() or name.endswith("sinks"):
+                param.normal_(0.0, std)  # parameters the backbone leaves uninitialised
+        # 0.3 at the tiny widths (hidden 64); wider models get proportionally smaller projections
+        memory_std = 0.3 * min(1.0, (64 / checkpoint.hidden_size) ** 0.5)
+        for layer in model.memory_layers:
+            model.memory_module(layer).reset_parameters(std=memory_std)
+    return model.eval()
+
+
 def make_tiny_checkpoint(
     directory: str | Path,
     family: str | Family = families.DEFAULT,
@@ -72,26 +125,15 @@ def make_tiny_checkpoint(
     seed: int = 0,
     chunk_tokens: int = 32,
     max_shard_bytes: int | None = None,
+    widths: str | None = None,
+    layers: int | None = None,
+    experts: int | None = None,
 ) -> Path:
-    """Write a complete random tiny checkpoint of ``family`` (a registered name, e.g. "memt-nano") into ``directory``."""
-    from memt_core.models.memt import MemTForCausalLM
-    from memt_core.models.weights import build_backbone, save_weights
+    """Write a complete random checkpoint of ``family`` (a registered name, e.g. "memt-nano") into ``directory``:
+    tiny, or at the family's named ``widths`` (see ``write_config``)."""
+    from memt_core.models.weights import save_weights
 
-    family = _family(family)
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(directory, family)
-    config = family.tiny_config(tokenizer, chunk_tokens=chunk_tokens)
-    (directory / "config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    checkpoint = read_checkpoint(directory)
-    torch.manual_seed(seed)
-    model = MemTForCausalLM(checkpoint, build_backbone(checkpoint))
-    with torch.no_grad():
-        for name, param in model.backbone.named_parameters():
-            if not torch.isfinite(param).all() or name.endswith("sinks"):
-                param.normal_(0.0, 0.2)  # parameters the backbone leaves uninitialised
-        for layer in model.memory_layers:
-            model.memory_module(layer).reset_parameters(std=0.3)
+    directory = write_config(directory, family, chunk_tokens=chunk_tokens, widths=widths, layers=layers, experts=experts)
+    model = random_model(read_checkpoint(directory), seed=seed)
     save_weights(model, directory, max_shard_bytes=max_shard_bytes)
     return directory
-

@@ -42,6 +42,8 @@ class Family:
     parser_class: str  # "module:Class" of the client's output parser, built as Class(family name)
     #: "module:function"s the model code calls with the backbone's transformers config before building it.
     kernels: tuple[str, ...] = ("memt_core.models.kernels:use_experts",)
+    #: Named width presets of random checkpoints besides the tiny one (``widths_config``), e.g. "nano".
+    widths: tuple[str, ...] = ()
 
     def __repr__(self) -> str:
         return f"<family {self.name} ({self.model_type})>"
@@ -93,6 +95,12 @@ class Family:
         """config.json of a tiny random checkpoint for ``tokenizer``."""
         raise NotImplementedError
 
+    def widths_config(self, tokenizer, widths: str, *, layers: int | None = None, experts: int | None = None,
+                      chunk_tokens: int = 2048) -> dict:
+        """config.json of a random checkpoint at the named widths (one of ``widths``): a released model's layer
+        and head sizes, with fewer layers and experts, for benches of what those sizes cost."""
+        raise ValueError(f"{self.name} has no {widths!r} widths; it has {', '.join(self.widths) or 'only the tiny ones'}")
+
     def tiny_header(self) -> dict:
         """The top-level keys a tiny config.json starts with: what selects the family, an id, BF16."""
         return {
@@ -113,15 +121,15 @@ def refuse_quantized(config: dict, prefix: str = "") -> None:
             raise CheckpointError(f"config.json: '{prefix}{key}' is {value!r}; weights must be bfloat16")
 
 
-def tiny_memory(memory_layers: list[int], chunk_tokens: int) -> dict:
-    """The ``memt`` and ``memt_runtime`` objects of a tiny checkpoint: 2 heads of 16×16 per memory layer."""
+def tiny_memory(memory_layers: list[int], chunk_tokens: int, *, heads: int = 2, key_dim: int = 16, value_dim: int = 16) -> dict:
+    """The ``memt`` and ``memt_runtime`` objects of a tiny checkpoint: 2 heads of 16×16 per memory layer unless told."""
     return {
         "memt": {
             "chunk_tokens": chunk_tokens,
             "memory_layers": list(memory_layers),
-            "num_heads": 2,
-            "key_dim": 16,
-            "value_dim": 16,
+            "num_heads": heads,
+            "key_dim": key_dim,
+            "value_dim": value_dim,
             "update_rule": "gated_delta",
             "state_dtype": "float32",
         },
