@@ -117,6 +117,7 @@ def build_app(args: argparse.Namespace):
     from memt_proxy.conversations import ResponseRecords
     from memt_proxy.responses import ResponsesService
     from memt_proxy.serving import ChatService
+    from memt_proxy.session.turn import TurnRunner
     from memt_proxy.sessions import Sessions
     from memt_proxy.store import SessionRecordStore
 
@@ -141,15 +142,16 @@ def build_app(args: argparse.Namespace):
         client, identity=chat_format.identity, served=chat_format.served, records=SessionRecordStore(args.state_directory, args.records_directory), max_sessions=args.max_sessions, max_memory_states=args.max_memory_states,
         lease_wait=args.lease_wait, lease_ttl=args.lease_ttl, lease_idle=args.lease_idle, native_encoding=chat_format.native_encoding,
     )
+    runner = TurnRunner(sessions, chat_format)  # one turn, run alike for both surfaces
     service = ChatService(
         sessions, chat_format, parser, model_names=names, aliases=aliases, default_memory=args.default_memory,
-        default_thinking=args.thinking == "on", on_divergence=args.on_divergence, headerless=args.headerless_memory == "on",
+        default_thinking=args.thinking == "on", on_divergence=args.on_divergence, headerless=args.headerless_memory == "on", runner=runner,
     )
     kept = args.records_directory or args.state_directory  # with --records-directory, every node reads and writes them
     records = ResponseRecords(Path(kept) / "responses" if kept else None, shared=args.records_directory is not None)
     responses = ResponsesService(
         sessions, chat_format, parser, records, model_names=names, aliases=aliases, default_thinking=args.thinking == "on", snapshots_per_chain=args.response_snapshots,
-        headerless=args.headerless_memory == "on",
+        headerless=args.headerless_memory == "on", runner=runner, default_memory=args.default_memory,
     )
     app = create_app(
         service, api_keys=load_api_keys(args.api_key, args.api_keys_file), max_request_bytes=args.max_request_bytes, body_timeout=args.body_timeout,

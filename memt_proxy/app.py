@@ -62,9 +62,9 @@ def create_app(
     )
     inputs = Inputs(api_keys, max_request_bytes=max_request_bytes, body_timeout=body_timeout)
     metrics = ProxyMetrics(service.sessions)
-    service.on_usage = metrics.observe_usage
+    service.runner.on_usage = metrics.observe_usage
     if responses is not None:
-        responses.on_usage = metrics.observe_usage  # the Responses API's completions count alike
+        responses.runner.on_usage = metrics.observe_usage  # the Responses API's completions count alike (often one runner)
     app.add_middleware(CountRequests, metrics=metrics)
     _add_error_handlers(app, metrics)
 

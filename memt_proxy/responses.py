@@ -21,64 +21,35 @@ that calls functions leaves its turn pending in the session (exact token ids), a
 ``input_tokens`` is the prompt the model read, so the constant cost of memory shows in it.
 
 ``text.format`` json_schema / json_object and forced function calls are grammars as on Chat
-Completions (``memt_proxy.structured``); ``on_usage`` is ``ChatService.on_usage``'s contract here.
+Completions (``memt_proxy.structured``); the turn runner both surfaces share (``memt_proxy.session.turn``) holds, answers, commits and counts.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import time
-from dataclasses import dataclass, field
 from typing import AsyncIterator
 
 from memt_core.client.chat_format import ChatFormat
 from memt_core.client.parsers import OutputParser
-from memt_proxy.branches import HeaderlessPlan, after_answer, closed, resume
+from memt_proxy.branches import resume
 from memt_proxy.conversations import SNAPSHOTS_PER_CHAIN, ResponseRecord, ResponseRecords, Thread, session_name
-from memt_proxy.errors import BadRequest, Conflict, NotFound, ProxyError, Unavailable
-from memt_proxy.protocol import logprobs_content, logprobs_sampling
+from memt_proxy.errors import BadRequest, Conflict, NotFound, ProxyError
+from memt_proxy.protocol import logprobs_content, logprobs_sampling, text_of
 from memt_proxy.responses_protocol import (
-    ConversationRequest, Events, InputItems, ResponseRequest, conversation_object, function_call_item, item_list,
-    item_messages, message_item, new_id, reasoning_item, response_object, usage,
+    Events, InputItems, ResponseRequest, function_call_item, item_messages, message_item, new_id, reasoning_item, response_object, usage,
 )
 from memt_proxy.responses_stream import StreamedItems, replayed
-from memt_proxy.sessions import HeldSession, PendingTurn, Sessions, SessionState
+from memt_proxy.session.turn import Turn, TurnRunner
+from memt_proxy.sessions import HeldSession, PendingTurn, Sessions
+from memt_proxy.stored_responses import StoredResponses
 from memt_proxy.structured import structure
-from memt_proxy.transcript import message_hash
 from memt_proxy.turn_plan import (
-    KeptAnswers, RawStream, check_prefill, check_text_fits, continued_turn_ids, encode, fit_output, forced_prefix, no_usage, off_loop, prompt_ids, request_digest, retried,
+    RawStream, check_prefill, check_text_fits, continued_turn_ids, encode, fit_output, forced_prefix, off_loop, prompt_ids, request_digest, retried,
 )
 
 log = logging.getLogger("memt.proxy")
-
-STREAM_START_TIMEOUT = 60.0  # seconds a held session waits for its stream to be consumed
-
-
-@dataclass
-class Plan:
-    """Everything decided before the model runs."""
-
-    request: ResponseRequest
-    tenant: str
-    items: list[dict]  # the request's input items (stored form)
-    thread: Thread | None  # where the response lands (None: no memory)
-    base_version: int = 0  # the session's memory version the prompt reads
-    context: list[dict] = field(default_factory=list)  # messages before the turn that memory lacks
-    turn: list[dict] = field(default_factory=list)  # the open turn's messages
-    prompt: list[int] = field(default_factory=list)
-    context_ids: list[int] = field(default_factory=list)
-    turn_ids: list[int] = field(default_factory=list)
-    prefix: str = ""
-    thinking: bool = False
-    sampling: dict = field(default_factory=dict)
-    raw: bool = False  # the answer is structured JSON, returned as it is (no markup to parse)
-    saved: int = 0  # prompt tokens memory spared this request
-    started: bool = False  # streams: the response began
-    headerless: HeaderlessPlan | None = None  # an input carrying its history (``memt_proxy.branches``)
-    parent: SessionState | None = None  # header-less: the kept state the prompt reads
-
 
 class ResponsesService:
     """Serves /v1/responses and /v1/conversations for one upstream model, over its session layer."""
@@ -86,25 +57,27 @@ class ResponsesService:
     def __init__(
         self, sessions: Sessions, chat_format: ChatFormat, parser: OutputParser, records: ResponseRecords, *,
         model_names: list[str], aliases: tuple[str, ...] = (), default_thinking: bool = False, snapshots_per_chain: int = SNAPSHOTS_PER_CHAIN, headerless: bool = True,
+        runner: TurnRunner | None = None, default_memory: str = "auto",
     ):
         self.sessions = sessions
         self.chat_format = chat_format
         self.parser = parser
         self.records = records
+        self.stored = StoredResponses(sessions, records)  # GET/DELETE of responses, the Conversations API
         self.model_names = model_names
         self.accepted = {*model_names, *aliases}
         self.default_thinking = default_thinking
         self.snapshots_per_chain = snapshots_per_chain
+        self.default_memory = default_memory  # the proxy's --memory
         self.headerless = headerless  # an input carrying its history resumes from memory (``memt_proxy.branches``)
-        self.on_usage = no_usage  # as ChatService.on_usage: once per finished response
+        self.runner = runner or TurnRunner(sessions, chat_format)  # the turn runner both surfaces share
         self.memory_tokens = sessions.memory_tokens
-        self._answers = KeptAnswers()  # responses on memory, for a client's retry (the durable one: each thread's latest)
 
     # ------------------------------------------------------------------ POST /v1/responses
 
-    async def create(self, request: ResponseRequest, *, tenant: str, stateless: bool = False, retry: bool = False, key: str | None = None) -> dict | AsyncIterator[dict]:
-        """A response object, or (``stream``) an iterator of Responses stream events; ``stateless`` (X-MemT-Memory:
-        off): an input without conversation or previous_response_id is answered without memory. ``retry``: the
+    async def create(self, request: ResponseRequest, *, tenant: str, memory: str | None = None, retry: bool = False, key: str | None = None) -> dict | AsyncIterator[dict]:
+        """A response object, or (``stream``) an iterator of Responses stream events; ``memory``: the X-MemT-Memory
+        policy (below; None: the proxy's default). ``retry``: the
         client says it sends this request again (the openai SDK's ``x-stainless-retry-count``), as does a repeated
         ``key`` (``Idempotency-Key``): if an identical request was answered on memory, that response is returned again
         and nothing is committed twice (an identical input that is no retry is a new turn: "Next." may well be said
@@ -118,7 +91,11 @@ class ResponsesService:
         request._size = len(dumped)  # decides where its prompt is prepared (``turn_plan.off_loop``)
         request._digest = request_digest(dumped)  # an identical retry is answered again, not run twice
         request._retry, request._key = retry, key
-        kept = self._answers.retried(tenant, request._digest, retry, key)
+        # the memory policy (X-MemT-Memory, else --memory): "read" reads memory and commits nothing (the turn stays
+        # context, sent with the next input); "off" answers an input without conversation or previous response from
+        # its text (one that names them asks for that memory: read and committed as "auto")
+        request._policy = memory or self.default_memory
+        kept = self.runner.retried(tenant, request._digest, retry, key)
         if kept is not None:
             log.info("an identical retry of a response: answered again")
             return replayed(kept) if request.stream else kept
@@ -131,33 +108,32 @@ class ResponsesService:
             return await self._in_thread(request, items, tenant, thread, None)
         if request.previous_response_id is not None:
             return await self._continue(request, items, tenant, self._previous(request, tenant))
-        if self.headerless and not stateless:
+        if self.headerless and request._policy != "off":
             return await self._headerless(request, items, tenant)
         plan = await self._planned(request, tenant, items, None, [], [], None)
         return self._stream(plan, None, None) if request.stream else await self._run(plan, None)
 
-    async def _planned(self, request: ResponseRequest, *args, **kwargs) -> Plan:
+    async def _planned(self, request: ResponseRequest, *args, **kwargs) -> Turn:
         """``_plan``, off the event loop for a large request (``turn_plan.off_loop``)."""
         return await off_loop(request._size, self._plan, request, *args, **kwargs)
 
     async def _headerless(self, request: ResponseRequest, items: list[dict], tenant: str):
         """An input with neither conversation nor previous_response_id, as a header-less chat request: resumed
         from the deepest kept state of the history it carries, its next state forked behind the answer
-        (``memt_proxy.branches``). An input with system/developer messages is answered from its text and keeps
-        nothing: they sit among the items, where a kept state's message count cannot skip them."""
+        (``memt_proxy.branches``). Its system/developer items are instructions, as a chat request's system messages:
+        sent with every input, never kept in a state."""
         messages = await off_loop(request._size, item_messages, items)
-        instructed = any(m["role"] in ("system", "developer") for m in messages)
-        found, held, hold = await resume(self.sessions, messages, tenant, request._size, reads=not instructed)
+        found, held, hold = await resume(self.sessions, messages, tenant, request._size)
         handed_off = False
         try:
             if held is None:
-                plan = await self._planned(request, tenant, items, None, [], [], None)
-                if not instructed:
-                    plan.headerless = found
+                plan = await self._planned(request, tenant, items, None, [], [], None, lift=True)
+                plan.headerless, plan.policy, plan.digest, plan.key = found, request._policy, request._digest, request._key
                 return self._stream(plan, None, None) if request.stream else await self._run(plan, None)
-            plan = await self._planned(request, tenant, items, None, [], [], None, held=len(held.state.committed))
+            plan = await self._planned(request, tenant, items, None, [], [], None, held=len(held.state.committed), lift=True)
             await held.start(with_answer=True)
-            plan.headerless, plan.parent, plan.saved = found, held.state, self.memory_tokens.held(held.state)
+            plan.headerless, plan.state, plan.saved, plan.policy = found, held.state, self.memory_tokens.held(held.state), request._policy
+            plan.digest, plan.key = request._digest, request._key
             handed_off = True
             return await self._answer(plan, held, hold)
         finally:
@@ -212,6 +188,9 @@ class ResponsesService:
                 return replayed(answered["body"]) if request.stream else answered["body"]
             if head is not None and thread.head != head:
                 return None
+            if request._policy == "off":
+                handed_off = True
+                return await self._answer(await self._as_text(request, tenant, items, thread), None, hold)
             await self._planned(request, tenant, items, thread, thread.uncommitted, thread.calls, None)  # a refusal creates nothing upstream
             await held.start(with_answer=True)
             if restore is not None:
@@ -220,23 +199,31 @@ class ResponsesService:
             if restore is None:
                 await self._confirm(held, thread)
             plan = await self._planned(request, tenant, items, thread, thread.uncommitted, thread.calls, state.pending)
-            plan.base_version = state.version
-            plan.saved = self.memory_tokens.held(state)
+            plan.base_version, plan.state, plan.policy = state.version, state, "read" if request._policy == "read" else "auto"
+            plan.saved, plan.digest, plan.key = self.memory_tokens.held(state), request._digest, request._key
             handed_off = True
             return await self._answer(plan, held, hold)
         finally:
             if not handed_off:
                 await hold.aclose()
 
-    async def _answer(self, plan: Plan, held: HeldSession, hold: contextlib.AsyncExitStack):
+    async def _as_text(self, request: ResponseRequest, tenant: str, items: list[dict], thread: Thread) -> Turn:
+        """Memory off on a conversation: the input answered from the conversation's items as text, its memory neither read
+        nor written (the turn joins what the conversation's next input sends as context). A chain keeps no transcript."""
+        if not thread.conversation:
+            raise BadRequest(
+                "X-MemT-Memory: off answers without memory, and a chain of responses keeps no transcript to answer from: continue it "
+                "with memory (auto or read), or send the whole input without previous_response_id", param="X-MemT-Memory", code="unsupported_parameter",
+            )
+        known = await off_loop(request._size, item_messages, thread.items)
+        plan = await self._planned(request, tenant, items, thread, known, thread.calls, None)
+        plan.base_version, plan.digest, plan.key, plan.as_text = thread.version, request._digest, request._key, len(known) - len(thread.uncommitted)
+        return plan
+
+    async def _answer(self, plan: Turn, held: HeldSession | None, hold: contextlib.AsyncExitStack):
         """Answer ``plan`` on the held session, which is let go when the answer ends (a stream: when it does)."""
-        if plan.request.stream:
-            asyncio.get_running_loop().call_later(STREAM_START_TIMEOUT, self._unstarted, plan, hold)
-            return self._stream(plan, held, hold)
-        try:
-            return await self._run(plan, held)
-        finally:
-            await hold.aclose()
+        answer = self.runner.handed(plan, held, hold, stream=bool(plan.request.stream), run=self._run, streamed=self._stream)
+        return answer if plan.request.stream else await answer
 
     async def _confirm(self, held: HeldSession, thread: Thread) -> None:
         """Check the session's memory against the thread's record before using it: the turn committed behind
@@ -261,10 +248,11 @@ class ResponsesService:
 
     # ------------------------------------------------------------------ the prompt
 
-    def _plan(self, request: ResponseRequest, tenant: str, items: list[dict], thread: Thread | None, uncommitted: list[dict], calls: list[str], pending: PendingTurn | None, *, held: int = 0) -> Plan:
+    def _plan(self, request: ResponseRequest, tenant: str, items: list[dict], thread: Thread | None, uncommitted: list[dict], calls: list[str], pending: PendingTurn | None, *, held: int = 0, lift: bool = False) -> Turn:
         """Decide the prompt: the system block, the context memory lacks, and the open turn (``held``: the
-        number of leading messages memory holds already, header-less)."""
-        plan = Plan(request, tenant, items, thread)
+        number of leading messages memory holds already, header-less; ``lift``: system/developer items join the
+        instructions)."""
+        plan = Turn(tenant, "off", [], request=request, items=items, thread=thread, parallel_tools=request.parallel_tool_calls is not False)
         tools = request.chat_tools()
         plan.thinking = self._thinking(request)
         named = request.tool_choice["name"] if tools and isinstance(request.tool_choice, dict) else None
@@ -280,12 +268,17 @@ class ResponsesService:
         answered = {m["tool_call_id"] for m in new if m["role"] == "tool"}
         if calls and not set(calls) <= answered:
             raise BadRequest(f"the previous response called functions and waits for their results: send a function_call_output item for each of call_id(s) {sorted(set(calls) - answered)} first", param="input", code="tool_results_missing")
-        messages = (list(uncommitted) + new)[held:]
+        messages, instructions = list(uncommitted) + new, request.instructions
+        if lift:  # system/developer items as instructions (a header-less input carries them each time)
+            lifted = [text_of(m["content"]) for m in messages if m["role"] in ("system", "developer")]
+            instructions = "\n\n".join(text for text in (instructions, *lifted) if text) or None
+            messages = [m for m in messages if m["role"] not in ("system", "developer")]
+        messages = messages[held:]
         last_user = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=None)
         if last_user is None:
             raise BadRequest("input must hold a user message (or function_call_output items answering the previous response's function calls)", param="input", code="invalid_input")
         plan.context, plan.turn = messages[:last_user], messages[last_user:]
-        check_text_fits(self.chat_format, messages, request.instructions, self.sessions.max_prefill_tokens, "input")
+        check_text_fits(self.chat_format, messages, instructions, self.sessions.max_prefill_tokens, "input")
         continued = continued_turn_ids(self.chat_format, pending if calls else None, plan.turn)
         if continued is not None:  # function results continue the pending turn from the model's exact tokens
             plan.turn_ids = continued
@@ -294,7 +287,7 @@ class ResponsesService:
             plan.turn_ids = self.chat_format.open_turn_ids(plan.turn, enable_thinking=plan.thinking)
         plan.turn_ids += encode(self.chat_format, plan.prefix)
         plan.context_ids = self.chat_format.history_ids(plan.context)
-        plan.prompt = prompt_ids(self.chat_format, request.instructions, tools, plan.context_ids, plan.turn_ids)
+        plan.prompt = prompt_ids(self.chat_format, instructions, tools, plan.context_ids, plan.turn_ids)
         check_prefill(plan.prompt, self.sessions.max_prefill_tokens, "input")
         plan.sampling = dict(self.chat_format.default_sampling())
         fit_output(plan.sampling, plan.prompt, request.max_output_tokens, self.sessions.context_length, param="max_output_tokens", prompt_param="input")
@@ -313,8 +306,8 @@ class ResponsesService:
 
     # ------------------------------------------------------------------ generation
 
-    async def _run(self, plan: Plan, held: HeldSession | None) -> dict:
-        body = await (held.query(plan.prompt, plan.sampling) if held is not None else self.sessions.generate(plan.prompt, plan.sampling))
+    async def _run(self, plan: Turn, held: HeldSession | None) -> dict:
+        body = await self.runner.generate(plan, held)
         output_ids = body["output_ids"]
         logprobs = logprobs_content(body["meta_info"]) if plan.request.logprobs else None
         if plan.raw:
@@ -329,19 +322,19 @@ class ResponsesService:
         output += [function_call_item(call) for call in calls[: None if plan.request.parallel_tool_calls is not False else 1]]
         return await self._settle(plan, held, new_id("resp"), int(time.time()), output, output_ids, _finish(body))
 
-    async def _stream(self, plan: Plan, held: HeldSession | None, hold: contextlib.AsyncExitStack | None) -> AsyncIterator[dict]:
+    def _stream(self, plan: Turn, held: HeldSession | None, hold: contextlib.AsyncExitStack | None) -> AsyncIterator[dict]:
         """The Responses stream events; the last one (``response.completed``) carries the settled response."""
-        if plan.started:  # too late: the session was already let go
-            raise Unavailable("the stream was not consumed in time", code="stream_expired")
-        plan.started = True
+        return self.runner.streaming(plan, hold, self._events(plan, held))
+
+    async def _events(self, plan: Turn, held: HeldSession | None) -> AsyncIterator[dict]:
         response_id, created, events = new_id("resp"), int(time.time()), Events()
         try:
             opening = response_object(plan.request, response_id=response_id, created_at=created, status="in_progress", output=[], usage=None)
             yield events.event("response.created", response=opening)
             yield events.event("response.in_progress", response=opening)
-            items = StreamedItems(events, one_call=plan.request.parallel_tool_calls is False, logprobs=plan.request.logprobs)
+            items = StreamedItems(events, one_call=not plan.parallel_tools, logprobs=plan.request.logprobs)
             stream, decoder = RawStream() if plan.raw else self.parser.stream(thinking=plan.thinking), self.chat_format.output_decoder()
-            upstream = held.query_stream(plan.prompt, plan.sampling) if held is not None else self.sessions.generate_stream(plan.prompt, plan.sampling)
+            upstream = self.runner.generate_stream(plan, held)
             body: dict = {"output_ids": [], "meta_info": {}}
             try:
                 async for body in upstream:
@@ -359,20 +352,11 @@ class ResponsesService:
             yield events.event("response.completed" if response["status"] == "completed" else "response.incomplete", response=response)
         except ProxyError as exc:
             yield events.event("error", code=exc.code, message=exc.message, param=exc.param)
-        finally:
-            if hold is not None:  # the client may have gone away: let the session go in a task of its own
-                asyncio.get_running_loop().create_task(hold.aclose())
-
-    def _unstarted(self, plan: Plan, hold: contextlib.AsyncExitStack) -> None:
-        """A stream the server never started (client gone before the response): let its session go."""
-        if not plan.started:
-            plan.started = True
-            asyncio.get_running_loop().create_task(hold.aclose())
 
     # ------------------------------------------------------------------ after the answer
 
-    async def _settle(self, plan: Plan, held: HeldSession | None, response_id: str, created: int, output: list[dict], output_ids: list[int], finish: str) -> dict:
-        """Commit or keep open the turn, record the thread and the response; returns the response object."""
+    async def _settle(self, plan: Turn, held: HeldSession | None, response_id: str, created: int, output: list[dict], output_ids: list[int], finish: str) -> dict:
+        """Memory after the response (``TurnRunner.after``), its thread and its record; returns the response object."""
         request, thread = plan.request, plan.thread
         calls = [item["call_id"] for item in output if item["type"] == "function_call"]
         incomplete = finish == "length"
@@ -380,139 +364,40 @@ class ResponsesService:
             request, response_id=response_id, created_at=created, status="incomplete" if incomplete else "completed", output=output,
             usage=usage(len(plan.prompt), len(output_ids)), incomplete="max_output_tokens" if incomplete else None,
         )
-        messages = plan.context + plan.turn + item_messages(output)
+        answer = item_messages(output)
+        messages = (plan.context + plan.turn)[plan.as_text:] + answer
+        self._received(plan, output_ids)
+        version = self.runner.after(plan, held, answer, output_ids, "tool_calls" if calls and not incomplete else finish, answered=body)
+        self.runner.usage(plan, len(output_ids))
         if thread is None:
             uncommitted, version, snapshot_of = messages, 0, None
-            self._headerless_after(plan, output, output_ids, bool(calls), incomplete)
         else:
             thread.answered = {"digest": request._digest, "key": request._key, "id": response_id, "body": body}
-            self._answers.keep(plan.tenant, request._digest, request._key, body)
-            await self._advance(plan, held, thread, response_id, messages, calls, output, output_ids, incomplete)
+            self._advance(plan, thread, response_id, messages, [] if incomplete else calls, output, version)
             uncommitted, version, snapshot_of = list(thread.uncommitted), thread.version, thread.snapshot_of
-        try:
-            self.on_usage(prompt_tokens=len(plan.prompt), completion_tokens=len(output_ids), saved_tokens=plan.saved, memory=thread is not None)
-        except Exception:
-            log.exception("on_usage failed")
         if request.stored:
             self.records.save(ResponseRecord(response_id, plan.tenant, body, plan.items, thread.id if thread else None, version, snapshot_of, uncommitted, calls if not incomplete else []))
         return body
 
-    def _headerless_after(self, plan: Plan, output: list[dict], output_ids: list[int], calls: bool, incomplete: bool) -> None:
-        """Header-less: an answer forks the conversation's next state from the one the input read (or starts one, for a
-        conversation worth keeping; ``memt_proxy.branches``); function calls keep none (their results come next)."""
-        if plan.headerless is None:
-            return
-        keep = not calls and (plan.parent is not None or plan.headerless.worth_keeping)
-        reply = closed(self._reply_ids(plan, output_ids), self.chat_format.tokenizer.eos_token_id, incomplete) if keep else []
-        written = plan.context_ids + plan.turn_ids + reply
+    def _received(self, plan: Turn, output_ids: list[int]) -> None:
+        """The answer's text as the app received it, as memory keeps it (``TurnRunner.reply_ids``): without the stray
+        or malformed markup the parser dropped; a structured answer as generated."""
+        if not plan.raw:
+            plan.kept = self.parser.parse(plan.prefix + self.chat_format.decode(output_ids), thinking=plan.thinking).text
 
-        async def ids() -> list[int]:
-            return written
-
-        after_answer(self.sessions, plan.headerless, item_messages(output), parent=plan.parent, keep=keep, ids=ids)
-
-    def _reply_ids(self, plan: Plan, output_ids: list[int]) -> list[int]:
-        """The answer as committed (``ChatFormat.reply_ids``): without the stray or malformed markup the
-        parser dropped, as the app received it."""
-        if plan.raw:
-            return output_ids
-        generated = self.chat_format.decode(output_ids)
-        kept = self.parser.parse(plan.prefix + generated, thinking=plan.thinking).text
-        if not kept.startswith(plan.prefix):  # the forced prefix is already in the turn's ids
-            return output_ids
-        return self.chat_format.reply_ids(output_ids, generated, kept[len(plan.prefix):])
-
-    async def _advance(self, plan: Plan, held: HeldSession, thread: Thread, response_id: str, messages: list[dict], calls: list[str], output: list[dict], output_ids: list[int], incomplete: bool) -> None:
-        """The thread after this response: its turn committed behind the answer (a completed answer), left
-        pending (function calls), or left open (cut by max_output_tokens)."""
-        state = held.state
-        version = plan.base_version
-        if calls and not incomplete:
-            hashes = [message_hash(m) for m in plan.turn + item_messages(output)]
-            self.sessions.set_pending(state, PendingTurn(hashes, plan.turn_ids + output_ids, plan.thinking))
-            thread.uncommitted, thread.calls = messages, calls
-        elif incomplete:
-            self.sessions.set_pending(state, None)
-            thread.uncommitted, thread.calls = messages, []
-        else:
-            # committed behind the answer; the thread's next request waits for it, then confirms it (``_confirm``)
-            committed = state.committed + [message_hash(m) for m in messages]
-            reply_ids = self._reply_ids(plan, output_ids)
-            held.commit_turn_later(plan.context_ids, plan.turn_ids + reply_ids, committed)
-            self.memory_tokens.wrote(state, len(committed), len(plan.context_ids) + len(plan.turn_ids) + len(reply_ids))
-            version = plan.base_version + 1  # one publish per turn
+    def _advance(self, plan: Turn, thread: Thread, response_id: str, messages: list[dict], calls: list[str], output: list[dict], version: int | None) -> None:
+        """The thread after this response: its turn committed behind the answer (``version``: the one that publishes),
+        left pending (``calls``: the function calls it waits for), or left open (cut by max_output_tokens)."""
+        if version is not None:  # the thread's next request waits for the commit, then confirms it (``_confirm``)
             thread.uncommitted, thread.calls, thread.behind = [], [], messages
             thread.snapshot_of = None if thread.conversation else response_id  # a chain exports it before its next write
+        else:
+            thread.uncommitted, thread.calls = messages, calls
+            version = plan.base_version
         thread.head, thread.version = response_id, version
         if thread.conversation:
             thread.items += plan.items + output
         self.records.save(thread)
-
-    # ------------------------------------------------------------------ stored responses
-
-    def get(self, tenant: str, response_id: str) -> dict:
-        return self._stored(tenant, response_id).body
-
-    def delete(self, tenant: str, response_id: str) -> dict:
-        """Forget a stored response (its thread and memory stay: later responses build on them)."""
-        self.records.delete(self._stored(tenant, response_id))
-        return {"id": response_id, "object": "response.deleted", "deleted": True}
-
-    def input_items(self, tenant: str, response_id: str, *, after: str | None, limit: int, order: str) -> dict:
-        return item_list(self._stored(tenant, response_id).input_items, after=after, limit=limit, order=order)
-
-    def _stored(self, tenant: str, response_id: str) -> ResponseRecord:
-        record = self.records.response(tenant, response_id)
-        if record is None:
-            raise NotFound(f"response {response_id!r} not found (it was never stored, was deleted, or belongs to another API key)", param="response_id", code="response_not_found")
-        return record
-
-    # ------------------------------------------------------------------ conversations
-
-    def create_conversation(self, tenant: str, request: ConversationRequest) -> dict:
-        """A new conversation: a new session, made upstream on its first response; initial items are
-        sent with that response's input and committed with its turn."""
-        items = InputItems.of(request.items or []).items
-        conversation = Thread(id=new_id("conv"), tenant=tenant, session="", created_at=int(time.time()), metadata=request.metadata or {}, items=items, uncommitted=item_messages(items))
-        conversation.session = session_name(conversation.id)
-        self.records.save(conversation)
-        return conversation_object(conversation.id, conversation.created_at, conversation.metadata)
-
-    def conversation(self, tenant: str, conversation_id: str) -> dict:
-        conversation = self._conversation(tenant, conversation_id)
-        return conversation_object(conversation.id, conversation.created_at, conversation.metadata)
-
-    async def delete_conversation(self, tenant: str, conversation_id: str) -> dict:
-        """Close the conversation's session (its memory goes with it) and drop its records."""
-        conversation = self._conversation(tenant, conversation_id)
-        try:
-            await self.sessions.admin(tenant, conversation.session, "close")
-        except ProxyError as exc:
-            if exc.status != 404:  # 404: no response ever made its session upstream
-                raise
-        self.records.delete(conversation)
-        return {"id": conversation_id, "object": "conversation.deleted", "deleted": True}
-
-    def conversation_items(self, tenant: str, conversation_id: str, *, after: str | None, limit: int, order: str) -> dict:
-        return item_list(self._conversation(tenant, conversation_id).items, after=after, limit=limit, order=order)
-
-    async def add_items(self, tenant: str, conversation_id: str, raw: list[dict]) -> dict:
-        """Append items: recorded now, sent to the model with the next response and committed with its turn."""
-        conversation = self._conversation(tenant, conversation_id)
-        items = InputItems.of(raw).items
-        async with self.sessions.turn(tenant, conversation.session):  # not while a response runs on it
-            if conversation.calls:
-                raise BadRequest(f"the conversation's latest response waits for function results (call_id(s) {conversation.calls}); send them with POST /v1/responses first", param="items", code="tool_results_missing")
-            conversation.items += items
-            conversation.uncommitted += item_messages(items)
-            self.records.save(conversation)
-        return item_list(items, after=None, limit=len(items) or 1, order="asc")
-
-    def _conversation(self, tenant: str, conversation_id: str) -> Thread:
-        conversation = self.records.thread(tenant, conversation_id)
-        if conversation is None or not conversation.conversation:
-            raise NotFound(f"conversation {conversation_id!r} not found", param="conversation_id", code="conversation_not_found")
-        return conversation
 
 
 def _finish(body: dict) -> str:

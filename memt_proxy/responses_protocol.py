@@ -78,6 +78,7 @@ class ResponseRequest(BaseModel):
     _digest: str = PrivateAttr(default="")  # SHA-256 of that JSON, set by the service (an identical retry)
     _retry: bool = PrivateAttr(default=False)  # the client says it sends it again
     _key: str | None = PrivateAttr(default=None)  # its Idempotency-Key
+    _policy: str = PrivateAttr(default="auto")  # its memory policy (X-MemT-Memory)
 
     @property
     def logprobs(self) -> bool:

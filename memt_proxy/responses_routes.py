@@ -33,48 +33,48 @@ def add_responses_routes(app: FastAPI, service: ResponsesService, inputs: Inputs
         tenant = inputs.tenant(request)
         body = await inputs.model(request, ResponseRequest)
         controls = inputs.controls(request, body.metadata)
-        result = await service.create(body, tenant=tenant, stateless=controls.memory == "off", retry=controls.retry, key=controls.idempotency_key)
+        result = await service.create(body, tenant=tenant, memory=controls.memory, retry=controls.retry, key=controls.idempotency_key)
         if isinstance(result, dict):
             return result
         return EventSourceResponse(_sse(result, metrics.observe_stream_error), sep="\n", ping=15)
 
     @app.get("/v1/responses/{response_id}", tags=["responses"], summary="A stored response")
     async def get(response_id: str, request: Request) -> dict:
-        return service.get(inputs.tenant(request), response_id)
+        return service.stored.get(inputs.tenant(request), response_id)
 
     @app.delete("/v1/responses/{response_id}", tags=["responses"], summary="Delete a stored response")
     async def delete(response_id: str, request: Request) -> dict:
-        return service.delete(inputs.tenant(request), response_id)
+        return service.stored.delete(inputs.tenant(request), response_id)
 
     @app.get("/v1/responses/{response_id}/input_items", tags=["responses"], summary="The input items of a stored response")
     async def input_items(response_id: str, request: Request, after: str | None = None, limit: int = LIMIT, order: str = ORDER) -> dict:
-        return service.input_items(inputs.tenant(request), response_id, after=after, limit=limit, order=order)
+        return service.stored.input_items(inputs.tenant(request), response_id, after=after, limit=limit, order=order)
 
     @app.post("/v1/conversations", tags=["conversations"], summary="Create a conversation (a new memory session)",
               openapi_extra=request_body(ConversationRequest, required=False))
     async def create_conversation(request: Request) -> dict:
         tenant = inputs.tenant(request)
         body = await inputs.model(request, ConversationRequest, empty=ConversationRequest())
-        return service.create_conversation(tenant, body)
+        return service.stored.create_conversation(tenant, body)
 
     @app.get("/v1/conversations/{conversation_id}", tags=["conversations"], summary="A conversation")
     async def conversation(conversation_id: str, request: Request) -> dict:
-        return service.conversation(inputs.tenant(request), conversation_id)
+        return service.stored.conversation(inputs.tenant(request), conversation_id)
 
     @app.delete("/v1/conversations/{conversation_id}", tags=["conversations"], summary="Delete a conversation with its memory")
     async def delete_conversation(conversation_id: str, request: Request) -> dict:
-        return await service.delete_conversation(inputs.tenant(request), conversation_id)
+        return await service.stored.delete_conversation(inputs.tenant(request), conversation_id)
 
     @app.get("/v1/conversations/{conversation_id}/items", tags=["conversations"], summary="The items this proxy recorded for a conversation")
     async def items(conversation_id: str, request: Request, after: str | None = None, limit: int = LIMIT, order: str = Query(default="asc", pattern="^(asc|desc)$")) -> dict:
-        return service.conversation_items(inputs.tenant(request), conversation_id, after=after, limit=limit, order=order)
+        return service.stored.conversation_items(inputs.tenant(request), conversation_id, after=after, limit=limit, order=order)
 
     @app.post("/v1/conversations/{conversation_id}/items", tags=["conversations"], summary="Add items (sent and committed with the next response)",
               openapi_extra=request_body(ItemsRequest))
     async def add_items(conversation_id: str, request: Request) -> dict:
         tenant = inputs.tenant(request)
         body = await inputs.model(request, ItemsRequest)
-        return await service.add_items(tenant, conversation_id, body.items)
+        return await service.stored.add_items(tenant, conversation_id, body.items)
 
 
 async def _sse(events, observe_error):

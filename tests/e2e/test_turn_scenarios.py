@@ -22,8 +22,9 @@ figures ``memt_proxy_memory_writes_total``, ``memt_proxy_memory_states`` and ``m
 (read once no request or write holds a session: writes land behind answers), and for a retry the identical answer
 and usage. Then the two surfaces' figures must be the same, step by step. ``-rA`` prints each row's figures.
 
-Rows where the surfaces differ today are ``xfail(strict=True)``, with the difference observed, for the turn runner
-that writes a turn once for both surfaces to flip.
+Six rows differed before the turn runner (``memt_proxy.session.turn``) wrote a turn once for both surfaces: a system
+item in a Responses input, header-less Responses retries (SDK and Idempotency-Key), X-MemT-Memory read (header-less and
+on a conversation) and off on a conversation. Each now behaves on Responses as on chat.
 """
 
 from __future__ import annotations
@@ -85,7 +86,6 @@ class Row:
     mode: str  # headerless | named (chat: X-MemT-Session; Responses: a conversation)
     steps: tuple[Step, ...]
     system: str | None = None  # chat sends a system message; Responses "instructions" or a system input "item"
-    xfail: str | None = None  # the difference between the surfaces today
 
 
 def headerless_opening(third: Step | None = None) -> tuple[Step, ...]:
@@ -106,31 +106,17 @@ def named(step: Step) -> Step:
 ROWS = [
     Row("headerless continuation", "headerless", (*headerless_opening(), say(U[3], 6, 1, 1))),
     Row("system message as instructions", "headerless", (*headerless_opening(), say(U[3], 6, 1, 1)), system="instructions"),
-    Row("system message as an input item", "headerless", (*headerless_opening(), say(U[3], 6, 1, 1)), system="item", xfail=(
-        "Responses keeps no state for an input holding a system/developer item (ResponsesService._headerless: "
-        "reads=not instructed, no plan.headerless): turns 2-4 write nothing (writes +0, states +0; chat +1, +1 each) and "
-        "turns 3 and 4 are read from the whole transcript as text (87 and 110 prompt tokens, saved +0), where chat reads "
-        "memory and the new message (26 and 26 tokens, saved +64 and +90)")),
+    Row("system message as an input item", "headerless", (*headerless_opening(), say(U[3], 6, 1, 1)), system="item"),
     Row("sdk retry (x-stainless-retry-count: 1)", "headerless",
-        headerless_opening(say(NICE, 4, 1, 1, temperature=SAMPLED)) + (retry("sdk", 4), say(U[3], 6, 1, 1)), xfail=(
-        "a header-less Responses answer is not kept for a retry (ResponsesService._settle keeps answers for a thread only): "
-        "the retry is answered anew (another sample and usage, 17 prompt tokens read from memory, saved +64) and forks "
-        "a state of its own (writes +1, states +1); chat returns the kept answer and usage (writes +0, saved +0)")),
+        headerless_opening(say(NICE, 4, 1, 1, temperature=SAMPLED)) + (retry("sdk", 4), say(U[3], 6, 1, 1))),
     Row("Idempotency-Key repeat", "headerless",
-        headerless_opening(say(NICE, 4, 1, 1, temperature=SAMPLED, key="turn-3")) + (retry("key", 4), say(U[3], 6, 1, 1)), xfail=(
-        "a header-less Responses answer is not kept for a repeated Idempotency-Key either: the repeat is answered anew "
-        "(another sample and usage, saved +64) and forks a state of its own (writes +1, states +1); chat returns the kept "
-        "answer and usage (writes +0, saved +0)")),
+        headerless_opening(say(NICE, 4, 1, 1, temperature=SAMPLED, key="turn-3")) + (retry("key", 4), say(U[3], 6, 1, 1))),
     Row("regenerate (temperature 2)", "headerless",
         (*headerless_opening(say(NICE, 4, 1, 1)), Step("regenerate", held=4, writes=None, states=None, temperature=SAMPLED, tries=3), say(U[3], 6, 1, 1))),
     Row("edit of the last user message", "headerless",
         (*headerless_opening(), Step("edit", EDITED, held=4, writes=1, states=1), say(U[3], 6, 1, 1))),
     Row("X-MemT-Memory: auto", "headerless", headerless_opening(say(U[2], 4, 1, 1, memory="auto")) + (say(U[3], 6, 1, 1),)),
-    Row("X-MemT-Memory: read", "headerless", headerless_opening(say(U[2], 4, 0, 0, memory="read")) + (say(U[3], 4, 1, 1),), xfail=(
-        "Responses takes X-MemT-Memory only as off or not (responses_routes: stateless=memory == 'off'): a read turn is "
-        "served as auto and forks a state (writes +1, states +1; chat +0, +0), so the next turn reads 6 messages from "
-        "memory (17 prompt tokens, saved +90) where chat reads the 4 kept before the read turn and that turn's exchange "
-        "as text (40 tokens, saved +64)")),
+    Row("X-MemT-Memory: read", "headerless", headerless_opening(say(U[2], 4, 0, 0, memory="read")) + (say(U[3], 4, 1, 1),)),
     Row("X-MemT-Memory: off", "headerless", headerless_opening(say(U[2], None, 0, 0, memory="off")) + (say(U[3], 4, 1, 1),)),
     Row("saved tokens over six turns", "headerless",
         (*headerless_opening(), say(U[3], 6, 1, 1), say(U[4], 8, 1, 1), say(U[5], 10, 1, 1))),
@@ -142,22 +128,14 @@ ROWS = [
     Row("named Idempotency-Key repeat", "named",
         (*named_opening(), named(say(NICE, 4, 1, temperature=SAMPLED, key="named-3")), named(retry("key", 4)), named(say(U[3], 6, 1)))),
     Row("named X-MemT-Memory: auto", "named", (*named_opening(), named(say(U[2], 4, 1, memory="auto")), named(say(U[3], 6, 1)))),
-    Row("named X-MemT-Memory: read", "named", (*named_opening(), named(say(U[2], 4, 0, memory="read")), named(say(U[3], 4, 1))), xfail=(
-        "a Responses conversation ignores X-MemT-Memory: read: the read turn is committed (writes +1; chat +0), so the "
-        "next turn reads 6 messages from memory (17 prompt tokens, saved +93) where chat reads 4 and the read turn's "
-        "exchange as text (40 tokens, saved +67)")),
-    Row("named X-MemT-Memory: off", "named", (*named_opening(), named(say(U[2], None, 0, memory="off")), named(say(U[3], 4, 1))), xfail=(
-        "a Responses conversation ignores X-MemT-Memory: off (stateless applies only to an input with neither conversation "
-        "nor previous_response_id): the off turn reads memory (17 prompt tokens, saved +67) and is committed (writes +1), "
-        "where chat answers it from the whole transcript (78 tokens, saved +0, writes +0); the next turn then reads 17 "
-        "tokens against chat's 40 (saved +93 against +67)")),
+    Row("named X-MemT-Memory: read", "named", (*named_opening(), named(say(U[2], 4, 0, memory="read")), named(say(U[3], 4, 1)))),
+    Row("named X-MemT-Memory: off", "named", (*named_opening(), named(say(U[2], None, 0, memory="off")), named(say(U[3], 4, 1)))),
 ]
 
 
 def row_params():
     for row in ROWS:
-        marks = [pytest.mark.xfail(strict=True, reason=row.xfail)] if row.xfail else []
-        yield pytest.param(row, id=row.id.replace(" ", "-"), marks=marks)
+        yield pytest.param(row, id=row.id.replace(" ", "-"))
 
 
 # ---------------------------------------------------------------------- the surfaces

@@ -98,15 +98,21 @@ def test_the_turn_committed_behind_the_last_answer_is_confirmed_or_resent(servic
         assert thread.version == 2 and thread.uncommitted == said + [{"role": "user", "content": "added"}]
 
 
+def received(service, made, ids: list[int]) -> list[int]:
+    """What memory keeps of the answer ``ids``, as the service settles it."""
+    service._received(made, ids)
+    return service.runner.reply_ids(made, ids)
+
+
 def test_an_answer_is_committed_without_the_markup_the_app_never_saw(service):
     chat_format = service.chat_format
     eos = chat_format.tokenizer.eos_token_id
     made = plan(service, "Hi")
     messy = chat_format._encode("Hi <tool_call>not a call</tool_call> there.</think>") + [eos]
-    committed = service._reply_ids(made, messy)
+    committed = received(service, made, messy)
     assert chat_format.decode(committed) == "Hi not a call there." and committed[-1] == eos
     clean = chat_format._encode("Hi there.") + [eos]
-    assert service._reply_ids(made, clean) == clean  # a clean answer is committed as generated
+    assert received(service, made, clean) == clean  # a clean answer is committed as generated
 
 
 def test_a_large_input_is_planned_off_the_event_loop(service):

@@ -8,7 +8,9 @@ import pytest
 from memt_core.client.chat_format import load_chat_format, load_tokenizer
 from memt_core.client.native import AsyncNativeClient
 from memt_proxy.protocol import ChatCompletionRequest
-from memt_proxy.serving import ChatService, Prepared, _deltas
+from memt_proxy.chat_stream import deltas as _deltas
+from memt_proxy.serving import ChatService
+from memt_proxy.session.turn import Turn
 from memt_proxy.sessions import Sessions
 
 TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
@@ -24,30 +26,37 @@ def request(**fields) -> ChatCompletionRequest:
     return ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "hi"}], **fields})
 
 
-def prepared(service, *, stops=(), prefix="", parallel=True, thinking=False) -> Prepared:
-    return Prepared(None, "auto", [], [], [], None, thinking, {}, prefix, list(stops), parallel)
+def prepared(service, *, stops=(), prefix="", parallel=True, thinking=False) -> Turn:
+    return Turn("t", "auto", [], thinking=thinking, prefix=prefix, stops=list(stops), parallel_tools=parallel)
+
+
+def reply_ids(service, turn: Turn, ids: list[int]) -> list[int]:
+    """What memory keeps of an answer, as the service does it: the text the app received, then its ids."""
+    if turn.kept is None:
+        service._message(turn, service._text(turn, ids, final=True)[0], "stop")
+    return service.runner.reply_ids(turn, ids)
 
 
 def test_options(service):
-    assert service._options(request()) == (False, None, "", True)
-    assert service._options(request(reasoning_effort="high"))[0] is True
-    assert service._options(request(reasoning_effort="minimal"))[0] is False
-    assert service._options(request(reasoning_effort="high", chat_template_kwargs={"enable_thinking": False}))[0] is False
-    thinking, tools, prefix, parallel = service._options(request(tools=[TOOL], parallel_tool_calls=False))
+    assert service.plans.options(request()) == (False, None, "", True)
+    assert service.plans.options(request(reasoning_effort="high"))[0] is True
+    assert service.plans.options(request(reasoning_effort="minimal"))[0] is False
+    assert service.plans.options(request(reasoning_effort="high", chat_template_kwargs={"enable_thinking": False}))[0] is False
+    thinking, tools, prefix, parallel = service.plans.options(request(tools=[TOOL], parallel_tool_calls=False))
     assert tools == [TOOL] and prefix == "" and parallel is False
-    assert service._options(request(tools=[TOOL], tool_choice="none"))[1] is None  # none: no tools in the template
-    assert service._options(request(tools=[TOOL], tool_choice="required"))[2] == service.chat_format.tool_call_prefix()
-    named = service._options(request(tools=[TOOL], tool_choice={"type": "function", "function": {"name": "get_weather"}}))[2]
+    assert service.plans.options(request(tools=[TOOL], tool_choice="none"))[1] is None  # none: no tools in the template
+    assert service.plans.options(request(tools=[TOOL], tool_choice="required"))[2] == service.chat_format.tool_call_prefix()
+    named = service.plans.options(request(tools=[TOOL], tool_choice={"type": "function", "function": {"name": "get_weather"}}))[2]
     assert named == service.chat_format.tool_call_prefix("get_weather") and "get_weather" in named
     assert not named.endswith(" ")  # a prompt ending in a lone space token is one the model never saw
 
 
 def test_sampling(service):
-    assert service._sampling(request(), []) == {"temperature": 0.0, "max_new_tokens": 1024}
-    assert service._sampling(request(max_completion_tokens=7, temperature=0.5, top_p=0.9, seed=3, stop="x"), []) == {
+    assert service.plans.sampling(request(), []) == {"temperature": 0.0, "max_new_tokens": 1024}
+    assert service.plans.sampling(request(max_completion_tokens=7, temperature=0.5, top_p=0.9, seed=3, stop="x"), []) == {
         "temperature": 0.5, "top_p": 0.9, "seed": 3, "max_new_tokens": 7, "stop": ["x"],
     }
-    assert service._sampling(request(stop=["a", "b"]), [])["stop"] == ["a", "b"]
+    assert service.plans.sampling(request(stop=["a", "b"]), [])["stop"] == ["a", "b"]
 
 
 def test_earliest_stop_string_wins(service):
@@ -68,13 +77,13 @@ def test_committed_reply_ids(service):
     assert eos in chat_format.end_ids
     ids = chat_format._encode("alpha beta gamma")
     # ended by the model's end token, or no stop strings at all: the generated ids as they are
-    assert service._reply_ids(prepared(service, stops=["zzz"]), ids + [eos]) == ids + [eos]
-    assert service._reply_ids(prepared(service), ids) == ids
+    assert reply_ids(service, prepared(service, stops=["zzz"]), ids + [eos]) == ids + [eos]
+    assert reply_ids(service, prepared(service), ids) == ids
     # cut by a stop string: what the client received, then the end token (never the stop string)
-    assert service._reply_ids(prepared(service, stops=["beta"]), ids) == chat_format._encode("alpha ") + [eos]
-    assert service._reply_ids(prepared(service, stops=["nowhere"]), ids) == ids
+    assert reply_ids(service, prepared(service, stops=["beta"]), ids) == chat_format._encode("alpha ") + [eos]
+    assert reply_ids(service, prepared(service, stops=["nowhere"]), ids) == ids
     # with a forced prefix (already in the turn's ids) only the generated part follows
-    cut = service._reply_ids(prepared(service, stops=["gamma"], prefix="pre: "), ids)
+    cut = reply_ids(service, prepared(service, stops=["gamma"], prefix="pre: "), ids)
     assert cut == chat_format._encode("alpha beta ") + [eos]
 
 
@@ -91,14 +100,14 @@ def test_markup_the_app_never_sees_is_never_committed(service, generated, receiv
     ready = prepared(service)
     message, finish = service._message(ready, service._text(ready, ids, final=True)[0], "stop")
     assert (message["content"], finish) == (received.strip(), "stop")
-    committed = service._reply_ids(ready, ids)
+    committed = reply_ids(service, ready, ids)
     assert committed[-1] == eos and chat_format.decode(committed) == received
     for tag in ("<tool_call>", "</tool_call>", "<think>", "</think>"):
         assert tag not in chat_format.decode(committed)
     clean = chat_format._encode("A clean answer.") + [eos]  # a clean answer is committed as generated
     ready = prepared(service)
     service._message(ready, service._text(ready, clean, final=True)[0], "stop")
-    assert service._reply_ids(ready, clean) == clean
+    assert reply_ids(service, ready, clean) == clean
 
 
 def test_tool_call_messages(service):
@@ -168,7 +177,12 @@ def test_a_pending_tool_turn_is_kept_until_a_request_ends_it(nano_checkpoint, tm
     assert store.load_pending(state.native, 0) == {"hashes": pending.hashes, "ids": pending.ids, "thinking": False}
 
     def prepare(messages, **fields):
-        return asyncio.run(service._prepare_session(request(messages=messages, **fields), state, "auto", "reject", size=0))
+        asked = request(messages=messages, **fields)
+
+        async def plan(state, hashes=None):
+            return service.plans.on_memory(asked, state, "auto", hashes)
+
+        return asyncio.run(service.runner._on_named(state, True, plan, lambda state: False))  # strict: no starting over
 
     results = [question, call, {"role": "tool", "tool_call_id": "call_1", "content": "3 degrees"}]
     continued = prepare(results)

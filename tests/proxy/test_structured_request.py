@@ -17,10 +17,11 @@ from memt_demo.tool_turns import TOOLS
 from memt_core.grammar import GrammarCompiler
 from memt_proxy.conversations import ResponseRecords
 from memt_proxy.errors import ProxyError
-from memt_proxy.protocol import ChatCompletionRequest, Usage, logprobs_content, output_schema
+from memt_proxy.protocol import ChatCompletionRequest, logprobs_content, output_schema
 from memt_proxy.responses import ResponsesService
 from memt_proxy.responses_protocol import InputItems, ResponseRequest, message_item
-from memt_proxy.serving import ChatService, Prepared
+from memt_proxy.serving import ChatService
+from memt_proxy.session.turn import Turn
 from memt_proxy.turn_plan import RawStream
 from memt_proxy.session.state import MemoryTokens
 from memt_proxy.sessions import Sessions, SessionState
@@ -82,19 +83,19 @@ def test_a_schema_llguidance_cannot_compile_is_a_400_naming_the_field(service):
         check_schema({"type": "objectx"}, "response_format")
     assert (info.value.status, info.value.param, info.value.code) == (400, "response_format", "invalid_schema")
     with pytest.raises(ProxyError) as info:
-        service._sampling(request(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objectx"}}}), [])
+        service.plans.sampling(request(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objectx"}}}), [])
     assert info.value.param == "response_format"
     bad_tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "nope"}}}
     with pytest.raises(ProxyError) as info:
-        service._sampling(request(tools=[TOOLS["add"], bad_tool], tool_choice="required"), [], [TOOLS["add"], bad_tool])
+        service.plans.sampling(request(tools=[TOOLS["add"], bad_tool], tool_choice="required"), [], [TOOLS["add"], bad_tool])
     assert info.value.param == "tools[1].function.parameters"
 
 
 def test_response_format_becomes_json_schema_and_turns_thinking_off(service, compiler):
     r = request(response_format={"type": "json_schema", "json_schema": {"name": "w", "schema": WEATHER}}, reasoning_effort="high")
-    sampling = service._sampling(r, [])
+    sampling = service.plans.sampling(r, [])
     assert json.loads(sampling["json_schema"]) == WEATHER
-    assert service._options(r)[0] is False  # the grammar starts at the answer: no reasoning block
+    assert service.plans.options(r)[0] is False  # the grammar starts at the answer: no reasoning block
     grammar = structure(service.chat_format, schema=WEATHER, schema_param="response_format", tools=None, tools_param="tools", forced=False, name=None)
     assert grammar.raw
     assert accepts(compiler, grammar, '{"city":"Paris","degrees":21}')
@@ -103,7 +104,7 @@ def test_response_format_becomes_json_schema_and_turns_thinking_off(service, com
 
 
 def test_a_raw_answer_is_returned_as_it_is(service):
-    prepared = Prepared(None, "off", [], [], [], None, False, {}, "", [], True, raw=True)
+    prepared = Turn("t", "off", [], raw=True)
     text = '{"note":"<tool_call>\\n{\\"name\\": \\"add\\"}"}'
     assert service._message(prepared, text, "stop") == ({"role": "assistant", "content": text}, "stop")
     stream = RawStream()
@@ -145,7 +146,7 @@ def test_response_format_with_tools_allows_the_answer_or_a_call(service, compile
 
 
 def test_every_sampling_field_reaches_the_native_params(service):
-    sampling = service._sampling(request(
+    sampling = service.plans.sampling(request(
         max_tokens=9, temperature=0.5, top_p=0.9, top_k=40, min_p=0.1, presence_penalty=1.5, frequency_penalty=-2,
         repetition_penalty=1.2, min_tokens=3, seed=-1, logit_bias={"12": -100, "7": 5}, logprobs=True, top_logprobs=4, stop=["x", "y"],
     ), [])
@@ -154,7 +155,7 @@ def test_every_sampling_field_reaches_the_native_params(service):
         "frequency_penalty": -2, "repetition_penalty": 1.2, "min_new_tokens": 3, "seed": (1 << 63) - 1,  # a negative seed maps into the native range
         "logit_bias": {"12": -100.0, "7": 5.0}, "return_logprob": True, "top_logprobs_num": 4, "return_text_in_logprobs": True, "stop": ["x", "y"],
     }
-    assert service._sampling(request(min_tokens=50, max_tokens=4), [])["min_new_tokens"] == 4
+    assert service.plans.sampling(request(min_tokens=50, max_tokens=4), [])["min_new_tokens"] == 4
 
 
 def test_logprob_fields_go_to_the_native_body_top_level():
@@ -167,7 +168,7 @@ def test_logprob_fields_go_to_the_native_body_top_level():
 
 def test_logit_bias_beyond_the_vocabulary_is_refused(service):
     with pytest.raises(ProxyError) as info:
-        service._sampling(request(logit_bias={str(len(service.chat_format.tokenizer)): 1}), [])
+        service.plans.sampling(request(logit_bias={str(len(service.chat_format.tokenizer)): 1}), [])
     assert info.value.param == "logit_bias" and "vocabulary" in info.value.message
 
 
@@ -188,10 +189,10 @@ def test_n_with_a_session_is_refused_before_anything_runs(service):
 
 
 def test_choices_get_their_own_seeds(service):
-    prepared = Prepared(None, "off", [], [], [], None, False, {"seed": (1 << 63) - 1}, "", [], True)
+    prepared = Turn("t", "off", [], sampling={"seed": (1 << 63) - 1})
     assert service._choice_sampling(prepared, 0)["seed"] == (1 << 63) - 1
     assert service._choice_sampling(prepared, 1)["seed"] == 0
-    unseeded = Prepared(None, "off", [], [], [], None, False, {"temperature": 1.0}, "", [], True)
+    unseeded = Turn("t", "off", [], sampling={"temperature": 1.0})
     assert service._choice_sampling(unseeded, 3) == {"temperature": 1.0}
 
 
@@ -200,15 +201,16 @@ def test_choices_get_their_own_seeds(service):
 
 def test_on_usage_is_called_with_the_contracted_fields_and_never_fails_a_request(service):
     fresh = ChatService(service.sessions, service.chat_format, service.parser, model_names=["m"])
-    prepared = Prepared(None, "auto", [], [], [], None, False, {}, "", [], True, saved=40)
-    usage = Usage(prompt_tokens=7, completion_tokens=3, total_tokens=10)
-    fresh._usage(prepared, usage)  # the default observer: nobody counting
+    prepared = Turn("t", "auto", [1] * 7, state=SessionState(native="n"), saved=40)  # read a session's memory
+    fresh.runner.usage(prepared, 3)  # the default observer: nobody counting
     seen = []
-    fresh.on_usage = lambda **fields: seen.append(fields)
-    fresh._usage(prepared, usage)
-    assert seen == [{"prompt_tokens": 7, "completion_tokens": 3, "saved_tokens": 40, "memory": True}]
-    fresh.on_usage = lambda **fields: 1 / 0
-    fresh._usage(prepared, usage)  # logged, not raised
+    fresh.runner.on_usage = lambda **fields: seen.append(fields)
+    fresh.runner.usage(prepared, 3)
+    fresh.runner.usage(Turn("t", "off", [1] * 7), 2)  # no memory read
+    assert seen == [{"prompt_tokens": 7, "completion_tokens": 3, "saved_tokens": 40, "memory": True},
+                    {"prompt_tokens": 7, "completion_tokens": 2, "saved_tokens": 0, "memory": False}]
+    fresh.runner.on_usage = lambda **fields: 1 / 0
+    fresh.runner.usage(prepared, 3)  # logged, not raised
 
 
 def test_memory_tokens_count_what_this_proxy_wrote():
@@ -231,7 +233,7 @@ def test_responses_plan_and_usage(service):
     plan = responses._plan(request, "t", InputItems.of(request.input).items, None, [], [], None)
     assert json.loads(plan.sampling["json_schema"]) == WEATHER and plan.raw and plan.thinking is False
     seen = []
-    responses.on_usage = lambda **fields: seen.append(fields)
+    responses.runner.on_usage = lambda **fields: seen.append(fields)
     body = asyncio.run(responses._settle(plan, None, "resp_1", 0, [message_item('{"city":"Oslo","degrees":3}')], [5, 6, 7], "stop"))
     assert body["text"] == {"format": request.text["format"]}
     assert seen == [{"prompt_tokens": len(plan.prompt), "completion_tokens": 3, "saved_tokens": 0, "memory": False}]
