@@ -57,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--context-length", type=int, default=None, help="prompt + max_new_tokens limit (default: the model's max_position_embeddings)")
     engine.add_argument("--enable-torch-compile", action="store_true", help="compile the decode step, and the prefill of prompts of 3-256 tokens, with torch.compile (inductor; needs a C++ compiler on CPU, Triton on GPU): on CPU a demo-model turn takes 0.3-0.55x the time, its kernels called from inductor's C++ wrapper (scripts/bench/compile.py); the server compiles before it reports healthy (about a minute, longer on a busy machine; later starts reuse the compiled code from TORCHINDUCTOR_CACHE_DIR)")
     engine.add_argument("--torch-threads", type=int, default=None, metavar="N", help="CPU threads torch computes with (default on the CPU: one fewer than the cores torch would use, at least 1, leaving a core to the server's event loop, the proxy and the app: a thread pool that waits for a busy core stalls, and on 2 cores a demo-model turn takes 0.5-0.75x the time with 1 thread than with 2, scripts/bench/flags.py; on a GPU, or with OMP_NUM_THREADS set: torch's default)")
+    engine.add_argument("--disable-fused-decode", action="store_true", help="decode with the model's own modules (transformers') instead of the fused decode step (memt_core/models/decode.py: the same arithmetic in fewer kernel launches; on the CPU a demo-model decode step in 0.35-0.45x the time, scripts/bench/decode_paths.py): for comparisons and diagnosis")
     engine.add_argument("--enable-streaming-session", action="store_true", help="allow sessions created with retain_kv (native context kept between queries)")
     engine.add_argument("--deterministic-communication", action="store_true", help="fixed collective settings for reproducibility (multi-device engines only; the torch engine refuses it)")
     server = parser.add_argument_group("server")
@@ -111,6 +112,7 @@ class LaunchPlan:
     unload_idle: float | None = None  # seconds without a lease before a durable session is unloaded
     torch_compile: bool = False  # --enable-torch-compile
     torch_threads: int | None = None  # --torch-threads
+    fused_decode: bool = True  # not --disable-fused-decode
 
     @property
     def engine_class(self) -> type[Engine]:
@@ -121,7 +123,7 @@ class LaunchPlan:
             device=self.device, dtype=self.dtype, max_running_requests=self.max_running_requests,
             max_commit_batch=self.runtime.max_inflight_commits_per_rank, context_length=self.context_length,
             min_kv_tokens=self.runtime.min_kv_tokens, enable_streaming_session=self.enable_streaming_session,
-            torch_compile=self.torch_compile, threads=self.torch_threads,
+            torch_compile=self.torch_compile, threads=self.torch_threads, fused_decode=self.fused_decode,
             deterministic_communication=self.deterministic_communication, state_directory=self.state_directory,
             snapshot_store=self.snapshot_store, ownership=self.ownership, ownership_ttl=self.ownership_ttl, node_id=self.node_id,
         )
@@ -219,7 +221,7 @@ def plan_launch(args: argparse.Namespace, environ=os.environ) -> LaunchPlan:
         snapshot_store=args.snapshot_store, ownership=args.ownership, ownership_ttl=args.ownership_ttl,
         node_id=args.node_id or f"{socket.gethostname()}:{args.port}", api_key=args.api_key, log_level=args.log_level,
         spec_strict=args.spec_strict, unload_idle=_unload_idle(args), torch_compile=args.enable_torch_compile,
-        torch_threads=args.torch_threads,
+        torch_threads=args.torch_threads, fused_decode=not args.disable_fused_decode,
     )
     plan.engine_class.check_options(plan.engine_options())
     return plan

@@ -72,6 +72,24 @@ class Sampler:
             self.params.constraint.advance(token)
         return token
 
+    @property
+    def plain(self) -> bool:
+        """Whether the next token is the argmax of the raw logits, with no log-probabilities to report: then an
+        engine may pick it for many requests at once (one argmax over the batch, one read back) and ``take`` it."""
+        p = self.params
+        return (
+            p.greedy and p.constraint is None and not p.logit_bias and p.repetition_penalty == 1.0
+            and not p.frequency_penalty and not p.presence_penalty and not (p.logprobs or p.top_logprobs)
+            and not (len(self.output) < p.min_new_tokens and self.end_ids)
+        )
+
+    def take(self, token: int) -> int:
+        """Record ``token`` as chosen, where ``plain`` said it is the logits' argmax (exactly what ``__call__`` does then)."""
+        self.last = Choice(token)
+        self.output.append(token)
+        self._counts[token] = self._counts.get(token, 0) + 1
+        return token
+
     def _processed(self, logits: torch.Tensor) -> torch.Tensor:
         """Every stage that changes logits before temperature; a copy when anything applies."""
         p = self.params

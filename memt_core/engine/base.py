@@ -68,6 +68,7 @@ class EngineOptions:
     enable_streaming_session: bool = False
     torch_compile: bool = False  # compile the decode step and short prefills with torch.compile (engines that can)
     threads: int | None = None  # CPU threads of torch's intra-op pool (None: the engine's choice)
+    fused_decode: bool = True  # the decode step in fewer kernel launches where the model's family has one
     deterministic_communication: bool = False
     state_directory: str | None = None
     snapshot_store: str | None = None  # a directory every published version is written to (shared by servers)

@@ -95,7 +95,7 @@ class TorchEngine(Engine):
         return cls(
             model, state_directory=options.state_directory, snapshot_store=durable, owned=owned,
             max_running_requests=options.max_running_requests, max_commit_batch=options.max_commit_batch,
-            torch_compile=options.torch_compile, threads=cpu_threads(options),
+            torch_compile=options.torch_compile, threads=cpu_threads(options), fused_decode=options.fused_decode,
         )
 
     @classmethod
@@ -105,6 +105,7 @@ class TorchEngine(Engine):
             "max_running_requests": options.max_running_requests, "max_commit_batch": options.max_commit_batch,
             "context_length": options.context_length, "min_kv_tokens": options.min_kv_tokens,
             "torch_compile": options.torch_compile,
+            "fused_decode": options.fused_decode and not options.torch_compile,
             "inductor_options": inductor_options(options.device) if options.torch_compile else None,
             "torch_threads": cpu_threads(options) or f"torch's default ({torch.get_num_threads()})",
             "kv_cache": "grows per request (transformers DynamicCache)",
@@ -123,6 +124,7 @@ class TorchEngine(Engine):
         compile_options: dict | None = None,
         module_guards: bool = False,
         threads: int | None = None,
+        fused_decode: bool = True,
     ):
         self.model = model
         self.threads = threads
@@ -134,6 +136,9 @@ class TorchEngine(Engine):
         self._prefill_compiled = False
         self.compile_options = inductor_options(self.device) if compile_options is None else dict(compile_options)
         self._decoder = compile_model(self.compile_options, model, module_guards) if torch_compile else model
+        # the eager decode step in fewer kernel launches where the family has one (memt_core.models.decode); the
+        # compiled step is the model's own, compiled
+        self._fused = fused_decoder(model) if fused_decode and not torch_compile else None
         memory = self.checkpoint.memory
         self.store = MemoryStore(
             identity=self.checkpoint.identity(),
@@ -206,6 +211,8 @@ class TorchEngine(Engine):
 
     def _decode(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, read: dict | None, cache):
         """One decode step of the shared batch, reading ``read`` (``_rows_read``)."""
+        if self._fused is not None and self._fused.can_run(ids, cache):
+            return self._fused(ids, memory=read, past_key_values=cache, attention_mask=mask, position_ids=positions)
         return self._decoder(ids, memory=read, past_key_values=cache, use_cache=True, attention_mask=mask,
                              position_ids=positions, logits_to_keep=1)
 
@@ -530,10 +537,12 @@ class TorchEngine(Engine):
         self._batch_cache, self._batch_mask = out.past_key_values, mask
         self._stats.decode_steps += 1
         self._stats.decode_rows += len(rows)
+        logits = out.logits[:, -1]
+        chosen = self._argmax(rows, logits)
         keep, done = [], []
         for i, job in enumerate(rows):
             job.fed += 1
-            job.output.append(job.sampler(out.logits[i, -1]))
+            job.output.append(job.sampler.take(chosen[i]) if i in chosen else job.sampler(logits[i]))
             if self._emit(job, lambda i=i: kv.extract(self._batch_cache, self._batch_mask, i)):
                 done.append(i)
             else:
@@ -545,6 +554,16 @@ class TorchEngine(Engine):
             else:
                 self._batch_cache, self._batch_mask = None, None
         self._drop_cancelled()
+
+    @staticmethod
+    def _argmax(rows: list[QueryJob], logits: torch.Tensor) -> dict[int, int]:
+        """The tokens of the rows whose sampler takes the logits' argmax (``Sampler.plain``), by row: one argmax over
+        them all and one read back to the host, not one per row."""
+        plain = [i for i, job in enumerate(rows) if job.sampler.plain]
+        if not plain:
+            return {}
+        picked = logits if len(plain) == len(rows) else logits[torch.tensor(plain, device=logits.device)]
+        return dict(zip(plain, picked.argmax(dim=-1).tolist()))
 
     def _rows_read(self) -> dict | None:
         """The shared batch's memory read, stacked again only when its rows change (a query's memory is fixed).
@@ -588,3 +607,15 @@ class TorchEngine(Engine):
             self._post(job, TokenEvent(None, error=error), last=True)
         for job in self._commits:
             job.loop.call_soon_threadsafe(set_exception, job.future, error)
+
+
+def fused_decoder(model: MemTForCausalLM):
+    """The family's decode step in fewer launches (``Family.decode_step``) for ``model``, or None where it has none
+    or it does not fit this model."""
+    from memt_core.families.base import resolve
+
+    reference = model.checkpoint.family.decode_step
+    if reference is None:
+        return None
+    step = resolve(reference)
+    return step(model) if step.supports(model) else None

@@ -42,6 +42,9 @@ class Family:
     parser_class: str  # "module:Class" of the client's output parser, built as Class(family name)
     #: "module:function"s the model code calls with the backbone's transformers config before building it.
     kernels: tuple[str, ...] = ("memt_core.models.kernels:use_experts",)
+    #: "module:Class" of a decode step in fewer kernel launches than the backbone's own modules (``Class(model)``,
+    #: ``Class.supports(model)``; see ``memt_core.models.decode``), or None: the engine decodes with the model.
+    decode_step: str | None = None
     #: Named width presets of random checkpoints besides the tiny one (``widths_config``), e.g. "nano".
     widths: tuple[str, ...] = ()
 

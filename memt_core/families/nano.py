@@ -48,6 +48,7 @@ class Nano(Family):
     chat_format_class = "memt_core.client.chat_format:NanoChatFormat"
     parser_class = "memt_core.client.parsers:NanoParser"
     kernels = ("memt_core.models.kernels:route_qwen3_5_moe", *Family.kernels)  # FLA / causal-conv1d kernels for CUDA tensors only
+    decode_step = "memt_core.models.decode:FusedDecode"
     widths = ("nano",)
     special_tokens = (
         "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>",

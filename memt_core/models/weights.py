@@ -170,10 +170,11 @@ def load_model(
 def save_weights(model: MemTForCausalLM, directory: str | Path, *, max_shard_bytes: int | None = None) -> list[Path]:
     """Write the model's tensors as BF16 safetensors (integer buffers unchanged), sharded with an index if asked."""
     directory = Path(directory)
-    tensors = {
-        name: (t.detach().to("cpu", torch.bfloat16) if t.is_floating_point() else t.detach().cpu()).contiguous()
-        for name, t in model.checkpoint_state_dict().items()
-    }
+    tensors = {}
+    for name, t in model.checkpoint_state_dict().items():
+        t = (t.detach().to("cpu", torch.bfloat16) if t.is_floating_point() else t.detach().cpu()).contiguous()
+        # a parameter may be a view of a tensor it shares with others (the fused decode step's weights): its own copy
+        tensors[name] = t.clone() if t.untyped_storage().nbytes() != t.numel() * t.element_size() else t
     if not max_shard_bytes:
         save_file(tensors, str(directory / SINGLE_FILE), metadata={"format": "pt"})
         return [directory / SINGLE_FILE]

@@ -67,7 +67,7 @@ NO_KERNEL = frozenset(
         "size", "stride", "dim", "_has_compatible_shallow_copy_type", "set_", "resize_", "is_same_size",
         "_local_scalar_dense", "item", "values", "indices", "_nested_tensor_from_mask_left_aligned", "align_to",
         "refine_names", "rename", "matrix_H", "mT", "mH", "T", "H", "real", "imag", "conj", "_conj",
-        "_neg_view", "lift", "lift_fresh_copy_", "sym_size", "sym_stride", "sym_numel", "sym_storage_offset",
+        "_neg_view", "lift", "lift_fresh_copy_", "detach_", "sym_size", "sym_stride", "sym_numel", "sym_storage_offset",
     )
 )
 #: Leaf operators after which a GPU's host must wait for the device (they return host values or sizes).
