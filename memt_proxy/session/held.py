@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 from typing import Any, AsyncIterator
 
@@ -16,6 +17,14 @@ from memt_proxy.session.state import Later, LeaseTaken, MemoryFound, SessionStat
 log = logging.getLogger("memt.proxy")
 
 
+class Start(enum.Enum):
+    """What ``HeldSession.start`` left to the answer: nothing, the lease, or the native session and its lease."""
+
+    DONE = "done"  # created or adopted, and leased (or not started yet)
+    LEASE_WITH_ANSWER = "lease"  # an empty session's lease is taken while the answer is generated
+    CREATE_WITH_ANSWER = "create"  # a session nothing is known of is created (or adopted) and leased then too
+
+
 class HeldSession:
     """One session held by one request (see ``Sessions.turn``): its state, and its lease once started."""
 
@@ -25,8 +34,7 @@ class HeldSession:
         self.lease: str | None = None
         self.later: Later | None = None  # a write left for after the request
         self.kept = False  # the lease was kept from an earlier request (it may have lapsed since)
-        self.deferred = False  # the lease is taken while the answer is generated (``start(with_answer=True)``)
-        self.creating = False  # the native session too (``start(create=True)``)
+        self.left = Start.DONE  # what ``start`` left to the answer
 
     async def start(self, *, with_answer: bool = False, create: bool = False) -> None:
         """Create or adopt the native session, then take its lease: the one kept from an earlier request, or a new one.
@@ -35,21 +43,20 @@ class HeldSession:
         which raises ``MemoryFound`` if it turns out to hold memory (e.g. after a restart without records)."""
         state = self.state
         if with_answer and create and not state.exists and state.blank and not self.sessions.records.known(state.native):
-            self.deferred = self.creating = True
+            self.left = Start.CREATE_WITH_ANSWER
             return
         await self.sessions.ensure(state)
         self.kept = state.lease is not None
         if with_answer and not self.kept and state.empty:
-            self.deferred = True
+            self.left = Start.LEASE_WITH_ANSWER
             return
         self.lease = await self.sessions.lease_of(state)
 
     async def _leased(self) -> None:
         """Take the lease (and create the session) as ``start`` left to the answer, for a use that cannot overlap it."""
-        if self.deferred:
-            self.deferred = False
-            if self.creating:
-                self.creating = False
+        left, self.left = self.left, Start.DONE
+        if left is not Start.DONE:
+            if left is Start.CREATE_WITH_ANSWER:
                 await self.sessions.ensure(self.state)
             self.lease = await self.sessions.lease_of(self.state)
 
@@ -58,12 +65,11 @@ class HeldSession:
         empty memory reads as none: the same tokens) while the session is created and leased. If the session turns
         out to hold memory, or another client holds the lease (it may write before letting go), the generation is
         dropped and the query made under the lease once it is ours (after ``MemoryFound``, by the caller)."""
-        self.deferred = False
+        left, self.left = self.left, Start.DONE
         sessions, state = self.sessions, self.state
         generation = asyncio.ensure_future(sessions.generate(prompt, sampling))
         try:
-            if self.creating:
-                self.creating = False
+            if left is Start.CREATE_WITH_ANSWER:
                 await sessions.ensure(state)
                 if not (state.blank and state.empty):
                     raise MemoryFound(state.native)
@@ -96,7 +102,7 @@ class HeldSession:
 
     async def query(self, prompt: list[int], sampling: dict) -> dict:
         """Generate from ``prompt`` reading the session's memory."""
-        if self.deferred:
+        if self.left is not Start.DONE:
             return await self._query_leasing(prompt, sampling)
         sessions = self.sessions
         try:
@@ -110,7 +116,7 @@ class HeldSession:
 
     async def query_stream(self, prompt: list[int], sampling: dict) -> AsyncIterator[dict]:
         """``query`` as cumulative stream bodies; closing the iterator early cancels the upstream query."""
-        if self.deferred and not self.creating:
+        if self.left is Start.LEASE_WITH_ANSWER:
             async for body in self._query_stream_leasing(prompt, sampling):
                 yield body
             return
@@ -139,7 +145,7 @@ class HeldSession:
     async def _query_stream_leasing(self, prompt: list[int], sampling: dict) -> AsyncIterator[dict]:
         """``query_stream`` as ``_query_leasing`` makes ``query``: a plain generation's stream, started while the lease
         is taken and passed on only once the lease is ours; were it another client's, dropped for a query under it."""
-        self.deferred = False
+        self.left = Start.DONE
         sessions = self.sessions
         upstream = sessions.generate_stream(prompt, sampling)
         first = asyncio.ensure_future(anext(upstream, None))

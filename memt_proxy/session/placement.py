@@ -37,14 +37,14 @@ class Placement:
             await self._restore(state, offloaded)
             return
         self.records.delete(state.native)  # a record from an earlier life of this id (before an upstream restart)
-        state.exists, state.version, state.committed, state.history_known = True, 0, [], True
+        state.created()
 
     async def copy(self, state: SessionState, source: SessionState, lease: str, *, make_room: bool = True) -> None:
         """Create ``state``'s native session as a copy of ``source``'s published memory (``lease``: ``source``'s):
         it then holds what ``source`` holds, at version 0, until its first write. ``make_room``: see ``_create``."""
         if not await self._create(state, make_room=make_room, source=source.native, source_lease=lease):
             raise Conflict(f"session {state.native} exists already", code="session_exists")
-        state.exists, state.version, state.committed, state.history_known = True, 0, list(source.committed), True
+        state.created(source.committed)
 
     async def keep_parent(self, state: SessionState) -> None:
         """Before a named chat session's memory changes (its lock and lease held): what it holds kept as a state of its
@@ -186,7 +186,7 @@ class Placement:
                 self.records.delete(state.native)
                 state.forget()
             else:
-                state.exists, state.version = False, 0
+                state.offloaded()
             self.offloads += 1
             return True
         except MemTClientError as exc:
@@ -198,8 +198,7 @@ class Placement:
 
     async def _restore(self, state: SessionState, offloaded: dict) -> None:
         """Load an offloaded session's snapshot into its new native session (begin → import → publish)."""
-        state.exists, state.version = True, 0
-        state.committed, state.history_known = offloaded["committed"] or [], offloaded["committed"] is not None
+        state.adopted(0, offloaded["committed"])
         lease = await self.lease_of(state)  # kept for the request that brought the session back
         try:
             write = MemoryWrite(new_transaction(), new_nonce=new_nonce, import_file=offloaded["file"], memory_read=True, abort_on_failure=True)
@@ -208,7 +207,7 @@ class Placement:
         except ProxyError as exc:
             # the snapshot is gone or damaged: the session goes on with empty memory, rebuilt from resent transcripts
             log.warning("restoring offloaded %s from %s failed (%s); it starts with empty memory", state.native, offloaded["file"], exc.message)
-            state.version, state.committed, state.history_known = 0, [], True
+            state.created()
         self.records.forget_offload(state.native)
         await self._delete_offload_file(offloaded["file"], state, lease)
         if offloaded.get("pending") is not None and state.committed == (offloaded["committed"] or []):
@@ -233,8 +232,7 @@ class Placement:
         committed = self.records.load(state.native, version)
         if committed is None and version == 0:
             committed = []  # never published to: its memory is empty (e.g. a proxy died before its first commit)
-        state.exists, state.version = True, version
-        state.committed, state.history_known = committed or [], committed is not None
+        state.adopted(version, committed)
         pending = self.records.load_pending(state.native, version) if committed is not None else None
         state.pending = PendingTurn(**pending) if pending is not None else None
         state.last_turn = self.records.load_answer(state.native, version) if committed is not None else None
@@ -254,7 +252,7 @@ class Placement:
         """Create the session again upstream, where its durable memory is restored, and adopt it; what this
         proxy knew of its memory stays when the version is the one it knew."""
         version, committed, known, pending = state.version, state.committed, state.history_known, state.pending
-        state.exists = False
+        state.let_go()
         await self.ensure(state)
         if state.version == version and not state.history_known:
             state.committed, state.history_known, state.pending = committed, known, pending
@@ -270,7 +268,7 @@ class Placement:
                 lease = (await self.client.control("acquire", state.native, ttl=self.lease_ttl))["lease"]
             except MemTClientError as exc:
                 if isinstance(exc.cause, UnknownSession):
-                    state.exists = False  # its upstream let it go already (idle): nothing left to hand off
+                    state.let_go()  # its upstream let it go already (idle): nothing left to hand off
                     return True
                 log.info("%s not unloaded (%s)", state.native, exc.message)
                 return False
@@ -280,7 +278,7 @@ class Placement:
             log.info("%s not unloaded (%s); its lease is released", state.native, exc.message)
             await self.release(state, lease)
             return False
-        state.exists = False  # a later request here restores it (``_reload`` through ``ensure``)
+        state.let_go()  # a later request here restores it (``_reload`` through ``ensure``)
         return True
 
     def move_head(self, state: SessionState, head: str | None) -> None:

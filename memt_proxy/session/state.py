@@ -109,6 +109,29 @@ class SessionState:
         before the native session was created or adopted assumed."""
         return not self.committed and self.history_known and self.pending is None
 
+    # ---- the lifecycle: every change of what the proxy knows of the native session is one of these
+
+    def created(self, committed: list[str] | None = None) -> None:
+        """Made upstream: empty, or (``committed``) a copy of a state holding those messages; version 0 until its first write."""
+        self.exists, self.version, self.committed, self.history_known = True, 0, list(committed or []), True
+
+    def adopted(self, version: int, committed: list[str] | None) -> None:
+        """Found upstream at ``version`` (or restored there from a snapshot); ``committed`` None: what it holds is unknown."""
+        self.exists, self.version = True, version
+        self.committed, self.history_known = committed or [], committed is not None
+
+    def published(self, committed: list[str]) -> None:
+        """A write this proxy recorded was published: memory holds ``committed``; a turn waiting for tool results ended."""
+        self.committed, self.version, self.history_known, self.pending = committed, self.version + 1, True, None
+
+    def offloaded(self) -> None:
+        """Exported to a snapshot and closed upstream: what it held stays known, to be restored at version 0."""
+        self.exists, self.version = False, 0
+
+    def let_go(self) -> None:
+        """No longer held upstream (unloaded, or changed by someone else): its next use brings it back or adopts it."""
+        self.exists = False
+
     def forget(self) -> None:
         """The native session is gone (closed, or the upstream restarted): start over on next use."""
         self.exists, self.version, self.committed, self.pending, self.history_known = False, 0, [], None, True

@@ -43,7 +43,7 @@ class Writes:
 
     def changed(self, state: SessionState, committed: list[str]) -> None:
         """The change recorded by ``changing`` was published (which ends any turn waiting for tool results)."""
-        state.committed, state.version, state.history_known, state.pending = committed, state.version + 1, True, None
+        state.published(committed)
         self.writes += 1
 
     def _record(self, state: SessionState, save, *fields) -> None:
@@ -181,5 +181,5 @@ class Writes:
         if version == state.version + 1:
             self.changed(state, committed)
         elif version != state.version:
-            state.exists = False
+            state.let_go()
 
