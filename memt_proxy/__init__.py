@@ -5,7 +5,7 @@ Routes: ``POST /v1/chat/completions``, ``GET /v1/models``, and session admin und
 """
 
 from memt_proxy.errors import ProxyError
-from memt_proxy.serving import ChatService
-from memt_proxy.sessions import Sessions
+from memt_proxy.chat.service import ChatService
+from memt_proxy.session.sessions import Sessions
 
 __all__ = ["ChatService", "ProxyError", "Sessions"]

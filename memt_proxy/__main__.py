@@ -12,9 +12,9 @@ from pathlib import Path
 
 from memt_core.checkpoint import read_checkpoint
 from memt_core.errors import CheckpointError
-from memt_proxy.route_inputs import DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_REQUEST_BYTES
-from memt_proxy.conversations import SNAPSHOTS_PER_CHAIN
-from memt_proxy.sessions import LEASE_IDLE, MAX_MEMORY_STATES, MAX_SESSIONS
+from memt_proxy.http.route_inputs import DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_REQUEST_BYTES
+from memt_proxy.responses.records import SNAPSHOTS_PER_CHAIN
+from memt_proxy.session.sessions import LEASE_IDLE, MAX_MEMORY_STATES, MAX_SESSIONS
 
 
 def lease_ttl(text: str) -> int:
@@ -70,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     state = parser.add_argument_group("state, records and scale-out")
     state.add_argument("--state-directory", default=None, help="keep each session's record of what its memory holds here, so that a restarted proxy still trims transcripts and continues turns waiting for tool results (default: in memory only; after a restart, resent histories count as edited). Sessions offloaded to make room upstream (their memory exported to a snapshot in the upstream's state directory, restored on their next request) are recorded here too; without it those records live in memory, so after a proxy restart an offloaded session starts with empty memory and its resent transcript is committed again: what memory held beyond the transcript (e.g. a restored snapshot) is lost")
     state.add_argument("--records-directory", default=None, help="keep the per-session records (see --state-directory) here instead: a directory on a filesystem all proxies of a cluster share, so trimming continues on whichever node a session moves to; the Responses API's stored responses and conversations are kept there too, so a chain or conversation continues on any node (default: --state-directory)")
-    state.add_argument("--cluster", action="store_true", help="run as one node behind a router (SMG) over cores sharing a --snapshot-store: the session may come as X-SMG-Routing-Key, sessions restored from the store are adopted, POST /admin/drain hands this node's sessions off (see memt_proxy.cluster)")
+    state.add_argument("--cluster", action="store_true", help="run as one node behind a router (SMG) over cores sharing a --snapshot-store: the session may come as X-SMG-Routing-Key, sessions restored from the store are adopted, POST /admin/drain hands this node's sessions off (see memt_proxy.http.cluster)")
     limits = parser.add_argument_group("limits and timeouts")
     limits.add_argument("--max-sessions", type=positive, default=MAX_SESSIONS, help="session states kept in memory; beyond it the least recently used idle one is dropped (its native session and memory stay upstream; its next request re-reads its record from --state-directory, or without one counts its history as unknown); when all are busy a new session gets 429")
     limits.add_argument("--max-memory-states", type=positive, default=MAX_MEMORY_STATES, help="header-less memory states (--headerless-memory) kept at most, each a native session on the upstream; beyond it the least recently used idle one is closed, which only makes its conversation's next prompt longer (its messages are sent again). They are never written to snapshots, so they take no disk; the upstream's --max-sessions-per-rank and --max-sessions bound them too")
@@ -113,13 +113,13 @@ def build_app(args: argparse.Namespace):
     from memt_core.client.chat_format import load_chat_format, load_tokenizer
     from memt_core.client.native import AsyncNativeClient
     from memt_core.bundled import BUNDLED_MODEL
-    from memt_proxy.app import create_app
-    from memt_proxy.conversations import ResponseRecords
-    from memt_proxy.responses import ResponsesService
-    from memt_proxy.serving import ChatService
+    from memt_proxy.http.app import create_app
+    from memt_proxy.responses.records import ResponseRecords
+    from memt_proxy.responses.service import ResponsesService
+    from memt_proxy.chat.service import ChatService
     from memt_proxy.session.turn import TurnRunner
-    from memt_proxy.sessions import Sessions
-    from memt_proxy.store import SessionRecordStore
+    from memt_proxy.session.sessions import Sessions
+    from memt_proxy.session.store import SessionRecordStore
 
     path = Path(args.model_path) if args.model_path else BUNDLED_MODEL
     checkpoint = read_checkpoint(path, validate_backbone=False)
@@ -130,7 +130,7 @@ def build_app(args: argparse.Namespace):
     aliases = () if args.served_model_name else tuple(sorted({path.name, checkpoint.model} - set(names)))
     core = None
     if args.embedded:
-        from memt_proxy.embedded import InProcessNativeClient, build_core, core_plan
+        from memt_proxy.http.embedded import InProcessNativeClient, build_core, core_plan
 
         plan = core_plan(args.model_path, args.core_args)
         core, core_service = build_core(plan)
@@ -158,11 +158,11 @@ def build_app(args: argparse.Namespace):
         responses=responses, admin_keys=args.admin_key,
     )
     if args.cluster:
-        from memt_proxy.cluster import install
+        from memt_proxy.http.cluster import install
 
         install(app, sessions, api_keys=load_api_keys(args.api_key, args.api_keys_file), admin_keys=args.admin_key)
     if core is not None:
-        from memt_proxy.embedded import embed
+        from memt_proxy.http.embedded import embed
 
         embed(app, core)  # the engine starts before the proxy and stops after its pending commits
     return app, names, checkpoint.model

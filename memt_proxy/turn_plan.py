@@ -21,7 +21,7 @@ from memt_core.client.control_text import ControlGuard
 from memt_core.sampling_params import DEFAULT_MAX_NEW_TOKENS
 from memt_proxy.errors import BadRequest
 from memt_proxy.session.state import PendingTurn
-from memt_proxy.transcript import matches
+from memt_proxy.session.transcript import matches
 
 RETRIES_KEPT = 1024  # answers kept for a client's retry where no session keeps them (header-less chat, Responses)
 

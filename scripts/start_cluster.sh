@@ -95,7 +95,7 @@ for ((i=0; i<N; i++)); do
     WORKERS+=("http://127.0.0.1:$pport")
 done
 
-# the routing (memt_proxy.cluster.SMG_ROUTING): keys pinned, header-less requests by prefix, no cache hit
+# the routing (memt_proxy.http.cluster.SMG_ROUTING): keys pinned, header-less requests by prefix, no cache hit
 # diverted to a node the router thinks thin (it would move a live conversation off its state)
 ROUTING=(--policy cache_aware --routing-key-override --assignment-mode min_group --worker-warmup-divert-every 0)
 "$SMG" launch --host 127.0.0.1 --port "$PORT" --prometheus-host 127.0.0.1 --prometheus-port $((PORT+1)) \

@@ -144,7 +144,7 @@ def create_app(
 
 async def route_answer(call, data: bytes, stage: str) -> tuple[int, Any]:
     """(status, body) the control or generate route answers for the body ``data`` when ``call`` is the service
-    method it wraps (non-streamed, not ``--spec-strict``): for an in-process caller (``memt_proxy.embedded``)."""
+    method it wraps (non-streamed, not ``--spec-strict``): for an in-process caller (``memt_proxy.http.embedded``)."""
     try:
         answer = await call(parse_json(data))
         text = json.dumps(jsonable_encoder(answer), allow_nan=False)  # as the route's JSON response writes it

@@ -1,1 +1,7 @@
-"""The proxy's session layer by floor; ``memt_proxy.sessions`` puts it together (see its docstring)."""
+"""The proxy's session layer: what it knows of each session and kept state, and the one way a turn runs on them.
+
+By floor: ``state`` (a session's state, its lifecycle transitions and the bounded table; no I/O), ``transcript``
+(message hashes and trimming), ``prefix_index`` (kept states by the hash chain of their messages; no I/O), ``store``
+(records on disk), ``upstream``, ``leases``, ``writes``, ``placement``, ``held`` (one session held by one request),
+``sessions`` (those parts together: the per-request hold and the admin actions), ``branches`` (header-less memory:
+resume and fork) and ``turn`` (the turn runner both surfaces use). No module here knows a surface or HTTP."""

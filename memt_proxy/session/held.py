@@ -28,7 +28,7 @@ class Start(enum.Enum):
 class HeldSession:
     """One session held by one request (see ``Sessions.turn``): its state, and its lease once started."""
 
-    def __init__(self, sessions: Any, state: SessionState):  # memt_proxy.sessions.Sessions, which holds this module's class
+    def __init__(self, sessions: Any, state: SessionState):  # memt_proxy.session.sessions.Sessions, which holds this module's class
         self.sessions = sessions
         self.state = state
         self.lease: str | None = None

@@ -22,7 +22,7 @@ log = logging.getLogger("memt.proxy")
 
 
 class Leases:
-    """Leases kept across requests. A part of ``memt_proxy.sessions.Sessions``."""
+    """Leases kept across requests. A part of ``memt_proxy.session.sessions.Sessions``."""
 
     async def lease_of(self, state: SessionState) -> str:
         """The session's kept lease, or a new one (kept from now on); the caller holds the lock."""

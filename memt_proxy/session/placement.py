@@ -13,7 +13,7 @@ from memt_core.client.native import new_nonce, new_transaction
 from memt_core.client.turns import MemoryWrite
 from memt_core.errors import SessionExists, UnknownSession
 from memt_proxy.errors import Conflict, ProxyError, RateLimited, Unavailable
-from memt_proxy.prefix_index import chain
+from memt_proxy.session.prefix_index import chain
 from memt_proxy.session.state import OFFLOAD_PREFIX, OFFLOAD_TRIES, PendingTurn, SessionState, native_session_id, new_branch_name, offload_file
 
 log = logging.getLogger("memt.proxy")
@@ -22,7 +22,7 @@ RECORDED_TRIES = 8  # recorded sessions tried, at most, per attempt to make room
 
 
 class Placement:
-    """Create, adopt, offload, restore, unload; header-less branches. A part of ``memt_proxy.sessions.Sessions``."""
+    """Create, adopt, offload, restore, unload; header-less branches. A part of ``memt_proxy.session.sessions.Sessions``."""
 
     async def ensure(self, state: SessionState) -> None:
         """Create the native session, or adopt it if it exists already (e.g. made by an earlier proxy),
@@ -48,7 +48,7 @@ class Placement:
 
     async def keep_parent(self, state: SessionState) -> None:
         """Before a named chat session's memory changes (its lock and lease held): what it holds kept as a state of its
-        own, found by the chain of its messages (``memt_proxy.branches``), so that a request diverging from the change
+        own, found by the chain of its messages (``memt_proxy.session.branches``), so that a request diverging from the change
         — a regenerate, an edit, an app's background task between turns — forks from it instead of starting over.
         Best effort: without room, or for a history the proxy does not know, nothing is kept."""
         if not (state.exists and state.committed and state.history_known and state.lease is not None):

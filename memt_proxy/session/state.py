@@ -33,7 +33,7 @@ BRANCH_PREFIX = "~"  # header-less branches' session names start with it: no X-M
 
 
 def new_branch_name() -> str:
-    """A name for a kept state of a conversation (``memt_proxy.branches``): outside the client's name grammar."""
+    """A name for a kept state of a conversation (``memt_proxy.session.branches``): outside the client's name grammar."""
     return BRANCH_PREFIX + secrets.token_hex(12)
 
 
@@ -77,7 +77,7 @@ class SessionState:
 
     native: str
     tenant: str = ""
-    name: str = ""  # the session's name: a client's X-MemT-Session, or a header-less branch's (``memt_proxy.branches``)
+    name: str = ""  # the session's name: a client's X-MemT-Session, or a header-less branch's (``memt_proxy.session.branches``)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     committed: list[str] = field(default_factory=list)  # hashes of committed messages, in order
     history_known: bool = True  # False when we adopted a native session whose history we never saw

@@ -10,7 +10,7 @@ here, once, so both surfaces follow the same rules:
 * **memory after the answer** (``after``): function calls leave the turn pending (its exact tokens), a completed
   answer on memory policy ``auto`` is committed behind the answer (a named chat session keeping the state before it,
   ``keep_parent``; a session that forked follows the state it read, ``follower``), any other ends the turn as
-  context; a header-less turn forks the conversation's next state instead (``memt_proxy.branches``), a cut answer
+  context; a header-less turn forks the conversation's next state instead (``memt_proxy.session.branches``), a cut answer
   included (closed with the end token, as the app's transcript closes it);
 * **retry**: every answer on memory is kept for a client's retry (``retried``; the rule is ``turn_plan.retried``);
 * **usage**: ``on_usage`` once per finished answer (``usage``), with the prompt tokens memory spared.
@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 from memt_core.client.chat_format import ChatFormat
-from memt_proxy.branches import HeaderlessPlan, after_answer, closed, planned, resumable
+from memt_proxy.session.branches import HeaderlessPlan, after_answer, closed, planned, resumable
 from memt_proxy.errors import ProxyError, Unavailable
-from memt_proxy.sessions import HeldSession, MemoryFound, PendingTurn, Sessions, SessionState
-from memt_proxy.transcript import message_hash, overlap
+from memt_proxy.session.sessions import HeldSession, MemoryFound, PendingTurn, Sessions, SessionState
+from memt_proxy.session.transcript import message_hash, overlap
 from memt_proxy.turn_plan import KeptAnswers, no_usage, retried
 
 log = logging.getLogger("memt.proxy")
@@ -59,7 +59,7 @@ class Turn:
     digest: str = ""  # the request's digest (``turn_plan.request_digest``): set, its answer is kept for a retry
     key: str | None = None  # the request's Idempotency-Key
     kept: str | None = None  # the answer as the app received it (set by the surface before ``after``)
-    headerless: HeaderlessPlan | None = None  # a conversation identified by its transcript (``memt_proxy.branches``)
+    headerless: HeaderlessPlan | None = None  # a conversation identified by its transcript (``memt_proxy.session.branches``)
     opening: Callable[[], Awaitable[list[int]]] | None = None  # header-less, no kept state: its history and turn as committed
     follower: HeldSession | None = None  # a named session that follows the state the prompt reads (a fork)
     keep_parent: bool = False  # a commit first keeps the state before it (named chat sessions)
@@ -277,7 +277,7 @@ class TurnRunner:
 
     def _fork_next(self, turn: Turn, held: HeldSession | None, answer: list[dict], output_ids: list[int], finish: str) -> None:
         """Header-less: an answer (not a function call) forks the conversation's next state from the one the request
-        read, or starts one for a conversation worth keeping (``memt_proxy.branches``)."""
+        read, or starts one for a conversation worth keeping (``memt_proxy.session.branches``)."""
         plan = turn.headerless
         keep = finish in ("stop", "length") and turn.policy == "auto" and (held is not None or plan.worth_keeping)
         reply = closed(self.reply_ids(turn, output_ids), self.chat_format.tokenizer.eos_token_id, finish == "length") if keep else []

@@ -15,7 +15,7 @@ log = logging.getLogger("memt.proxy")
 
 
 class Upstream:
-    """Calls to the upstream, failures mapped where they enter. A part of ``memt_proxy.sessions.Sessions``."""
+    """Calls to the upstream, failures mapped where they enter. A part of ``memt_proxy.session.sessions.Sessions``."""
 
     async def check_upstream(self, *, refresh: bool = False) -> None:
         """The upstream must serve the checkpoint this proxy encodes prompts for; learn its limits.

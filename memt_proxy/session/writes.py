@@ -27,7 +27,7 @@ log = logging.getLogger("memt.proxy")
 
 
 class Writes:
-    """The memory-write sequence and the records around it. A part of ``memt_proxy.sessions.Sessions``."""
+    """The memory-write sequence and the records around it. A part of ``memt_proxy.session.sessions.Sessions``."""
 
     def set_pending(self, state: SessionState, pending: PendingTurn | None) -> None:
         """Keep (or drop) the turn waiting for tool results, in memory and in the session's record."""

@@ -7,7 +7,7 @@ restore a session on a new node.
 
 For each cluster size, starts on 127.0.0.1 Redis, a fresh shared snapshot store, N pairs
 (``memt_core.launch --snapshot-store --ownership`` + ``memt_proxy --cluster --records-directory``) and
-SMG (``memt_proxy.cluster.SMG_ROUTING``: each session pinned by its ``X-SMG-Routing-Key``), then runs ``--sessions`` conversations of ``--turns``
+SMG (``memt_proxy.http.cluster.SMG_ROUTING``: each session pinned by its ``X-SMG-Routing-Key``), then runs ``--sessions`` conversations of ``--turns``
 turns each through SMG with the OpenAI SDK, ``--concurrency`` at a time (greedy answers of at most
 ``--max-tokens`` tokens; each turn's commit runs behind its answer). Printed: turns/s per size and its
 ratio to one pair (expect roughly linear until the machine's cores are saturated: each pair's core is
@@ -44,8 +44,8 @@ sys.path.insert(0, str(ROOT))
 from demo import free_port, start  # noqa: E402  (the demo's: start a server process, wait for its /health)
 
 from memt_demo import BUNDLED_MODEL  # noqa: E402
-from memt_proxy.cluster import SMG_ROUTING  # noqa: E402
-from memt_proxy.sessions import native_session_id  # noqa: E402
+from memt_proxy.http.cluster import SMG_ROUTING  # noqa: E402
+from memt_proxy.session.sessions import native_session_id  # noqa: E402
 
 ROUTED = "x-smg-routed-worker-id"
 

@@ -683,6 +683,6 @@ def distinct_sessions(proxy: ProxyServer, core: MemTServer, *, sessions: int, wo
 
 
 def _native(tenant: str, session: str) -> str:
-    from memt_proxy.sessions import native_session_id
+    from memt_proxy.session.sessions import native_session_id
 
     return native_session_id(tenant, session)

@@ -32,8 +32,8 @@ import pytest
 from coordination import redis_server_binary, redis_url  # noqa: F401  (redis_url: a pytest fixture)
 from e2e.proxies import STOPS, ProxyServer, expected_prompt, unique
 from e2e.servers import HOST, REPO_ROOT, MemTServer, cluster_script_ports, free_port
-from memt_proxy.cluster import SMG_ROUTING
-from memt_proxy.sessions import native_session_id
+from memt_proxy.http.cluster import SMG_ROUTING
+from memt_proxy.session.sessions import native_session_id
 
 FULL = os.environ.get("MEMT_CLUSTER_FULL") == "1"
 SESSIONS, TURNS = (60, 10) if FULL else (12, 3)
@@ -571,6 +571,6 @@ def test_per_request_controls_reach_the_proxy_through_the_router_in_the_body_met
 
 
 def test_the_cluster_script_routes_as_the_tests_do():
-    """``scripts/start_cluster.sh`` starts SMG with ``memt_proxy.cluster.SMG_ROUTING``, the routing these tests run."""
+    """``scripts/start_cluster.sh`` starts SMG with ``memt_proxy.http.cluster.SMG_ROUTING``, the routing these tests run."""
     script = (REPO_ROOT / "scripts" / "start_cluster.sh").read_text()
     assert f"ROUTING=({' '.join(SMG_ROUTING)})" in script and '"${ROUTING[@]}" --worker-urls' in script

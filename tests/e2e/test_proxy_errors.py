@@ -16,7 +16,7 @@ from e2e.proxies import MODEL, ProxyServer, assert_openai_error, expected_prompt
 from e2e.servers import MemTServer, free_port
 
 from memt_core.client.native import NativeClient
-from memt_proxy.sessions import native_session_id
+from memt_proxy.session.sessions import native_session_id
 
 pytestmark = pytest.mark.timeout(600)
 

@@ -17,7 +17,7 @@ from e2e.proxies import MODEL, ProxyServer, assert_openai_error, completed_turn,
 from e2e.wire import metric
 
 from memt_core.client.native import AsyncNativeClient
-from memt_proxy.sessions import Sessions, native_session_id
+from memt_proxy.session.sessions import Sessions, native_session_id
 
 pytestmark = pytest.mark.timeout(600)
 

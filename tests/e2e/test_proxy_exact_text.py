@@ -4,7 +4,7 @@ so which ones memory held) and the proxy's write counter (commits land behind an
 
 * Header-less conversations whose earlier messages differ from a kept state's only in surrounding whitespace, or in
   the order of a tool call's argument keys, do not resume from it: the template writes both as they are
-  (``memt_proxy.transcript``), so the model would read other tokens; the conversation the state was kept for still
+  (``memt_proxy.session.transcript``), so the model would read other tokens; the conversation the state was kept for still
   resumes from it.
 * A session record written under hash scheme 1 (a proxy before this rule) keeps the session's memory across the
   upgrade: a restarted proxy matches it by the old hash, rewrites it as scheme 2, and its kept states are found
@@ -18,9 +18,9 @@ import json
 import pytest
 from e2e.proxies import MODEL, STOPS, ProxyServer, assistant, expected_prompt, say, unique, writes_reach
 
-from memt_proxy.prefix_index import chain
-from memt_proxy.sessions import native_session_id
-from memt_proxy.transcript import HASH_SCHEME, legacy_message_hash, message_hash
+from memt_proxy.session.prefix_index import chain
+from memt_proxy.session.sessions import native_session_id
+from memt_proxy.session.transcript import HASH_SCHEME, legacy_message_hash, message_hash
 
 pytestmark = pytest.mark.timeout(600)
 

@@ -18,10 +18,10 @@ import pytest
 from e2e.proxies import MODEL, STOPS, unique
 
 from memt_core.client.native import AsyncNativeClient, NativeClient
-from memt_proxy.app import create_app
-from memt_proxy.serving import ChatService
-from memt_proxy.sessions import Sessions, native_session_id
-from memt_proxy.store import SessionRecordStore
+from memt_proxy.http.app import create_app
+from memt_proxy.chat.service import ChatService
+from memt_proxy.session.sessions import Sessions, native_session_id
+from memt_proxy.session.store import SessionRecordStore
 
 pytestmark = pytest.mark.timeout(600)
 

@@ -14,7 +14,7 @@ import pytest
 from e2e.proxies import KEY_A, KEY_B, ask, assert_openai_error, completed_turn, unique
 
 from memt_core.client.native import AsyncNativeClient
-from memt_proxy.sessions import Sessions, native_session_id, snapshot_file
+from memt_proxy.session.sessions import Sessions, native_session_id, snapshot_file
 
 pytestmark = pytest.mark.timeout(600)
 QUESTION = [{"role": "user", "content": "When is the meeting?"}]

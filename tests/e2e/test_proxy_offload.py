@@ -19,7 +19,7 @@ import httpx
 import pytest
 from e2e.proxies import MODEL, ProxyServer, ask, expected_prompt, say, unique
 
-from memt_proxy.sessions import native_session_id
+from memt_proxy.session.sessions import native_session_id
 
 pytestmark = pytest.mark.timeout(900)
 QUESTION = [{"role": "user", "content": "What did I tell you?"}]

@@ -17,8 +17,8 @@ from e2e.wire import metric
 
 from memt_core.client.errors import MemTClientError
 from memt_core.client.native import AsyncNativeClient
-from memt_proxy.sessions import Sessions
-from memt_proxy.store import SessionRecordStore
+from memt_proxy.session.sessions import Sessions
+from memt_proxy.session.store import SessionRecordStore
 
 pytestmark = pytest.mark.timeout(300)
 

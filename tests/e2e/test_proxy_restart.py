@@ -152,7 +152,7 @@ def test_a_lease_is_renewed_while_held(proxy_upstream, nano_checkpoint):
     after the request while the session is active, and goes at shutdown."""
     from memt_core.client.chat_format import load_chat_format, load_tokenizer
     from memt_core.client.native import AsyncNativeClient
-    from memt_proxy.sessions import Sessions
+    from memt_proxy.session.sessions import Sessions
 
     chat_format, parser = load_chat_format(nano_checkpoint, tokenizer=load_tokenizer(nano_checkpoint))
 

@@ -17,7 +17,7 @@ from e2e.proxies import (
     expected_prompt, leave_stream_early, unique, upstream_metric,
 )
 
-from memt_proxy.sessions import native_session_id
+from memt_proxy.session.sessions import native_session_id
 
 pytestmark = pytest.mark.timeout(600)
 

@@ -19,7 +19,7 @@ from memt_core.client.errors import MemTClientError
 from memt_core.client.native import AsyncNativeClient, NativeClient, named_conflict
 from memt_core.client.session import MemTSession
 from memt_core.errors import Conflict, EpochMismatch, LeaseConflict, SessionExists, UnknownSession
-from memt_proxy.sessions import native_session_id
+from memt_proxy.session.sessions import native_session_id
 
 
 @pytest.fixture(scope="module")

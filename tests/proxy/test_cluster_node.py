@@ -11,9 +11,9 @@ import httpx
 from fastapi import FastAPI, Request
 
 from memt_core.client.native import AsyncNativeClient
-from memt_proxy.cluster import install
-from memt_proxy.sessions import Sessions
-from memt_proxy.store import SessionRecordStore
+from memt_proxy.http.cluster import install
+from memt_proxy.session.sessions import Sessions
+from memt_proxy.session.store import SessionRecordStore
 
 A, B = "a" * 64, "b" * 64
 
@@ -135,7 +135,7 @@ def controls(headers: dict[str, str] | None = None, metadata=None):
     """``Inputs.controls`` of a request with ``headers`` and a body whose ``metadata`` is ``metadata``."""
     from starlette.requests import Request as Bare
 
-    from memt_proxy.route_inputs import Inputs
+    from memt_proxy.http.route_inputs import Inputs
 
     scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions",
              "headers": [(name.lower().encode(), value.encode()) for name, value in (headers or {}).items()]}

@@ -3,7 +3,7 @@ directory (as after a restart), atomic files, and the bounded snapshot slots of 
 
 from __future__ import annotations
 
-from memt_proxy.conversations import ResponseRecord, ResponseRecords, Thread, session_name
+from memt_proxy.responses.records import ResponseRecord, ResponseRecords, Thread, session_name
 
 
 def response(tenant: str = "alpha", id: str = "resp_1") -> ResponseRecord:

@@ -1,4 +1,4 @@
-"""The one-process transport (``memt_proxy.embedded``): control actions and plain generations answered by
+"""The one-process transport (``memt_proxy.http.embedded``): control actions and plain generations answered by
 calling the core's service give exactly what the core's routes give (answers, errors with their status and
 kind), without going through the app; a caller that gives up does not cut the core's work short."""
 
@@ -11,7 +11,7 @@ import time
 import pytest
 
 from memt_core.client.errors import MemTClientError
-from memt_proxy.embedded import InProcessNativeClient, build_core, core_plan
+from memt_proxy.http.embedded import InProcessNativeClient, build_core, core_plan
 
 GREEDY = {"temperature": 0, "max_new_tokens": 4}
 

@@ -14,7 +14,7 @@ import memt_core.templates
 from memt_core.client.chat_format import load_chat_format, load_encoder, load_tokenizer
 from memt_demo import BUNDLED_MODEL
 from memt_proxy.protocol import Message
-from memt_proxy.transcript import as_dict, message_hash
+from memt_proxy.session.transcript import as_dict, message_hash
 
 QUESTION = {"role": "user", "content": "Weather?"}
 

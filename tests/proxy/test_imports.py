@@ -7,7 +7,7 @@ import sys
 
 
 def test_the_proxy_imports_without_torch():
-    code = "import sys, memt_proxy.__main__, memt_proxy.app, memt_proxy.responses; print('torch' in sys.modules)"
+    code = "import sys, memt_proxy.__main__, memt_proxy.http.app, memt_proxy.responses.service; print('torch' in sys.modules)"
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.strip() == "False"
@@ -15,7 +15,8 @@ def test_the_proxy_imports_without_torch():
 
 def test_no_import_circle_and_the_responses_surface_imports_nothing_of_the_chat_surface():
     """Issue 45: the proxy's modules import one another without a circle (imports inside functions and under
-    TYPE_CHECKING included), and the Responses surface takes what both surfaces share from the shared modules."""
+    TYPE_CHECKING included), each layer only those below it (HTTP shell → surfaces → session layer), and the Responses
+    surface takes what both surfaces share from the shared modules."""
     import ast
     from pathlib import Path
 
@@ -30,8 +31,15 @@ def test_no_import_circle_and_the_responses_surface_imports_nothing_of_the_chat_
             elif isinstance(node, ast.Import):
                 found |= {alias.name for alias in node.names}
         imports[name] = {module for module in found if module in modules and module != name}
-    for surface in ("memt_proxy.responses", "memt_proxy.responses_stream", "memt_proxy.responses_routes"):
-        assert "memt_proxy.serving" not in imports[surface] and "memt_proxy.chat_routes" not in imports[surface], surface
+    chat = {name for name in modules if name.startswith("memt_proxy.chat")} | {"memt_proxy.http.chat_routes"}
+    for surface in [name for name in modules if name.startswith("memt_proxy.responses")] + ["memt_proxy.http.responses_routes"]:
+        assert not imports[surface] & chat, (surface, imports[surface] & chat)
+    # the layers: the session layer knows no surface and no HTTP; the surfaces know no HTTP
+    for name in modules:
+        if name.startswith(("memt_proxy.session", "memt_proxy.chat", "memt_proxy.responses")):
+            assert not {m for m in imports[name] if m.startswith("memt_proxy.http")}, name
+        if name.startswith("memt_proxy.session"):
+            assert not {m for m in imports[name] if m.startswith(("memt_proxy.chat", "memt_proxy.responses"))}, name
 
     def circle(start: str, node: str, path: list[str]) -> list[str] | None:
         for following in sorted(imports[node]):
@@ -45,3 +53,12 @@ def test_no_import_circle_and_the_responses_surface_imports_nothing_of_the_chat_
 
     circles = [c for name in sorted(modules) if (c := circle(name, name, [name]))]
     assert not circles, circles[0]
+
+
+def test_no_module_of_the_proxy_is_over_450_lines():
+    """Issue 45: small modules named for what they hold."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "memt_proxy"
+    long = {str(p.relative_to(root)): n for p in root.rglob("*.py") if (n := len(p.read_text().splitlines())) > 450}
+    assert not long, long

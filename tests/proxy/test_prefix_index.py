@@ -1,12 +1,12 @@
-"""The prefix index (``memt_proxy.prefix_index``) and header-less planning (``memt_proxy.branches``), without I/O."""
+"""The prefix index (``memt_proxy.session.prefix_index``) and header-less planning (``memt_proxy.session.branches``), without I/O."""
 
 from __future__ import annotations
 
-from memt_proxy.branches import plan_headerless
-from memt_proxy.prefix_index import PrefixIndex, chain, extend, root
+from memt_proxy.session.branches import plan_headerless
+from memt_proxy.session.prefix_index import PrefixIndex, chain, extend, root
 from memt_proxy.protocol import Message
-from memt_proxy.store import SessionRecordStore
-from memt_proxy.transcript import message_hash
+from memt_proxy.session.store import SessionRecordStore
+from memt_proxy.session.transcript import message_hash
 
 
 def messages(*pairs: tuple[str, str]) -> list[Message]:

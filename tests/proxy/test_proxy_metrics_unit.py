@@ -10,9 +10,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from memt_core.client.errors import MemTClientError
-from memt_proxy.route_inputs import sse as _sse
+from memt_proxy.http.route_inputs import sse as _sse
 from memt_proxy.errors import ProxyError, from_native
-from memt_proxy.metrics import ProxyMetrics
+from memt_proxy.http.metrics import ProxyMetrics
 
 
 class NoSessions:

@@ -10,12 +10,12 @@ import pytest
 
 from memt_core.client.chat_format import load_chat_format, load_tokenizer
 from memt_core.client.native import AsyncNativeClient
-from memt_proxy.conversations import ResponseRecords, Thread
+from memt_proxy.responses.records import ResponseRecords, Thread
 from memt_proxy.errors import ProxyError
-from memt_proxy.responses import ResponsesService
-from memt_proxy.responses_protocol import InputItems, ResponseRequest
-from memt_proxy.sessions import HeldSession, PendingTurn, Sessions, SessionState
-from memt_proxy.transcript import message_hash
+from memt_proxy.responses.service import ResponsesService
+from memt_proxy.responses.protocol import InputItems, ResponseRequest
+from memt_proxy.session.sessions import HeldSession, PendingTurn, Sessions, SessionState
+from memt_proxy.session.transcript import message_hash
 from memt_proxy.turn_plan import encode
 
 TOOL = {"type": "function", "name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}

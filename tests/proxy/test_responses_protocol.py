@@ -11,8 +11,8 @@ from pydantic import TypeAdapter
 
 from memt_core.client.chat_format import load_chat_format, load_tokenizer
 from memt_proxy.errors import ProxyError
-from memt_proxy.responses_stream import StreamedItems
-from memt_proxy.responses_protocol import (
+from memt_proxy.responses.stream import StreamedItems
+from memt_proxy.responses.protocol import (
     Events, InputItems, ResponseRequest, conversation_object, function_call_item, item_list, message_item, reasoning_item,
     response_object, usage,
 )

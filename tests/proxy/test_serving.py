@@ -8,10 +8,10 @@ import pytest
 from memt_core.client.chat_format import load_chat_format, load_tokenizer
 from memt_core.client.native import AsyncNativeClient
 from memt_proxy.protocol import ChatCompletionRequest
-from memt_proxy.chat_stream import deltas as _deltas
-from memt_proxy.serving import ChatService
+from memt_proxy.chat.stream import deltas as _deltas
+from memt_proxy.chat.service import ChatService
 from memt_proxy.session.turn import Turn
-from memt_proxy.sessions import Sessions
+from memt_proxy.session.sessions import Sessions
 
 TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
 
@@ -142,7 +142,7 @@ def test_a_failed_session_record_write_is_logged_and_the_change_goes_on(nano_che
     """The record is an aid for restarts: losing one must not fail the request (the history then counts as unknown)."""
     import logging
 
-    from memt_proxy.store import SessionRecordStore
+    from memt_proxy.session.store import SessionRecordStore
 
     chat_format, parser = load_chat_format(nano_checkpoint, tokenizer=load_tokenizer(nano_checkpoint))
     service = ChatService(Sessions(AsyncNativeClient("http://127.0.0.1:9"), identity=chat_format.identity,
@@ -160,9 +160,9 @@ def test_a_pending_tool_turn_is_kept_until_a_request_ends_it(nano_checkpoint, tm
     import asyncio
 
     from memt_proxy.errors import ProxyError
-    from memt_proxy.sessions import PendingTurn
-    from memt_proxy.store import SessionRecordStore
-    from memt_proxy.transcript import message_hash
+    from memt_proxy.session.sessions import PendingTurn
+    from memt_proxy.session.store import SessionRecordStore
+    from memt_proxy.session.transcript import message_hash
 
     chat_format, parser = load_chat_format(nano_checkpoint, tokenizer=load_tokenizer(nano_checkpoint))
     store = SessionRecordStore(tmp_path / "state")

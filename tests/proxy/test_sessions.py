@@ -10,8 +10,8 @@ import pytest
 
 from memt_core.client.native import AsyncNativeClient
 from memt_proxy.errors import ProxyError
-from memt_proxy.sessions import SessionTable, Sessions, native_session_id, snapshot_file
-from memt_proxy.store import SessionRecordStore
+from memt_proxy.session.sessions import SessionTable, Sessions, native_session_id, snapshot_file
+from memt_proxy.session.store import SessionRecordStore
 
 A, B, C = "a" * 64, "b" * 64, "c" * 64
 

@@ -12,10 +12,10 @@ import asyncio
 import pytest
 
 from memt_core.client.chat_format import load_chat_format, load_tokenizer
-from memt_proxy.embedded import InProcessNativeClient, build_core, core_plan
+from memt_proxy.http.embedded import InProcessNativeClient, build_core, core_plan
 from memt_proxy.protocol import ChatCompletionRequest
-from memt_proxy.serving import ChatService
-from memt_proxy.sessions import Sessions
+from memt_proxy.chat.service import ChatService
+from memt_proxy.session.sessions import Sessions
 
 MODEL = "m"
 
@@ -104,7 +104,7 @@ def test_after_a_crash_the_states_on_the_upstream_stay_within_the_bound(nano_che
     """A proxy with --state-directory makes its three states and dies without a word (its leases still held): the
     next one takes the recorded states into its table, so the upstream never holds more kept states than the bound,
     however many new conversations it keeps, and every native session it made has its record."""
-    from memt_proxy.store import SessionRecordStore
+    from memt_proxy.session.store import SessionRecordStore
 
     async def body(service, life, core):
         for index in range(5):

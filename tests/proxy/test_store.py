@@ -7,8 +7,8 @@ import logging
 
 import pytest
 
-from memt_proxy.store import SessionRecordStore
-from memt_proxy.transcript import HASH_SCHEME, LEGACY
+from memt_proxy.session.store import SessionRecordStore
+from memt_proxy.session.transcript import HASH_SCHEME, LEGACY
 
 A, B, C = "a" * 64, "b" * 64, "c" * 64
 
@@ -126,7 +126,7 @@ def test_unreadable_offload_records_are_ignored(tmp_path, record):
 
 def test_offload_records_in_memory_are_bounded(monkeypatch):
     """Without a directory the newest MEMORY_OFFLOADS records are kept; older ones are forgotten."""
-    monkeypatch.setattr("memt_proxy.store.MEMORY_OFFLOADS", 3)
+    monkeypatch.setattr("memt_proxy.session.store.MEMORY_OFFLOADS", 3)
     store = SessionRecordStore(None)
     for number in range(5):
         store.save_offload(f"p-{number}", f"f{number}.safetensors", None, None)
@@ -150,7 +150,7 @@ def test_a_session_is_known_by_its_record_or_its_offload_record(tmp_path):
     assert memory.known("p-d") and not memory.known("p-a")
 
 
-# ---------------------------------------------------------------------- hash schemes (memt_proxy.transcript)
+# ---------------------------------------------------------------------- hash schemes (memt_proxy.session.transcript)
 
 
 def test_records_are_written_with_their_hash_scheme(tmp_path):

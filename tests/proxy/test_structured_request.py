@@ -15,16 +15,16 @@ from memt_core.client.native import AsyncNativeClient, generate_body, query_body
 from memt_demo import BUNDLED_MODEL
 from memt_demo.tool_turns import TOOLS
 from memt_core.grammar import GrammarCompiler
-from memt_proxy.conversations import ResponseRecords
+from memt_proxy.responses.records import ResponseRecords
 from memt_proxy.errors import ProxyError
 from memt_proxy.protocol import ChatCompletionRequest, logprobs_content, output_schema
-from memt_proxy.responses import ResponsesService
-from memt_proxy.responses_protocol import InputItems, ResponseRequest, message_item
-from memt_proxy.serving import ChatService
+from memt_proxy.responses.service import ResponsesService
+from memt_proxy.responses.protocol import InputItems, ResponseRequest, message_item
+from memt_proxy.chat.service import ChatService
 from memt_proxy.session.turn import Turn
 from memt_proxy.turn_plan import RawStream
 from memt_proxy.session.state import MemoryTokens
-from memt_proxy.sessions import Sessions, SessionState
+from memt_proxy.session.sessions import Sessions, SessionState
 from memt_proxy.structured import check_schema, structure
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}, "degrees": {"type": "integer"}}, "required": ["city", "degrees"], "additionalProperties": False}

@@ -8,7 +8,7 @@ import pytest
 
 from memt_proxy.errors import ProxyError
 from memt_proxy.protocol import Message
-from memt_proxy.transcript import LEGACY, _legacy_canonical, _rendered, as_dict, legacy_message_hash, message_hash, overlap, split_transcript
+from memt_proxy.session.transcript import LEGACY, _legacy_canonical, _rendered, as_dict, legacy_message_hash, message_hash, overlap, split_transcript
 
 
 def msgs(*pairs) -> list[Message]:
@@ -246,7 +246,7 @@ def test_tool_call_arguments_python_cannot_read_back_are_hashed_as_text(argument
 
 
 def legacy(messages) -> list[str]:
-    """Hashes as a scheme-1 record holds them, read back (``memt_proxy.store`` tags them)."""
+    """Hashes as a scheme-1 record holds them, read back (``memt_proxy.session.store`` tags them)."""
     return [LEGACY + legacy_message_hash(m) for m in messages]
 
 

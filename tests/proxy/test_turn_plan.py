@@ -6,8 +6,8 @@ import pytest
 
 from memt_core.client.chat_format import load_chat_format, load_tokenizer
 from memt_proxy.errors import ProxyError
-from memt_proxy.sessions import PendingTurn
-from memt_proxy.transcript import message_hash
+from memt_proxy.session.sessions import PendingTurn
+from memt_proxy.session.transcript import message_hash
 from memt_proxy.turn_plan import check_prefill, continued_turn_ids, forced_prefix, prompt_ids
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {}}}}]
@@ -141,7 +141,7 @@ def test_the_output_limit_fits_the_context_beside_the_prompt():
 def test_a_pending_turn_of_a_scheme_one_record_continues_by_its_scheme(chat_format):
     """A turn waiting for tool results when the proxy was upgraded: its record's hashes (scheme 1, read back tagged)
     match the resent messages by the old function; other messages still do not continue it."""
-    from memt_proxy.transcript import LEGACY, legacy_message_hash
+    from memt_proxy.session.transcript import LEGACY, legacy_message_hash
 
     pending = PendingTurn([LEGACY + legacy_message_hash(QUESTION), LEGACY + legacy_message_hash(CALL)], [7, 8, 9], thinking=False)
     expected = [7, 8, 9] + chat_format.tool_results_ids([{"tool_call_id": "c1", "content": "sunny"}], enable_thinking=False)

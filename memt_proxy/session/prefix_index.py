@@ -9,11 +9,11 @@ it holds, per tenant::
 A request resumes from the deepest ``c_k`` of its earlier messages that names a kept state, and sends the model
 only the rest: reaching a state takes presenting every message it holds, and the tenant is in the root, so no
 tenant reaches another's. States are native sessions the proxy made for conversations identified by their
-transcript (``memt_proxy.branches``), each holding the messages its chain names and never written again; one
+transcript (``memt_proxy.session.branches``), each holding the messages its chain names and never written again; one
 closed is dropped. Nothing here does I/O or reads a clock; the session layer holds the states, checks one
 under its lock and makes new ones.
 
-``message_hash`` keys on exactly the text the model reads (``memt_proxy.transcript``), so a chain names a state
+``message_hash`` keys on exactly the text the model reads (``memt_proxy.session.transcript``), so a chain names a state
 only for that text. Its scheme-2 hashes never equal scheme-1 ones: a state recorded under a scheme-1 chain (a proxy
 before that rule) is not found by any new chain, which only lengthens its conversation's next prompt; the state is
 bounded and closed as any other.

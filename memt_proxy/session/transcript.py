@@ -26,8 +26,8 @@ writes them again (spacing and a duplicate key then vanish from its text): there
 may hash apart, which only lengthens a prompt; never the other way round. A format that rendered one of the fields
 left out would need it here.
 
-**Hash schemes on disk.** The hashes are kept in session records (``memt_proxy.store``) and name kept states
-(``memt_proxy.prefix_index`` chains). ``message_hash`` is scheme ``HASH_SCHEME`` (2); records carry the scheme they
+**Hash schemes on disk.** The hashes are kept in session records (``memt_proxy.session.store``) and name kept states
+(``memt_proxy.session.prefix_index`` chains). ``message_hash`` is scheme ``HASH_SCHEME`` (2); records carry the scheme they
 were written under. Scheme 1, records without one (proxies before this rule), hashed content stripped and
 arguments parsed as JSON: ``legacy_message_hash``, kept for them. Its canonical text is a JSON object, scheme 2's a
 JSON array, so no hash of one scheme equals one of the other. A scheme-1 record is read back with each hash
@@ -65,7 +65,7 @@ def as_dict(message: Message) -> dict:
     return out
 
 
-HASH_SCHEME = 2  # the scheme of ``message_hash``; records carry it (``memt_proxy.store``), 1 when they do not
+HASH_SCHEME = 2  # the scheme of ``message_hash``; records carry it (``memt_proxy.session.store``), 1 when they do not
 LEGACY = "legacy:"  # a scheme-1 hash as read from a record: matched with ``legacy_message_hash``
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from fastapi import FastAPI, Request
 from pydantic import BaseModel, ConfigDict
 
-from memt_proxy.route_inputs import Inputs, request_body
-from memt_proxy.serving import ChatService
+from memt_proxy.http.route_inputs import Inputs, request_body
+from memt_proxy.chat.service import ChatService
 
 
 class SnapshotRequest(BaseModel):

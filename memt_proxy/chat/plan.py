@@ -13,7 +13,7 @@ from memt_proxy.protocol import ChatCompletionRequest, NamedToolChoice, logprobs
 from memt_proxy.session.state import SessionState
 from memt_proxy.session.turn import Turn
 from memt_proxy.structured import structure
-from memt_proxy.transcript import as_dict, check_turn, matches, split_transcript
+from memt_proxy.session.transcript import as_dict, check_turn, matches, split_transcript
 from memt_proxy.turn_plan import check_prefill, check_text_fits, continued_turn_ids, encode, fit_output, forced_prefix, prompt_ids
 
 SEED_MODULUS = 1 << 63  # native seeds are in [0, 2**63); OpenAI's may be negative
@@ -24,7 +24,7 @@ class ChatPlanner:
 
     def __init__(self, chat_format: ChatFormat, sessions, *, default_thinking: bool = False):
         self.chat_format = chat_format
-        self.sessions = sessions  # memt_proxy.sessions.Sessions: max_prefill_tokens, context_length, memory_tokens
+        self.sessions = sessions  # memt_proxy.session.sessions.Sessions: max_prefill_tokens, context_length, memory_tokens
         self.default_thinking = default_thinking
 
     def options(self, request: ChatCompletionRequest) -> tuple[bool, list | None, str, bool]:

@@ -1,6 +1,6 @@
 """Chat completions over the proxy's session layer: request → prepared turn → OpenAI response or chunks.
 
-A request with ``X-MemT-Session`` runs on one session of ``memt_proxy.sessions`` (lock → create or
+A request with ``X-MemT-Session`` runs on one session of ``memt_proxy.session.sessions`` (lock → create or
 adopt → lease, kept across requests → query → answer; the completed turn is committed behind the
 answer, before the session's next request runs); without one, or with memory ``off``,
 it is a plain generation over the whole transcript. Memory policy: ``auto`` reads memory and commits
@@ -26,14 +26,14 @@ from typing import AsyncIterator
 
 from memt_core.client.chat_format import ChatFormat
 from memt_core.client.parsers import OutputParser, hold_partial
-from memt_proxy.branches import resume
-from memt_proxy.chat_plan import SEED_MODULUS, ChatPlanner, regenerates
-from memt_proxy.chat_stream import deltas, replayed
+from memt_proxy.session.branches import resume
+from memt_proxy.chat.plan import SEED_MODULUS, ChatPlanner, regenerates
+from memt_proxy.chat.stream import deltas, replayed
 from memt_proxy.errors import BadRequest, NotFound
 from memt_proxy.protocol import ChatCompletionRequest, Usage, choice, chunk_body, completion_id, logprobs_content, response_body
 from memt_proxy.session.turn import Turn, TurnRunner
-from memt_proxy.sessions import HeldSession, Sessions
-from memt_proxy.transcript import as_dict
+from memt_proxy.session.sessions import HeldSession, Sessions
+from memt_proxy.session.transcript import as_dict
 from memt_proxy.turn_plan import RawStream, off_loop, request_digest
 
 log = logging.getLogger("memt.proxy")
@@ -68,7 +68,7 @@ class ChatService:
         self.accepted = {*model_names, *aliases}  # also asked for by other names of the checkpoint
         self.default_memory = default_memory
         self.on_divergence = on_divergence
-        self.headerless = headerless  # requests without X-MemT-Session get memory too (``memt_proxy.branches``)
+        self.headerless = headerless  # requests without X-MemT-Session get memory too (``memt_proxy.session.branches``)
         self.runner = runner or TurnRunner(sessions, chat_format)
         self.plans = ChatPlanner(chat_format, sessions, default_thinking=default_thinking)
 
@@ -118,7 +118,7 @@ class ChatService:
         return await self.runner.answer(held, hold, prepare, stream=bool(request.stream), run=self._run, streamed=self._stream, create=True)
 
     async def _headerless(self, request: ChatCompletionRequest, tenant: str, policy: str, size: int, digest: str, key: str | None):
-        """A conversation without X-MemT-Session, identified by its transcript (``memt_proxy.branches``): resumed
+        """A conversation without X-MemT-Session, identified by its transcript (``memt_proxy.session.branches``): resumed
         from the deepest kept state its earlier messages reach; with none, a plain generation. Behind the answer
         the conversation's next state is forked (``TurnRunner.after``)."""
         plan, held, hold = await resume(self.sessions, request.messages, tenant, size)

@@ -6,10 +6,10 @@ from fastapi import FastAPI, Header, Request
 from sse_starlette.sse import EventSourceResponse
 
 from memt_proxy.errors import BadRequest
-from memt_proxy.metrics import ProxyMetrics
+from memt_proxy.http.metrics import ProxyMetrics
 from memt_proxy.protocol import ChatCompletionRequest
-from memt_proxy.route_inputs import CONTROLS, DIVERGENCE_HEADER, SESSION_HEADER, Inputs, request_body, sse
-from memt_proxy.serving import DIVERGENCE, ChatService
+from memt_proxy.http.route_inputs import CONTROLS, DIVERGENCE_HEADER, SESSION_HEADER, Inputs, request_body, sse
+from memt_proxy.chat.service import DIVERGENCE, ChatService
 
 
 def add_chat_routes(app: FastAPI, service: ChatService, inputs: Inputs, metrics: ProxyMetrics) -> None:

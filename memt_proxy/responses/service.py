@@ -1,6 +1,6 @@
 """The Responses API over the proxy's session layer: request → plan (which memory, which prompt) → response.
 
-Where the memory comes from (see ``memt_proxy.conversations`` for threads and records):
+Where the memory comes from (see ``memt_proxy.responses.records`` for threads and records):
 
 * ``conversation`` — the conversation's session; the prompt holds only what memory does not (the new
   input, after anything the conversation recorded as uncommitted).
@@ -33,17 +33,17 @@ from typing import AsyncIterator
 
 from memt_core.client.chat_format import ChatFormat
 from memt_core.client.parsers import OutputParser
-from memt_proxy.branches import resume
-from memt_proxy.conversations import SNAPSHOTS_PER_CHAIN, ResponseRecord, ResponseRecords, Thread, session_name
+from memt_proxy.session.branches import resume
+from memt_proxy.responses.records import SNAPSHOTS_PER_CHAIN, ResponseRecord, ResponseRecords, Thread, session_name
 from memt_proxy.errors import BadRequest, Conflict, NotFound, ProxyError
 from memt_proxy.protocol import logprobs_content, logprobs_sampling, text_of
-from memt_proxy.responses_protocol import (
+from memt_proxy.responses.protocol import (
     Events, InputItems, ResponseRequest, function_call_item, item_messages, message_item, new_id, reasoning_item, response_object, usage,
 )
-from memt_proxy.responses_stream import StreamedItems, replayed
+from memt_proxy.responses.stream import StreamedItems, replayed
 from memt_proxy.session.turn import Turn, TurnRunner
-from memt_proxy.sessions import HeldSession, PendingTurn, Sessions
-from memt_proxy.stored_responses import StoredResponses
+from memt_proxy.session.sessions import HeldSession, PendingTurn, Sessions
+from memt_proxy.responses.stored import StoredResponses
 from memt_proxy.structured import structure
 from memt_proxy.turn_plan import (
     RawStream, check_prefill, check_text_fits, continued_turn_ids, encode, fit_output, forced_prefix, off_loop, prompt_ids, request_digest, retried,
@@ -69,7 +69,7 @@ class ResponsesService:
         self.default_thinking = default_thinking
         self.snapshots_per_chain = snapshots_per_chain
         self.default_memory = default_memory  # the proxy's --memory
-        self.headerless = headerless  # an input carrying its history resumes from memory (``memt_proxy.branches``)
+        self.headerless = headerless  # an input carrying its history resumes from memory (``memt_proxy.session.branches``)
         self.runner = runner or TurnRunner(sessions, chat_format)  # the turn runner both surfaces share
         self.memory_tokens = sessions.memory_tokens
 
@@ -120,7 +120,7 @@ class ResponsesService:
     async def _headerless(self, request: ResponseRequest, items: list[dict], tenant: str):
         """An input with neither conversation nor previous_response_id, as a header-less chat request: resumed
         from the deepest kept state of the history it carries, its next state forked behind the answer
-        (``memt_proxy.branches``). Its system/developer items are instructions, as a chat request's system messages:
+        (``memt_proxy.session.branches``). Its system/developer items are instructions, as a chat request's system messages:
         sent with every input, never kept in a state."""
         messages = await off_loop(request._size, item_messages, items)
         found, held, hold = await resume(self.sessions, messages, tenant, request._size)

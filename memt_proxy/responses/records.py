@@ -1,6 +1,6 @@
 """Bookkeeping of the Responses and Conversations APIs: stored responses, threads, and their persistence.
 
-A *thread* is a run of responses sharing one MemT session (a session name in ``memt_proxy.sessions``):
+A *thread* is a run of responses sharing one MemT session (a session name in ``memt_proxy.session.sessions``):
 a **conversation** (``conv_…``, made by ``POST /v1/conversations``) or a **chain** (``chain_…``, made
 when a stored response is first continued with ``previous_response_id``). The thread's ``head`` is its
 latest response, ``version`` the session's published memory version right after it, and

@@ -3,7 +3,7 @@
 It is built by floor (``memt_proxy.session``): ``state`` (what is known of a session and the bounded table
 of them: no I/O), ``upstream`` (calls to the upstream, its failures mapped to ``ProxyError`` once),
 ``leases``, ``writes`` (the memory-write sequence, records, commits behind answers), ``placement`` (create,
-adopt, offload, restore, unload; header-less branches, indexed by ``memt_proxy.prefix_index``) and ``held``
+adopt, offload, restore, unload; header-less branches, indexed by ``memt_proxy.session.prefix_index``) and ``held``
 (one session held by one request). ``Sessions`` here puts them together with the per-request hold
 (``turn``) and the admin actions.
 
@@ -75,7 +75,7 @@ from typing import AsyncIterator
 
 from memt_core.client.native import AsyncNativeClient, new_nonce
 from memt_proxy.errors import Conflict
-from memt_proxy.prefix_index import PrefixIndex
+from memt_proxy.session.prefix_index import PrefixIndex
 from memt_proxy.session.held import HeldSession
 from memt_proxy.session.leases import Leases
 from memt_proxy.session.placement import Placement
@@ -96,7 +96,7 @@ from memt_proxy.session.state import (
 )
 from memt_proxy.session.upstream import Upstream
 from memt_proxy.session.writes import Writes
-from memt_proxy.store import SessionRecordStore
+from memt_proxy.session.store import SessionRecordStore
 
 __all__ = [
     "BRANCH_PREFIX", "LEASE_IDLE", "MAX_MEMORY_STATES", "MAX_SESSIONS", "HeldSession", "MemoryFound", "PendingTurn", "SessionState",
@@ -145,9 +145,9 @@ class Sessions(Upstream, Leases, Placement, Writes):
         self.restores = 0  # offloaded sessions restored, since start
         self.writes = 0  # memory writes published, since start
         self._room = asyncio.Lock()  # kept states are made one at a time (``Placement.state_room``)
-        self.making: dict[str, asyncio.Event] = {}  # chain → set once the state it names is made (``memt_proxy.branches``)
+        self.making: dict[str, asyncio.Event] = {}  # chain → set once the state it names is made (``memt_proxy.session.branches``)
         self.memory_tokens = MemoryTokens()  # the prompt tokens each session's memory spares, for every surface
-        self.prefixes = PrefixIndex()  # header-less states (``memt_proxy.branches``), as recorded
+        self.prefixes = PrefixIndex()  # header-less states (``memt_proxy.session.branches``), as recorded
         self._recorded_branches = self.records.branches()  # taken into the table once the upstream answers (``adopt_branches``)
         for branch in self._recorded_branches:
             self.prefixes.move(branch["name"], branch["head"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import AsyncIterator
 
 from memt_proxy.protocol import logprobs_content
-from memt_proxy.responses_protocol import Events, function_call_item, message_item, reasoning_item
+from memt_proxy.responses.protocol import Events, function_call_item, message_item, reasoning_item
 
 
 class StreamedItems:

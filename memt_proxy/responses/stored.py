@@ -1,15 +1,15 @@
 """Stored responses and conversations, read and changed outside a response: ``GET``/``DELETE`` of a response and its
 input items, and the Conversations API (create, read, delete with its memory, list and add items). A response itself
-is made by ``memt_proxy.responses``; both read the same records (``memt_proxy.conversations``)."""
+is made by ``memt_proxy.responses.service``; both read the same records (``memt_proxy.responses.records``)."""
 
 from __future__ import annotations
 
 import time
 
-from memt_proxy.conversations import ResponseRecord, ResponseRecords, Thread, session_name
+from memt_proxy.responses.records import ResponseRecord, ResponseRecords, Thread, session_name
 from memt_proxy.errors import BadRequest, NotFound, ProxyError
-from memt_proxy.responses_protocol import ConversationRequest, InputItems, conversation_object, item_list, item_messages, new_id
-from memt_proxy.sessions import Sessions
+from memt_proxy.responses.protocol import ConversationRequest, InputItems, conversation_object, item_list, item_messages, new_id
+from memt_proxy.session.sessions import Sessions
 
 
 class StoredResponses:

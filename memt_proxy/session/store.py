@@ -21,7 +21,7 @@ record's version matches and trimming continues there. (Offload records stay in 
 they name snapshots in one upstream's own state directory.)
 
 Session and offload records carry the scheme of their message hashes (``"hash_scheme"``, see
-``memt_proxy.transcript``). One without it was written under scheme 1 (a proxy before hashes keyed on the exact
+``memt_proxy.session.transcript``). One without it was written under scheme 1 (a proxy before hashes keyed on the exact
 text): it is read with each hash tagged ``LEGACY``, which the transcript matches with the old function and
 rewrites as the new hashes on a request's match; the record is written under the current scheme at the
 session's next change (tagged hashes not matched yet stay tagged). A record of a scheme this proxy does not
@@ -38,7 +38,7 @@ from collections import OrderedDict
 from pathlib import Path
 
 from memt_core.names import SNAPSHOT_NAME
-from memt_proxy.transcript import HASH_SCHEME, LEGACY
+from memt_proxy.session.transcript import HASH_SCHEME, LEGACY
 
 log = logging.getLogger("memt.proxy")
 
@@ -242,7 +242,7 @@ class SessionRecordStore:
         return sorted(path.name[: -len(".json")] for path in self.records_directory.glob("*.json") if not path.name.endswith(".offload.json"))
 
     def save_branch(self, native: str, tenant: str, name: str, head: str | None, origin: str | None = None) -> None:
-        """Record a kept state's name and head (``memt_proxy.branches``), and the named session it was kept for
+        """Record a kept state's name and head (``memt_proxy.session.branches``), and the named session it was kept for
         (``origin``), so that a restarted proxy finds it again; what its memory holds is its per-session record's,
         checked on use. Records shared by a cluster's proxies also name the state by its head (``branch_at``), for
         the other nodes."""

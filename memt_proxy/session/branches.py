@@ -35,11 +35,11 @@ from typing import Awaitable, Callable
 from memt_core.client.errors import MemTClientError
 from memt_core.errors import UnknownSession
 from memt_proxy.errors import ProxyError, Unavailable
-from memt_proxy.prefix_index import Found, PrefixIndex, chain, extend, root
+from memt_proxy.session.prefix_index import Found, PrefixIndex, chain, extend, root
 from memt_proxy.protocol import Message
 from memt_proxy.session.state import new_branch_name
-from memt_proxy.sessions import HeldSession, Sessions, SessionState
-from memt_proxy.transcript import message_hash
+from memt_proxy.session.sessions import HeldSession, Sessions, SessionState
+from memt_proxy.session.transcript import message_hash
 from memt_proxy.turn_plan import off_loop
 
 log = logging.getLogger("memt.proxy")

@@ -14,10 +14,10 @@ from sse_starlette.sse import EventSourceResponse
 
 from memt_core.client.errors import MemTClientError
 from memt_proxy.errors import BadRequest, ProxyError, from_native
-from memt_proxy.metrics import ProxyMetrics
-from memt_proxy.responses import ResponsesService
-from memt_proxy.responses_protocol import ConversationRequest, ItemsRequest, ResponseRequest
-from memt_proxy.route_inputs import Inputs, request_body
+from memt_proxy.http.metrics import ProxyMetrics
+from memt_proxy.responses.service import ResponsesService
+from memt_proxy.responses.protocol import ConversationRequest, ItemsRequest, ResponseRequest
+from memt_proxy.http.route_inputs import Inputs, request_body
 
 ORDER = Query(default="desc", pattern="^(asc|desc)$")
 LIMIT = Query(default=20, ge=1, le=100)

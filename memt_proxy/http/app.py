@@ -4,7 +4,7 @@ Routes are thin adapters over the services: ``chat_routes`` (Chat Completions, m
 (session admin), ``responses_routes`` (Responses, Conversations), each reading requests through one
 ``route_inputs.Inputs`` (tenant, session header, bounded JSON body). Every error answers in OpenAI's shape.
 With API keys, every route but the two health checks needs one, the OpenAPI document, its docs page and
-``/metrics`` (``memt_proxy.metrics``) included, as on the core.
+``/metrics`` (``memt_proxy.http.metrics``) included, as on the core.
 """
 
 from __future__ import annotations
@@ -19,14 +19,14 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from memt_core.server.docs import mount_assets, swagger_page
-from memt_proxy.admin_routes import add_session_routes
-from memt_proxy.chat_routes import add_chat_routes
+from memt_proxy.http.admin_routes import add_session_routes
+from memt_proxy.http.chat_routes import add_chat_routes
 from memt_proxy.errors import BadRequest, Forbidden, ProxyError, Unavailable
-from memt_proxy.metrics import CONTENT_TYPE, CountRequests, ProxyMetrics
-from memt_proxy.responses import ResponsesService
-from memt_proxy.responses_routes import add_responses_routes
-from memt_proxy.route_inputs import DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_REQUEST_BYTES, Inputs, keyed
-from memt_proxy.serving import ChatService
+from memt_proxy.http.metrics import CONTENT_TYPE, CountRequests, ProxyMetrics
+from memt_proxy.responses.service import ResponsesService
+from memt_proxy.http.responses_routes import add_responses_routes
+from memt_proxy.http.route_inputs import DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_REQUEST_BYTES, Inputs, keyed
+from memt_proxy.chat.service import ChatService
 
 log = logging.getLogger("memt.proxy")
 #: seconds /health/ready waits for the upstream's capabilities

@@ -1,0 +1,3 @@
+"""The Chat Completions surface: a request read into a turn (``plan``), the turn's answer shaped as a completion or its
+chunks (``service``, ``stream``), over the session layer's turn runner (``memt_proxy.session.turn``). Its request and
+response models are ``memt_proxy.protocol``, which the Responses surface shares."""
