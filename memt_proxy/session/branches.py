@@ -87,7 +87,7 @@ async def planned(sessions: Sessions, messages: list[Message] | list[dict], tena
     just sent, forks it behind itself): a conversation's next request reads it, as a named session's next request waits
     for its commit. The wait is bounded by ``lease_wait``; past it the request reads what is kept."""
     plan = await off_loop(size, plan_headerless, messages, tenant, sessions.prefixes)
-    making = sessions.making.get(plan.links[-1]) if plan.links else None
+    making = sessions.prefixes.being_made(plan.links[-1]) if plan.links else None
     if making is not None and (plan.found is None or plan.found.depth < len(plan.links)):
         try:
             await asyncio.wait_for(making.wait(), timeout=sessions.lease_wait)
@@ -188,7 +188,6 @@ def after_answer(
     sessions.prefixes.answered(link)
     if not keep or not sessions.prefixes.reserve(link):
         return
-    sessions.making[link] = asyncio.Event()
     task = asyncio.get_running_loop().create_task(_fork(sessions, plan.tenant, None if parent is None else parent.name, link, hashes, ids))
     sessions.behind.add(task)
     task.add_done_callback(sessions.behind.discard)
@@ -221,7 +220,6 @@ async def _fork(sessions: Sessions, tenant: str, parent: str | None, link: str, 
         log.exception("keeping a header-less conversation's state failed")
     finally:
         sessions.prefixes.made(link)
-        sessions.making.pop(link).set()
 
 
 async def _copy(sessions: Sessions, tenant: str, parent: str, state: SessionState, hashes: list[str]) -> None:

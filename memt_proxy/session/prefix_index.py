@@ -25,6 +25,7 @@ committing it worth its cost (see ``PrefixIndex.worth_keeping``).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -67,7 +68,7 @@ class PrefixIndex:
         self._head_of: dict[str, str] = {}  # branch name → its head's chain hash (None-free)
         self._seen: OrderedDict[str, None] = OrderedDict()
         self.seen_limit = seen_limit
-        self._making: set[str] = set()  # chains of states being made
+        self._making: dict[str, asyncio.Event] = {}  # chain → set once the state it names is made (or not)
 
     def __len__(self) -> int:
         return len(self._head_of)
@@ -104,12 +105,18 @@ class PrefixIndex:
         """Claim the making of the state named ``link``: False if one is kept or being made already."""
         if link in self._heads or link in self._making:
             return False
-        self._making.add(link)
+        self._making[link] = asyncio.Event()
         return True
 
     def made(self, link: str) -> None:
-        """The making claimed by ``reserve`` ended (the state is kept, or not)."""
-        self._making.discard(link)
+        """The making claimed by ``reserve`` ended (the state is kept, or not): whoever waits for it goes on."""
+        making = self._making.pop(link, None)
+        if making is not None:
+            making.set()
+
+    def being_made(self, link: str) -> asyncio.Event | None:
+        """Set once the state named ``link``, being made now, is made (or not); None if none is being made."""
+        return self._making.get(link)
 
     def answered(self, link: str) -> None:
         """A transcript whose chain ends in ``link`` (its answer included) was answered."""

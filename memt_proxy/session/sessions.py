@@ -145,7 +145,6 @@ class Sessions(Upstream, Leases, Placement, Writes):
         self.restores = 0  # offloaded sessions restored, since start
         self.writes = 0  # memory writes published, since start
         self._room = asyncio.Lock()  # kept states are made one at a time (``Placement.state_room``)
-        self.making: dict[str, asyncio.Event] = {}  # chain → set once the state it names is made (``memt_proxy.session.branches``)
         self.memory_tokens = MemoryTokens()  # the prompt tokens each session's memory spares, for every surface
         self.prefixes = PrefixIndex()  # header-less states (``memt_proxy.session.branches``), as recorded
         self._recorded_branches = self.records.branches()  # taken into the table once the upstream answers (``adopt_branches``)
