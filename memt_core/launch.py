@@ -58,6 +58,11 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--enable-torch-compile", action="store_true", help="compile the decode step, and the prefill of prompts of 3-256 tokens, with torch.compile (inductor; needs a C++ compiler on CPU, Triton on GPU): on CPU a demo-model turn takes 0.3-0.55x the time, its kernels called from inductor's C++ wrapper (scripts/bench/compile.py); the server compiles before it reports healthy (about a minute, longer on a busy machine; later starts reuse the compiled code from TORCHINDUCTOR_CACHE_DIR)")
     engine.add_argument("--torch-threads", type=int, default=None, metavar="N", help="CPU threads torch computes with (default on the CPU: one fewer than the cores torch would use, at least 1, leaving a core to the server's event loop, the proxy and the app: a thread pool that waits for a busy core stalls, and on 2 cores a demo-model turn takes 0.5-0.75x the time with 1 thread than with 2, scripts/bench/flags.py; on a GPU, or with OMP_NUM_THREADS set: torch's default)")
     engine.add_argument("--disable-fused-decode", action="store_true", help="decode with the model's own modules (transformers') instead of the fused decode step (memt_core/models/decode.py: the same arithmetic in fewer kernel launches; on the CPU a demo-model decode step in 0.35-0.45x the time, scripts/bench/decode_paths.py): for comparisons and diagnosis")
+    engine.add_argument("--enable-cuda-graph", action="store_true", help="replay the fused decode step from CUDA graphs, captured at start for every batch-size and context bucket (1, 2, 4, … rows up to --max-running-requests; 128, 256, … tokens up to --cuda-graph-max-tokens): one launch a step instead of ~180 (Nano widths, 4 layers); costs static buffers for that many rows and tokens, about a second of capture at start, and attention over the context bucket rather than the exact length; a batch beyond them decodes eagerly. GPU only; default off (eager steps)")
+    engine.add_argument("--cuda-graph-max-tokens", type=int, default=4096, metavar="N", help="the longest batch context the CUDA graphs hold (default: %(default)s)")
+    engine.add_argument("--warmup", default="auto", choices=["auto", "on", "off"], help="before /health reports ready, run a prompt's prefill and a commit at each warm-up length and a decode step at each batch size, so that no request pays a kernel's first call (Triton compiles and autotunes on a GPU): auto (default) on a GPU only, on, off")
+    engine.add_argument("--warmup-lengths", type=_counts, default=None, metavar="N,N", help="the prompt and commit lengths warmed up (default: 1, 3, 7, then 16, 17, 32, 33, … up to 8192 or the context length)")
+    engine.add_argument("--warmup-batch-sizes", type=_counts, default=None, metavar="N,N", help="the decode batch sizes warmed up (default: 1, 2, 4, … up to --max-running-requests)")
     engine.add_argument("--enable-streaming-session", action="store_true", help="allow sessions created with retain_kv (native context kept between queries)")
     engine.add_argument("--deterministic-communication", action="store_true", help="fixed collective settings for reproducibility (multi-device engines only; the torch engine refuses it)")
     server = parser.add_argument_group("server")
@@ -113,6 +118,11 @@ class LaunchPlan:
     torch_compile: bool = False  # --enable-torch-compile
     torch_threads: int | None = None  # --torch-threads
     fused_decode: bool = True  # not --disable-fused-decode
+    cuda_graphs: bool = False  # --enable-cuda-graph
+    cuda_graph_max_tokens: int = 4096
+    warmup: str = "auto"
+    warmup_lengths: tuple[int, ...] | None = None
+    warmup_batch_sizes: tuple[int, ...] | None = None
 
     @property
     def engine_class(self) -> type[Engine]:
@@ -124,6 +134,8 @@ class LaunchPlan:
             max_commit_batch=self.runtime.max_inflight_commits_per_rank, context_length=self.context_length,
             min_kv_tokens=self.runtime.min_kv_tokens, enable_streaming_session=self.enable_streaming_session,
             torch_compile=self.torch_compile, threads=self.torch_threads, fused_decode=self.fused_decode,
+            cuda_graphs=self.cuda_graphs, cuda_graph_max_tokens=self.cuda_graph_max_tokens, warmup=self.warmup,
+            warmup_lengths=self.warmup_lengths, warmup_batch_sizes=self.warmup_batch_sizes,
             deterministic_communication=self.deterministic_communication, state_directory=self.state_directory,
             snapshot_store=self.snapshot_store, ownership=self.ownership, ownership_ttl=self.ownership_ttl, node_id=self.node_id,
         )
@@ -164,6 +176,17 @@ class LaunchPlan:
             "port": self.port,
             **self.engine_class.settings(self.engine_options()),
         }
+
+
+def _counts(text: str) -> tuple[int, ...]:
+    """A comma-separated list of positive counts (``--warmup-lengths 16,64,256``)."""
+    try:
+        values = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        values = ()
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"wants positive counts separated by commas, e.g. 16,64,256; got {text!r}")
+    return values
 
 
 def plan_launch(args: argparse.Namespace, environ=os.environ) -> LaunchPlan:
@@ -222,6 +245,8 @@ def plan_launch(args: argparse.Namespace, environ=os.environ) -> LaunchPlan:
         node_id=args.node_id or f"{socket.gethostname()}:{args.port}", api_key=args.api_key, log_level=args.log_level,
         spec_strict=args.spec_strict, unload_idle=_unload_idle(args), torch_compile=args.enable_torch_compile,
         torch_threads=args.torch_threads, fused_decode=not args.disable_fused_decode,
+        cuda_graphs=args.enable_cuda_graph, cuda_graph_max_tokens=args.cuda_graph_max_tokens, warmup=args.warmup,
+        warmup_lengths=args.warmup_lengths, warmup_batch_sizes=args.warmup_batch_sizes,
     )
     plan.engine_class.check_options(plan.engine_options())
     return plan

@@ -69,6 +69,11 @@ class EngineOptions:
     torch_compile: bool = False  # compile the decode step and short prefills with torch.compile (engines that can)
     threads: int | None = None  # CPU threads of torch's intra-op pool (None: the engine's choice)
     fused_decode: bool = True  # the decode step in fewer kernel launches where the model's family has one
+    cuda_graphs: bool = False  # replay the decode step from CUDA graphs (engines that can, on a GPU)
+    cuda_graph_max_tokens: int = 4096  # the longest batch context the graphs hold (longer: eager steps)
+    warmup: str = "auto"  # run the served shapes before reporting ready: "auto" (on a GPU), "on", "off"
+    warmup_lengths: tuple[int, ...] | None = None  # prompt and commit lengths warmed up (None: the engine's buckets)
+    warmup_batch_sizes: tuple[int, ...] | None = None  # decode batch sizes warmed up (None: powers of two)
     deterministic_communication: bool = False
     state_directory: str | None = None
     snapshot_store: str | None = None  # a directory every published version is written to (shared by servers)
@@ -120,6 +125,16 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def alive(self) -> bool:
         """Whether the engine can take work (the server's /health)."""
+
+    @property
+    def ready(self) -> bool:
+        """Whether the engine has finished warming up (``/health`` answers 503 "warming up" until then); work sent
+        before waits for it."""
+        return True
+
+    def warmup_progress(self) -> dict:
+        """What the warm-up has done so far, for ``/health`` while it runs."""
+        return {}
 
     # ------------------------------------------------------------------ identity
 

@@ -21,7 +21,7 @@ import torch
 from transformers import DynamicCache
 
 from memt_core.checkpoint import Checkpoint
-from memt_core.engine import kv
+from memt_core.engine import kv, warmup
 from memt_core.engine.base import CommitInfo, Engine, EngineOptions, EngineStats, TokenEvent
 from memt_core.engine.device import claim_architecture, compile_model, cpu_threads, inductor_options  # noqa: F401 (cpu_threads re-exported)
 from memt_core.engine.jobs import CommitJob, QueryJob, put_all, set_exception, set_result
@@ -66,6 +66,20 @@ class TorchEngine(Engine):
             raise CheckpointError(f"--ownership must be a redis:// URL, got {options.ownership!r}")
         if options.dtype not in DTYPES:
             raise CheckpointError(f"--dtype {options.dtype!r} is not one of {sorted(DTYPES)}")
+        if options.cuda_graphs:
+            if not str(options.device).startswith("cuda"):
+                raise CheckpointError("--enable-cuda-graph needs a CUDA device (--device cuda)")
+            if options.torch_compile:
+                raise CheckpointError("--enable-cuda-graph replays the eager fused decode step; leave out --enable-torch-compile")
+            if not options.fused_decode:
+                raise CheckpointError("--enable-cuda-graph replays the fused decode step; leave out --disable-fused-decode")
+        if options.cuda_graph_max_tokens < 1:
+            raise CheckpointError("--cuda-graph-max-tokens must be at least 1")
+        if options.warmup not in warmup.MODES:
+            raise CheckpointError(f"--warmup must be one of {', '.join(warmup.MODES)}, got {options.warmup!r}")
+        for name, values in (("--warmup-lengths", options.warmup_lengths), ("--warmup-batch-sizes", options.warmup_batch_sizes)):
+            if values is not None and (not values or min(values) < 1):
+                raise CheckpointError(f"{name} must be positive numbers, e.g. 16,64,256")
         # KV caches grow on demand; what the engine can hold at once is its running requests at full context
         capacity = options.max_running_requests * options.context_length
         if options.min_kv_tokens > capacity:
@@ -96,6 +110,10 @@ class TorchEngine(Engine):
             model, state_directory=options.state_directory, snapshot_store=durable, owned=owned,
             max_running_requests=options.max_running_requests, max_commit_batch=options.max_commit_batch,
             torch_compile=options.torch_compile, threads=cpu_threads(options), fused_decode=options.fused_decode,
+            cuda_graphs=options.cuda_graphs, cuda_graph_max_tokens=options.cuda_graph_max_tokens,
+            warmup=warmup.plan(options.warmup, torch.device(options.device).type, max_rows=options.max_running_requests,
+                               context_length=options.context_length, lengths=options.warmup_lengths,
+                               batch_sizes=options.warmup_batch_sizes),
         )
 
     @classmethod
@@ -106,6 +124,10 @@ class TorchEngine(Engine):
             "context_length": options.context_length, "min_kv_tokens": options.min_kv_tokens,
             "torch_compile": options.torch_compile,
             "fused_decode": options.fused_decode and not options.torch_compile,
+            "cuda_graphs": {"max_tokens": options.cuda_graph_max_tokens} if options.cuda_graphs else False,
+            "warmup": _described(warmup.plan(options.warmup, torch.device(options.device).type, max_rows=options.max_running_requests,
+                                              context_length=options.context_length, lengths=options.warmup_lengths,
+                                              batch_sizes=options.warmup_batch_sizes)),
             "inductor_options": inductor_options(options.device) if options.torch_compile else None,
             "torch_threads": cpu_threads(options) or f"torch's default ({torch.get_num_threads()})",
             "kv_cache": "grows per request (transformers DynamicCache)",
@@ -125,6 +147,9 @@ class TorchEngine(Engine):
         module_guards: bool = False,
         threads: int | None = None,
         fused_decode: bool = True,
+        cuda_graphs: bool = False,
+        cuda_graph_max_tokens: int = 4096,
+        warmup: warmup.WarmupPlan | None = None,  # what runs before the engine reports ready (memt_core.engine.warmup)
     ):
         self.model = model
         self.threads = threads
@@ -139,6 +164,17 @@ class TorchEngine(Engine):
         # the eager decode step in fewer kernel launches where the family has one (memt_core.models.decode); the
         # compiled step is the model's own, compiled
         self._fused = fused_decoder(model) if fused_decode and not torch_compile else None
+        # opt-in: the fused step replayed from CUDA graphs (memt_core.engine.graphs)
+        self._graphs = None
+        if cuda_graphs:
+            if self._fused is None:
+                raise CheckpointError("--enable-cuda-graph replays the fused decode step, which this model's family does not have")
+            from memt_core.engine.graphs import GraphDecode
+
+            self._graphs = GraphDecode(self._fused, max_rows=max_running_requests, max_tokens=cuda_graph_max_tokens)
+        self.warmup = warmup
+        self._ready = threading.Event()
+        self._warming: dict = {}
         memory = self.checkpoint.memory
         self.store = MemoryStore(
             identity=self.checkpoint.identity(),
@@ -209,8 +245,69 @@ class TorchEngine(Engine):
                 self._decode(torch.zeros(1, 1, dtype=torch.long, device=self.device), positions, mask, memory_batch(self.model, [None], zeros=True), out.past_key_values)
         log.info("decode step and short prefills compiled in %.0f s", time.monotonic() - started)
 
+    def _warm(self) -> None:
+        """Before taking work, in the worker thread: capture the CUDA graphs and run the warm-up plan's shapes
+        (``memt_core.engine.warmup``), so that no request pays a kernel's first call at its shape."""
+        plan = self.warmup
+        if self._graphs is None and plan is None:
+            return
+        started = time.monotonic()
+        if self._graphs is not None:
+            self._warming = {"phase": "capturing CUDA graphs"}
+            self._graphs.capture_all()
+            log.info("captured %d CUDA graphs of the decode step in %.1f s", len(self._graphs.graphs), time.monotonic() - started)
+        if plan is None:
+            return
+        config, device = self.model.config, self.device
+        token = config.pad_token_id if config.pad_token_id is not None else 0
+        done = 0
+        for length in plan.lengths:
+            if self._stopping:
+                return
+            self._warming = {"phase": "prompts and commits", "shapes_done": done, "shapes": plan.shapes, "length": length}
+            ids = torch.full((1, length), token, dtype=torch.long, device=device)
+            self._forward_prompt(ids, None, DynamicCache(config=config))
+            self.model(ids, memory=memory_batch(self.model, [None], zeros=True), past_key_values=DynamicCache(config=config),
+                       use_cache=True, logits_to_keep=1)
+            commit_batch(self.model, [MemoryState()], [ids[0]])
+            done += 1
+        for rows in plan.batch_sizes:
+            if self._stopping:
+                return
+            self._warming = {"phase": "decode steps", "shapes_done": done, "shapes": plan.shapes, "rows": rows}
+            cache = mask = None
+            for _ in range(rows):
+                out = self._forward_prompt(torch.full((1, 3), token, dtype=torch.long, device=device), None, DynamicCache(config=config))
+                own = torch.ones(1, 3, dtype=torch.long, device=device)
+                if not kv.batchable(out.past_key_values):
+                    break  # decoded one row at a time: the prompt's prefill was its shape
+                cache, mask = (out.past_key_values, own) if cache is None else kv.join(cache, mask, out.past_key_values, own)
+            if cache is not None:
+                for read in (None, memory_batch(self.model, [None] * rows, zeros=True)):
+                    ids = torch.full((rows, 1), token, dtype=torch.long, device=device)
+                    positions = mask.sum(dim=1, keepdim=True)
+                    mask = torch.cat([mask, torch.ones(rows, 1, dtype=torch.long, device=device)], dim=1)
+                    cache = self._decode(ids, positions, mask, read, cache).past_key_values
+            done += 1
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        self._warming = {"phase": "done", "shapes_done": done, "shapes": plan.shapes}
+        log.info("warmed up %d prompt/commit lengths (%d-%d tokens) and %d decode batch sizes in %.1f s",
+                 len(plan.lengths), plan.lengths[0], plan.lengths[-1], len(plan.batch_sizes), time.monotonic() - started)
+
+    @property
+    def ready(self) -> bool:
+        return self._ready.is_set()
+
+    def warmup_progress(self) -> dict:
+        return dict(self._warming)
+
     def _decode(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, read: dict | None, cache):
         """One decode step of the shared batch, reading ``read`` (``_rows_read``)."""
+        if self._graphs is not None:
+            out = self._graphs.step(ids, positions, mask, read, cache)
+            if out is not None:
+                return out
         if self._fused is not None and self._fused.can_run(ids, cache):
             return self._fused(ids, memory=read, past_key_values=cache, attention_mask=mask, position_ids=positions)
         return self._decoder(ids, memory=read, past_key_values=cache, use_cache=True, attention_mask=mask,
@@ -355,6 +452,10 @@ class TorchEngine(Engine):
     def _loop(self) -> None:
         torch.set_grad_enabled(False)
         try:
+            if self.device.type == "cuda":
+                torch.cuda.set_device(self.device)
+            self._warm()
+            self._ready.set()
             while not self._stopping:
                 self._drain(block=not (self._commits or self._waiting or self._rows or self._solo))
                 if self._stopping:
@@ -619,3 +720,10 @@ def fused_decoder(model: MemTForCausalLM):
         return None
     step = resolve(reference)
     return step(model) if step.supports(model) else None
+
+
+def _described(plan) -> dict | None:
+    """A warm-up plan as ``--dry-run`` prints it."""
+    if plan is None:
+        return None
+    return {"lengths": list(plan.lengths), "batch_sizes": list(plan.batch_sizes)}

@@ -25,6 +25,7 @@ compiled steps and every cache the fused step does not know. ``scripts/bench/lau
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
 
 import torch
@@ -49,6 +50,22 @@ def fuse_rows(parts: list[tuple[nn.Module, str]]) -> torch.Tensor:
         setattr(module, name, nn.Parameter(fused[start : start + rows], requires_grad=param.requires_grad))
         start += rows
     return fused
+
+
+def linear_attention_kernels(device: torch.device):
+    """On CUDA, transformers' Qwen3.5 functions for the convolution's step and the gated delta rule's step where the
+    packages that bind them to kernels are installed (causal-conv1d; flash-linear-attention, the GPU extra): (conv,
+    delta), each None where the PyTorch step here is the one to run (always on the CPU)."""
+    if torch.device(device).type != "cuda":
+        return None, None
+    from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe as modeling
+
+    from memt_core.models.kernels import route_qwen3_5_moe
+
+    route_qwen3_5_moe()  # CPU tensors to the PyTorch functions, CUDA tensors to the kernels
+    conv = modeling.causal_conv1d_update if importlib.util.find_spec("causal_conv1d") is not None else None
+    delta = modeling.torch_recurrent_gated_delta_rule if importlib.util.find_spec("fla") is not None else None
+    return conv, delta
 
 
 def zero_centred(norm: nn.Module) -> torch.Tensor:
@@ -123,6 +140,7 @@ class FusedDecode:
             prepared = self._prepare(model)
             setattr(model, FUSED_ATTRIBUTE, prepared)
         self.layers: list[_Layer] = prepared
+        self.conv_kernel, self.delta_kernel = linear_attention_kernels(next(model.parameters()).device)
         self.embed = text.embed_tokens
         self.final_norm = zero_centred(text.norm)
         self.final_eps = text.norm.eps
@@ -285,15 +303,43 @@ class FusedDecode:
         mixed, z = proj[:, :conv_dim], proj[:, conv_dim : conv_dim + values]
         b_and_a = proj[:, conv_dim + values :]  # [B, 2·Hv]
 
-        # the causal convolution's new column: shift the window by one, weigh it, sum
+        # the causal convolution's new column: shift the window by one, weigh it, sum (or causal-conv1d's kernel)
         state = cached.conv_states[0]
-        window = torch.cat([state[:, :, 1:], mixed[:, :, None].to(state.dtype)], dim=-1)  # [B, C, K]
-        state.copy_(window)
-        conv = (window.to(p.conv_weight.dtype) * p.conv_weight).sum(-1)
-        if p.conv_bias is not None:
-            conv = conv + p.conv_bias
-        conv = F.silu(conv).to(x.dtype)
+        if self.conv_kernel is not None:
+            conv = self.conv_kernel(mixed[:, :, None], state, p.conv_weight, p.conv_bias, "silu")[:, :, 0]
+        else:
+            window = torch.cat([state[:, :, 1:], mixed[:, :, None].to(state.dtype)], dim=-1)  # [B, C, K]
+            state.copy_(window)
+            conv = (window.to(p.conv_weight.dtype) * p.conv_weight).sum(-1)
+            if p.conv_bias is not None:
+                conv = conv + p.conv_bias
+            conv = F.silu(conv).to(x.dtype)
 
+        # log β = −softplus(−b) and log α = −e^A · softplus(a + dt): one softplus for both
+        log_beta_decay = F.softplus(torch.addcmul(p.gate_shift, b_and_a.float(), p.gate_sign)) * p.gate_scale
+        recurrent = cached.recurrent_states[0]
+        if self.delta_kernel is not None:  # flash-linear-attention's fused recurrent step, as transformers calls it
+            o, final = self.delta_kernel(
+                conv[:, :keys].reshape(rows, 1, p.key_heads, p.key_dim), conv[:, keys : 2 * keys].reshape(rows, 1, p.key_heads, p.key_dim),
+                conv[:, 2 * keys :].reshape(rows, 1, heads, p.value_dim), g=log_beta_decay[:, None, heads:],
+                beta=log_beta_decay[:, None, :heads].exp().to(x.dtype), initial_state=recurrent, output_final_state=True,
+                use_qk_l2norm_in_kernel=True,
+            )
+            recurrent.copy_(final)
+        else:
+            o = self._delta_step(p, conv, log_beta_decay.exp(), recurrent)
+
+        # gated RMSNorm (FP32), then the output projection added to the residual
+        o = F.rms_norm(o.reshape(rows, heads, p.value_dim).to(x.dtype).float(), (p.value_dim,), p.norm_weight, p.norm_eps)
+        o = (o.to(x.dtype) * F.silu(z.reshape(rows, heads, p.value_dim).float())).to(x.dtype)
+        return torch.addmm(residual, o.reshape(rows, values), p.out.t())
+
+    @staticmethod
+    def _delta_step(p: _LinearAttention, conv: torch.Tensor, beta_decay: torch.Tensor, recurrent: torch.Tensor) -> torch.Tensor:
+        """One step of the gated delta rule in PyTorch, the state updated in place: S ← αS; S ← S + k βᵀ(v − Sᵀk);
+        o = Sᵀq (q and k L2-normalised, q over √dk). Returns o ``[B·Hv, 1, dv]`` (FP32)."""
+        rows, heads = conv.shape[0], p.value_heads
+        keys = p.key_heads * p.key_dim
         # q and k L2-normalised together in FP32 (x·rsqrt(Σx² + ε) as an RMSNorm of ε/dk, over √dk), q also over
         # √dk (the rule's scale), then repeated over the value heads they serve
         qk = conv[:, : 2 * keys].reshape(rows, 2, p.key_heads, p.key_dim).float()
@@ -303,26 +349,17 @@ class FusedDecode:
         q = qk[:, 0].reshape(rows * heads, 1, p.key_dim)
         k = qk[:, 1].reshape(rows * heads, 1, p.key_dim)
         v = conv[:, 2 * keys :].reshape(rows * heads, 1, p.value_dim).float()
-        # β = sigmoid(b) = exp(−softplus(−b)) and α = exp(−e^A · softplus(a + dt)): one softplus, one exp for both
-        beta_decay = torch.exp(F.softplus(torch.addcmul(p.gate_shift, b_and_a.float(), p.gate_sign)) * p.gate_scale)
         beta = beta_decay[:, :heads].reshape(rows * heads, 1, 1)
         decay = beta_decay[:, heads:].reshape(rows * heads, 1, 1)
-
-        # one step of the gated delta rule, the state updated in place: S ← αS; S ← S + k βᵀ(v − Sᵀk); o = Sᵀq
-        recurrent = cached.recurrent_states[0]
         s = recurrent if recurrent.dtype == torch.float32 else recurrent.float()
         s = s.view(rows * heads, p.key_dim, p.value_dim)
         s.mul_(decay)
         delta = (v - torch.bmm(k, s)) * beta  # [B·Hv, 1, dv]
         s.baddbmm_(k.transpose(1, 2), delta)
-        o = torch.bmm(q, s)  # [B·Hv, 1, dv]
+        o = torch.bmm(q, s)
         if s.data_ptr() != recurrent.data_ptr():
             recurrent.copy_(s.view_as(recurrent))
-
-        # gated RMSNorm (FP32), then the output projection added to the residual
-        o = F.rms_norm(o.reshape(rows, heads, p.value_dim).to(x.dtype).float(), (p.value_dim,), p.norm_weight, p.norm_eps)
-        o = (o.to(x.dtype) * F.silu(z.reshape(rows, heads, p.value_dim).float())).to(x.dtype)
-        return torch.addmm(residual, o.reshape(rows, values), p.out.t())
+        return o
 
     def _full_attention(self, p: _FullAttention, x: torch.Tensor, residual: torch.Tensor, cached, rotary, mask, read) -> torch.Tensor:
         """A full-attention layer's step (with the memory read beside it); returns ``residual`` plus its output."""

@@ -108,6 +108,10 @@ def create_app(
     async def health() -> JSONResponse:
         if not service.engine.alive:
             raise WorkerUnavailable("the engine worker is not running")
+        if not service.engine.ready:  # ready once the served shapes have run (memt_core.engine.warmup)
+            progress = service.engine.warmup_progress()
+            detail = ", ".join(f"{key} {value}" for key, value in progress.items())
+            raise WorkerUnavailable(f"the engine is warming up{f' ({detail})' if detail else ''}; ready when this answers 200")
         return JSONResponse({"status": "ok"})
 
     @app.get("/memt/identity", dependencies=guard)
