@@ -18,6 +18,13 @@ Without ``--model-path`` a tiny random Nano checkpoint is written to a temporary
     PYTHONPATH=. python scripts/bench/engine.py
     PYTHONPATH=. python scripts/bench/engine.py --device cuda --commit-tokens 2048,8192 --sessions 16
     PYTHONPATH=. python scripts/bench/engine.py --model-path /models/MemT-1.0-Nano --device cuda --dtype bfloat16
+    PYTHONPATH=. python scripts/bench/engine.py --model-path /tmp/nano-widths --device cuda --decode-modes eager,cuda-graph
+
+``--decode-modes`` measures (b) once per decode path, each an engine of its own on the same weights: ``eager`` (the
+engine's default: the fused decode step where the family has one), ``reference`` (the model's own modules,
+``--disable-fused-decode``) and ``cuda-graph`` (``--enable-cuda-graph``; GPU only). With a GPU the table also gives
+one session's decode rate as a fraction of the bandwidth bound (the bytes of the weights one token reads, in the
+compute dtype, against ``--bandwidth`` GB/s: 4,800 for an H200).
 """
 
 from __future__ import annotations
@@ -109,6 +116,22 @@ class Bench:
         return decoded / max(end - decode_from, 1e-9), total / (end - start), total
 
 
+def active_bytes(model) -> float:
+    """Bytes of the weights one token's decode reads: every parameter but the routed experts, and of those the
+    share a token is routed to (top-k of the experts), in the model's dtype."""
+    config = model.config
+    experts, top_k = getattr(config, "num_experts", None), getattr(config, "num_experts_per_tok", None)
+    total = 0.0
+    for name, param in model.named_parameters():
+        size = param.numel() * param.element_size()
+        if experts and top_k and ".experts." in name:
+            size *= top_k / experts
+        if "embed_tokens" in name:
+            size = param.shape[-1] * param.element_size()  # one row is read
+        total += size
+    return total
+
+
 def median_interleaved(runs: dict, repeats: int, warmup: int, loop) -> dict[str, float]:
     """Median seconds of each run; repetitions interleave the runs so a busy machine slows all alike."""
     for _ in range(warmup):
@@ -136,7 +159,14 @@ def main() -> int:
     parser.add_argument("--new-tokens", type=int, default=64, help="tokens generated per request in the decode measurement")
     parser.add_argument("--repeats", type=int, default=3, help="timed repetitions, median taken (default 3)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed runs first (default 1)")
+    parser.add_argument("--decode-modes", default="eager", help="decode paths measured in (b): eager, reference, cuda-graph (comma-separated)")
+    parser.add_argument("--cuda-graph-max-tokens", type=int, default=1024, help="context the CUDA graphs hold (default 1024)")
+    parser.add_argument("--bandwidth", type=float, default=4800.0, help="GB/s of the GPU's memory, for the bandwidth bound (default 4800: H200)")
     args = parser.parse_args()
+    modes = [mode for mode in args.decode_modes.split(",") if mode]
+    unknown = set(modes) - {"eager", "reference", "cuda-graph"}
+    if unknown or not modes:
+        parser.error(f"--decode-modes takes eager, reference, cuda-graph; got {args.decode_modes!r}")
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
@@ -154,7 +184,14 @@ def main() -> int:
             path, source = Path(args.model_path), args.model_path
         model = load_model(path, device=device, dtype=dtype)
         vocab = model.config.vocab_size
-        engine = TorchEngine(model, max_running_requests=max(args.sessions, 1), max_commit_batch=1).start()
+        sessions = [f"s{i}" for i in range(max(args.sessions, 1))]
+        engines = {}
+        for mode in modes:
+            engines[mode] = TorchEngine(
+                model, max_running_requests=max(args.sessions, 1), max_commit_batch=1, fused_decode=mode != "reference",
+                cuda_graphs=mode == "cuda-graph", cuda_graph_max_tokens=args.cuda_graph_max_tokens,
+            ).start()
+        engine = engines[modes[0]]
         bench = Bench(engine, device, vocab)
         loop = asyncio.new_event_loop()
         try:
@@ -162,12 +199,15 @@ def main() -> int:
                 f"torch engine on {device} ({dtype}, {torch.get_num_threads()} CPU thread(s)), model: {source}, "
                 f"memory layers {list(model.memory_layers)}, chunk_tokens {model.checkpoint.memory.chunk_tokens}; "
                 f"median of {args.repeats} interleaved runs after {args.warmup} warm-up; torch {torch.__version__}"
+                + (f"; {torch.cuda.get_device_name(device)}" if device.type == "cuda" else "")
             )
-            sessions = [f"s{i}" for i in range(max(args.sessions, 1))]
-            for i, name in enumerate(sessions):
-                loop.run_until_complete(bench.session(name, args.memory_tokens, seed=1000 + i))
+            for mode_engine in engines.values():
+                bench.engine = mode_engine
+                for i, name in enumerate(sessions):
+                    loop.run_until_complete(bench.session(name, args.memory_tokens, seed=1000 + i))
+            bench.engine = engine
 
-            print("\n(a) commit (forward + memory write) vs plain prefill (the same forward, no write)")
+            print(f"\n(a) commit (forward + memory write) vs plain prefill (the same forward, no write; {modes[0]} engine)")
             header = f"{'tokens':>7}  {'commit tok/s':>13}  {'prefill tok/s':>14}  {'commit/prefill':>14}"
             print(header)
             print("-" * len(header))
@@ -182,29 +222,41 @@ def main() -> int:
                 ratios[n] = commit_rate / prefill_rate
                 print(f"{n:>7}  {commit_rate:>13,.0f}  {prefill_rate:>14,.0f}  {ratios[n]:>13.2f}×", flush=True)
 
-            print(f"\n(b) decode: {len(sessions)} concurrent sessions vs 1 (prompt {args.prompt_tokens}, {args.new_tokens} new tokens each, greedy)")
+            active = active_bytes(model)
+            bound = args.bandwidth * 1e9 / active if device.type == "cuda" else None
+            print(f"\n(b) decode: {len(sessions)} concurrent sessions vs 1 (prompt {args.prompt_tokens}, {args.new_tokens} new tokens each, greedy)"
+                  + (f"; one token reads {active / 1e9:.2f} GB of weights: bandwidth bound {bound:,.0f} tok/s for one session at "
+                     f"{args.bandwidth:,.0f} GB/s" if bound else ""))
             prompt = tokens(args.prompt_tokens, seed=7, vocab=vocab)
-            results: dict[str, list] = {"one": [], "many": []}
-            for _ in range(args.warmup):
-                loop.run_until_complete(bench.decode(sessions[:1], prompt, args.new_tokens))
-                loop.run_until_complete(bench.decode(sessions, prompt, args.new_tokens))
-            for _ in range(args.repeats):
-                results["one"].append(loop.run_until_complete(bench.decode(sessions[:1], prompt, args.new_tokens)))
-                results["many"].append(loop.run_until_complete(bench.decode(sessions, prompt, args.new_tokens)))
-            one_decode = statistics.median(r[0] for r in results["one"])
-            many_decode = statistics.median(r[0] for r in results["many"])
-            one_e2e = statistics.median(r[1] for r in results["one"])
-            many_e2e = statistics.median(r[1] for r in results["many"])
-            header = f"{'':>24}  {'1 session':>10}  {f'{len(sessions)} sessions':>12}  {'ratio':>7}"
+            header = f"{'decode path':>12}  {'':>24}  {'1 session':>10}  {f'{len(sessions)} sessions':>12}  {'ratio':>7}" + (f"  {'1 session/bound':>15}" if bound else "")
             print(header)
             print("-" * len(header))
-            decode_ratio = many_decode / one_decode
-            print(f"{'decode tok/s (aggregate)':>24}  {one_decode:>10,.0f}  {many_decode:>12,.0f}  {decode_ratio:>6.2f}×")
-            print(f"{'end-to-end tok/s':>24}  {one_e2e:>10,.0f}  {many_e2e:>12,.0f}  {many_e2e / one_e2e:>6.2f}×")
-            stats = engine.stats
-            print(f"engine: {stats.decode_steps} decode steps for {stats.decode_rows} rows (mean batch {stats.decode_rows / max(stats.decode_steps, 1):.1f})")
+            decode_ratio = None
+            for mode, mode_engine in engines.items():
+                bench.engine = mode_engine
+                results: dict[str, list] = {"one": [], "many": []}
+                for _ in range(args.warmup):
+                    loop.run_until_complete(bench.decode(sessions[:1], prompt, args.new_tokens))
+                    loop.run_until_complete(bench.decode(sessions, prompt, args.new_tokens))
+                for _ in range(args.repeats):
+                    results["one"].append(loop.run_until_complete(bench.decode(sessions[:1], prompt, args.new_tokens)))
+                    results["many"].append(loop.run_until_complete(bench.decode(sessions, prompt, args.new_tokens)))
+                one_decode = statistics.median(r[0] for r in results["one"])
+                many_decode = statistics.median(r[0] for r in results["many"])
+                one_e2e = statistics.median(r[1] for r in results["one"])
+                many_e2e = statistics.median(r[1] for r in results["many"])
+                ratio = many_decode / one_decode
+                decode_ratio = ratio if decode_ratio is None else decode_ratio
+                fraction = f"  {one_decode / bound:>14.1%}" if bound else ""
+                print(f"{mode:>12}  {'decode tok/s (aggregate)':>24}  {one_decode:>10,.0f}  {many_decode:>12,.0f}  {ratio:>6.2f}×{fraction}")
+                print(f"{'':>12}  {'end-to-end tok/s':>24}  {one_e2e:>10,.0f}  {many_e2e:>12,.0f}  {many_e2e / one_e2e:>6.2f}×", flush=True)
+                stats = mode_engine.stats
+                graphs = getattr(mode_engine, "_graphs", None)
+                print(f"{'':>12}  engine: {stats.decode_steps} decode steps for {stats.decode_rows} rows (mean batch "
+                      f"{stats.decode_rows / max(stats.decode_steps, 1):.1f})" + (f"; CUDA graphs {graphs.stats}" if graphs else ""))
         finally:
-            engine.stop()
+            for mode_engine in engines.values():
+                mode_engine.stop()
             loop.close()
 
     print()

@@ -29,3 +29,15 @@ def test_a_decode_step_of_the_tiny_nano_model_is_counted_the_same_every_step(nan
     counts = measure(nano_model, 2, steps=2, warmup=1)
     assert counts[0].launches == counts[1].launches > 0
     assert counts[0].operators >= counts[0].launches
+
+
+def test_the_gpu_run_is_one_valid_script():
+    """scripts/bench/gpu.sh is what a GPU session runs, once: it must at least parse (it cannot run here)."""
+    import subprocess
+
+    script = Path(__file__).resolve().parents[2] / "scripts/bench/gpu.sh"
+    assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
+    text = script.read_text()
+    for needed in ("make_tiny_checkpoint.py", "--widths nano --layers 4 --experts 32", "pytest -m gpu", "engine.py",
+                   "lengths.py", "launches.py", '"$OUT'):
+        assert needed in text, needed

@@ -94,20 +94,32 @@ class ServerStartError(RuntimeError):
 
 
 def wait_healthy(server, what: str, *, on_timeout) -> None:
-    """Poll ``server.url``/health until it answers 200; its process exiting or the timeout raises ServerStartError."""
-    deadline = time.monotonic() + server.startup_timeout
+    """Poll ``server.url``/health until it answers 200; its process exiting or ``server.startup_timeout`` raises
+    ServerStartError, saying what /health last answered (a server warming up says how far it is) and the log's tail."""
+    started = time.monotonic()
+    deadline = started + server.startup_timeout
+    last = "no answer yet"
     while True:
         if server.process.poll() is not None:
             raise ServerStartError(f"{what} exited with code {server.process.returncode} during startup:\n{server.log_tail()}")
         try:
-            if httpx.get(server.url + "/health", timeout=2.0).status_code == 200:
+            response = httpx.get(server.url + "/health", timeout=2.0)
+            if response.status_code == 200:
                 return
-        except httpx.HTTPError:
-            pass
+            last = f"{response.status_code} {response.text[:400]}"
+        except httpx.HTTPError as exc:
+            last = f"no answer ({type(exc).__name__})"
         if time.monotonic() > deadline:
             on_timeout()
-            raise ServerStartError(f"{what} did not answer /health within {server.startup_timeout:.0f} s:\n{server.log_tail()}")
+            raise ServerStartError(
+                f"{what} was not ready within {server.startup_timeout:.0f} s; /health last answered: {last}\n{server.log_tail()}"
+            )
         time.sleep(0.1)
+
+
+def startup_timeout_default() -> float:
+    """Seconds a test waits for a server's /health 200: ``MEMT_TEST_STARTUP_TIMEOUT``, else 180."""
+    return float(os.environ.get("MEMT_TEST_STARTUP_TIMEOUT", "180"))
 
 
 class MemTServer:
@@ -124,7 +136,7 @@ class MemTServer:
         port: int | None = None,
         device: str = "cpu",
         snapshots: bool = True,
-        startup_timeout: float = 180.0,
+        startup_timeout: float | None = None,
     ):
         self.model_path = Path(model_path)
         self._own_state = snapshots and state_directory is None
@@ -136,7 +148,7 @@ class MemTServer:
         self.extra_env = dict(env or {})
         self.port = port or free_port()
         self.device = device
-        self.startup_timeout = startup_timeout
+        self.startup_timeout = startup_timeout_default() if startup_timeout is None else startup_timeout
         self.log_path = Path(tempfile.mkstemp(prefix="memt-server-", suffix=".log")[1])
         self.process: subprocess.Popen | None = None
         self.starts = 0

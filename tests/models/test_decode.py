@@ -32,12 +32,13 @@ def demo_model():
 def batch(model, lengths, seed=0):
     """Prefilled rows of ``lengths`` prompt tokens joined into one left-padded cache, as the engine batches them."""
     generator = torch.Generator().manual_seed(seed)
+    device = next(model.parameters()).device
     cache = mask = None
     with torch.no_grad():
         for n in lengths:
-            ids = torch.randint(3, model.config.vocab_size, (1, n), generator=generator)
+            ids = torch.randint(3, model.config.vocab_size, (1, n), generator=generator).to(device)
             out = model(ids, past_key_values=DynamicCache(config=model.config), use_cache=True, logits_to_keep=1)
-            own = torch.ones(1, n, dtype=torch.long)
+            own = torch.ones(1, n, dtype=torch.long, device=device)
             cache, mask = (out.past_key_values, own) if cache is None else kv.join(cache, mask, out.past_key_values, own)
     return cache, mask
 
@@ -46,8 +47,9 @@ def memories(model, rows, seed=1):
     """Every other row reads a random memory; the others none."""
     generator = torch.Generator().manual_seed(seed)
     shape = model.checkpoint.memory.state_shape()
-    return [MemoryState({layer: torch.randn(shape, generator=generator) * 0.5 for layer in model.memory_layers}) if i % 2 == 0 else None
-            for i in range(rows)]
+    device = next(model.parameters()).device
+    return [MemoryState({layer: (torch.randn(shape, generator=generator) * 0.5).to(device) for layer in model.memory_layers})
+            if i % 2 == 0 else None for i in range(rows)]
 
 
 def assert_close(actual, expected, relative=1e-5):
@@ -143,3 +145,31 @@ def test_an_engine_decodes_the_same_tokens_with_and_without_it(demo_model):
             engine.stop()
     assert answers[0] == answers[1]
     assert answers[1][0] == answers[1][2]  # asking for log-probabilities changes no token
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (CI has none; run on a GPU host)")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_on_cuda_the_fused_step_matches_the_reference_with_the_kernels_installed(nano_checkpoint, dtype):
+    """On a GPU the fused step calls causal-conv1d's and flash-linear-attention's step kernels where installed, as
+    transformers does in the reference: the two agree (BF16: to its rounding) and pick the same greedy tokens."""
+    from memt_core.models.weights import load_model
+
+    model = load_model(nano_checkpoint, device="cuda", dtype=dtype)
+    fused = FusedDecode(model)
+    cache, mask = batch(model, [5, 9, 2])
+    read = memory_batch(model, memories(model, 3))
+    reference_cache, fused_cache = copy.deepcopy(cache), copy.deepcopy(cache)
+    ids = torch.tensor([[7], [11], [13]], device="cuda")
+    fed = [5, 9, 2]
+    tolerance = 1e-3 if dtype == torch.float32 else 5e-2
+    with torch.no_grad():
+        for _ in range(4):
+            positions = torch.tensor([[n] for n in fed], device="cuda")
+            mask = torch.cat([mask, torch.ones(3, 1, dtype=torch.long, device="cuda")], dim=1)
+            a = model(ids, memory=read, past_key_values=reference_cache, use_cache=True, attention_mask=mask,
+                      position_ids=positions, logits_to_keep=1)
+            b = fused(ids, memory=read, past_key_values=fused_cache, attention_mask=mask, position_ids=positions)
+            assert_close(b.logits.float(), a.logits.float(), tolerance)
+            ids = a.logits.argmax(-1)
+            fed = [n + 1 for n in fed]
