@@ -1,0 +1,180 @@
+"""The session layer's unit tests' harness: a ``Sessions`` over an in-process core — the real native server (protocol,
+service, routes) over ``tests/server/fake_engine.py``'s pure-Python engine — through the embedded transport
+(``memt_proxy.http.embedded.InProcessNativeClient``). No servers, no sockets, no model: each test runs in well
+under a second of CPU.
+
+The fake engine's memory is the token ids committed to a session, and a query reading it answers those ids over
+and over, so ``Harness.memory`` (or a query) shows exactly what a session's memory holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "server"))  # fake_engine, as tests/server imports it
+
+from fake_engine import FakeEngine  # noqa: E402
+
+from memt_core.client.native import new_transaction  # noqa: E402
+from memt_core.launch import assemble, build_parser, plan_launch  # noqa: E402
+from memt_proxy.http.embedded import InProcessNativeClient  # noqa: E402
+from memt_proxy.session.sessions import Sessions  # noqa: E402
+from memt_proxy.session.store import SessionRecordStore  # noqa: E402
+
+Hook = Callable[[str, str | None, dict], Awaitable[None] | None]
+
+
+class RecordingClient(InProcessNativeClient):
+    """The embedded client, every control action and commit recorded as ``(action, session)`` in ``calls``;
+    ``hooks[action](action, session, fields)`` runs (and may raise) before the call is sent."""
+
+    def __init__(self, app, service):
+        super().__init__(app, service=service, max_body_bytes=8 << 20)
+        self.calls: list[tuple[str, str | None]] = []
+        self.hooks: dict[str, Hook] = {}
+
+    async def _hook(self, action: str, session: str | None, fields: dict) -> None:
+        self.calls.append((action, session))
+        hook = self.hooks.get(action)
+        if hook is not None:
+            result = hook(action, session, fields)
+            if asyncio.iscoroutine(result):
+                await result
+
+    async def control(self, action: str, session: str | None = None, **fields: Any) -> dict:
+        await self._hook(action, session, fields)
+        return await super().control(action, session, **fields)
+
+    async def commit(self, session: str, lease: str, transaction: str, input_ids: list[int], *, nonce: str | None = None) -> dict:
+        await self._hook("commit", session, {"ids": list(input_ids)})
+        return await super().commit(session, lease, transaction, input_ids, nonce=nonce)
+
+    async def query(self, session: str, lease: str, input_ids: list[int], **kwargs: Any) -> dict:
+        await self._hook("query", session, {"lease": lease})
+        return await super().query(session, lease, input_ids, **kwargs)
+
+    async def query_stream(self, session: str, lease: str, input_ids: list[int], **kwargs: Any):
+        await self._hook("query", session, {"lease": lease})
+        async for body in super().query_stream(session, lease, input_ids, **kwargs):
+            yield body
+
+    def count(self, action: str, session: str | None = None) -> int:
+        return sum(1 for a, s in self.calls if a == action and (session is None or s == session))
+
+
+@dataclass
+class Harness:
+    app: Any
+    service: Any  # the core's MemTService
+    engine: FakeEngine
+    sessions: Sessions  # the proxy's session layer
+    client: RecordingClient  # its client
+    records_directory: Path | None
+    options: dict
+    identity: str
+    lives: list[Sessions] = field(default_factory=list)
+
+    @property
+    def protocol(self):
+        return self.service.protocol
+
+    def life(self, **more) -> Sessions:
+        """Another proxy's session layer over the same core (e.g. a restarted one), with the same records unless told;
+        ``check_upstream`` is left to the caller."""
+        client = RecordingClient(self.app, self.service)
+        options = {**self.options, **more}
+        if "records" not in more and self.records_directory is not None:
+            options["records"] = SessionRecordStore(self.records_directory)
+        sessions = Sessions(client, identity=self.identity, **options)
+        self.lives.append(sessions)
+        return sessions
+
+    def other_client(self) -> InProcessNativeClient:
+        """A native client of its own: another client of the same core."""
+        return InProcessNativeClient(self.app, service=self.service, max_body_bytes=8 << 20)
+
+    def memory(self, native: str) -> tuple[int, ...] | None:
+        """The ids the session's published memory holds (None: no such native session)."""
+        session = self.engine.sessions.get(native)
+        return None if session is None else session.published
+
+    def native(self, native: str):
+        """The core's protocol record of a session (None if it does not exist)."""
+        return self.protocol.sessions.get(native)
+
+    def proxy_sessions(self) -> set[str]:
+        """The native sessions a proxy made on the core (their ids start with ``p-``)."""
+        return {name for name in self.protocol.sessions if name.startswith("p-")}
+
+
+_PLANS: dict[tuple, Any] = {}
+
+
+def _plan(flags: tuple[str, ...]):
+    if flags not in _PLANS:  # the first plan imports the checkpoint's config classes (about 2 s); later ones are quick
+        _PLANS[flags] = plan_launch(build_parser().parse_args(["--device", "cpu", *flags]))
+    return _PLANS[flags]
+
+
+def run(body: Callable[[Harness], Awaitable[Any]], *, core: tuple[str, ...] = (), state: Path | None = None, records: bool = True,
+        check: bool = True, timeout: float = 30.0, **options) -> Any:
+    """``await body(harness)`` in a fresh event loop, over a fresh in-process core (``core``: launcher flags; ``state``:
+    its --state-directory, also the proxy's records directory unless ``records`` is False); ``options``: the
+    ``Sessions``' (``lease_wait`` 5 s unless given). ``check``: the upstream checked first (``check_upstream``)."""
+    flags = tuple(core) + (("--state-directory", str(state)) if state is not None else ())
+    plan = _plan(flags)
+    engine = FakeEngine.load(plan.checkpoint, plan.engine_options())
+    app, service = assemble(plan, engine)
+    options.setdefault("lease_wait", 5.0)
+    options.setdefault("native_encoding", plan.checkpoint.native_encoding()["name"])  # as the proxy's chat format says
+    records_directory = state / "records" if state is not None and records else None
+
+    async def main():
+        async with app.router.lifespan_context(app):
+            harness = Harness(app, service, engine, None, None, records_directory, options, plan.checkpoint.identity())  # type: ignore[arg-type]
+            harness.sessions = harness.life()
+            harness.client = harness.sessions.client
+            try:
+                if check:
+                    await harness.sessions.check_upstream()
+                return await asyncio.wait_for(body(harness), timeout)
+            finally:
+                for sessions in harness.lives:
+                    await sessions.aclose()
+
+    return asyncio.run(main())
+
+
+async def until(condition: Callable[[], bool], timeout: float = 5.0, what: str = "the condition") -> None:
+    """Yield to the event loop until ``condition()`` holds (bounded: AssertionError after ``timeout`` seconds)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not condition():
+        assert loop.time() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.005)
+
+
+async def settle(sessions: Sessions) -> None:
+    """Wait for every commit and fork under way behind answers (and any they start)."""
+    while sessions.behind:
+        await asyncio.gather(*set(sessions.behind), return_exceptions=True)
+
+
+async def write_natively(client: InProcessNativeClient, native: str, lease: str, ids: list[int]) -> None:
+    """begin → commit ``ids`` → publish by a native client (someone other than the proxy changing the memory)."""
+    transaction = new_transaction()
+    await client.control("begin", native, lease=lease, transaction=transaction)
+    await client.commit(native, lease, transaction, ids)
+    await client.control("publish", native, lease=lease, transaction=transaction, memory_read=True)
+
+
+async def committed_session(sessions: Sessions, tenant: str, name: str, ids: list[int], hashes: list[str]):
+    """A named session created and written (``ids``, recorded as holding ``hashes``) in one held turn; its state."""
+    async with sessions.turn(tenant, name) as held:
+        await held.start()
+        await held.commit_turn([], ids, hashes)
+        return held.state

@@ -1,0 +1,229 @@
+"""``memt_proxy.session.placement`` on the in-process harness: a session created, or adopted with its record (when the
+record's version is the upstream's) or as an unknown history (when not); offloaded to make room and restored on
+its next use; kept states bounded by ``state_room``/``make_branch_room`` however many are made at once; a kept state
+that cannot be closed now stays (still counted); ``keep_parent`` keeps a copy of a session's memory, indexed."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+from memt_proxy.errors import ProxyError
+from memt_proxy.session.prefix_index import Found, chain
+from memt_proxy.session.state import new_branch_name
+from memt_proxy.session.store import SessionRecordStore
+from session_harness import committed_session, run, write_natively
+
+H1, H2, H3 = "1" * 64, "2" * 64, "3" * 64
+
+
+def kept(sessions) -> list:
+    return [state for state in sessions.table if state.branch and state.exists]
+
+
+def test_a_new_session_is_created_and_a_record_of_an_earlier_life_dropped(tmp_path):
+    async def body(h):
+        sessions = h.sessions
+        state = sessions.state("t", "a")
+        sessions.records.save(state.native, 4, [H1], [H1, H2])  # left by an earlier life of this id
+        await sessions.ensure(state)
+        return state, sessions.records.known(state.native), h.native(state.native)
+
+    state, recorded, native = run(body, state=tmp_path)
+    assert state.exists and state.version == 0 and state.committed == [] and state.history_known
+    assert not recorded and native is not None and native.published_version == 0
+
+
+def test_a_restarted_proxy_adopts_a_session_with_the_record_of_its_version(tmp_path):
+    async def body(h):
+        state = await committed_session(h.sessions, "t", "a", [1, 2, 3], [H1, H2])
+        restarted = h.life()
+        await restarted.check_upstream()
+        again = restarted.state("t", "a")
+        await restarted.ensure(again)
+        return again, h.client.count("create", state.native)
+
+    again, created = run(body, state=tmp_path)
+    assert again.exists and again.version == 1 and again.committed == [H1, H2] and again.history_known
+    assert created == 1  # by the first proxy; the second found it (SessionExists) and adopted it
+
+
+def test_a_session_changed_by_someone_else_is_adopted_as_an_unknown_history(tmp_path):
+    async def body(h):
+        sessions = h.sessions
+        state = await committed_session(sessions, "t", "a", [1, 2], [H1])
+        await sessions.release(state, state.lease)
+        other = h.other_client()
+        lease = (await other.control("acquire", state.native, ttl=30))["lease"]
+        await write_natively(other, state.native, lease, [9])  # version 2, which no record describes
+        await other.control("release", state.native, lease=lease)
+        restarted = h.life()
+        await restarted.check_upstream()
+        again = restarted.state("t", "a")
+        await restarted.ensure(again)
+        return again
+
+    again = run(body, state=tmp_path)
+    assert again.exists and again.version == 2
+    assert again.history_known is False and again.committed == []
+
+
+def test_an_idle_session_is_offloaded_to_make_room_and_restored_on_its_next_use(tmp_path):
+    """Room for two native sessions: a third offloads the least recently used idle one (exported, closed, recorded);
+    that one's next request brings its memory back (at version 1, what it held still known), offloading another."""
+    async def body(h):
+        sessions = h.sessions
+        a = await committed_session(sessions, "t", "a", [1, 2], [H1])
+        b = await committed_session(sessions, "t", "b", [3, 4], [H2])
+        c = await committed_session(sessions, "t", "c", [5], [H3])
+        offloaded = sessions.records.load_offload(a.native)
+        during = dict(a_exists=a.exists, a_native=h.native(a.native), b_exists=b.exists, offloads=sessions.offloads, a_version=a.version,
+                      snapshot=(tmp_path / offloaded["file"]).exists())
+        deleted = []
+        h.client.hooks["delete_snapshot"] = lambda action, session, fields: deleted.append((session, fields["file"]))
+        async with sessions.turn("t", "a") as held:
+            await held.start()
+            answer = await held.query([7], {"max_new_tokens": 4})
+        return a, b, c, offloaded, during, answer, h.memory(a.native), sessions, deleted
+
+    a, b, c, offloaded, during, answer, memory, sessions, deleted = run(
+        body, core=("--max-sessions-per-rank", "2"), state=tmp_path,
+    )
+    assert during == {"a_exists": False, "a_native": None, "b_exists": True, "offloads": 1, "a_version": 0, "snapshot": True}
+    assert offloaded["committed"] == [H1]
+    assert memory == (1, 2) and answer["output_ids"] == [1, 2, 1, 2]  # memory back, and read
+    assert a.exists and a.version == 1 and a.committed == [H1] and a.history_known
+    assert sessions.restores == 1 and sessions.offloads == 2 and not b.exists  # b, then least recently used, made room
+    assert sessions.records.load_offload(a.native) is None  # restored: its offload record is gone
+    assert deleted == [(a.native, offloaded["file"])]  # and its snapshot deleted (the fake engine keeps the file)
+    assert c.exists
+
+
+def test_kept_states_stay_within_the_bound_however_many_are_made_at_once():
+    """Twelve states made at once, each held a moment after it is made, with room for three: never more than three
+    kept (none made beyond it: closed to make room, or refused while all three are in use)."""
+    async def body(h):
+        sessions = h.sessions
+        seen, made, refused = [], [], []
+        done = asyncio.Event()
+
+        async def watch():
+            while not done.is_set():
+                seen.append((len(kept(sessions)), len(h.proxy_sessions())))
+                await asyncio.sleep(0)
+
+        async def make(index: int):
+            await asyncio.sleep(random.random() * 0.02)
+            async with sessions.turn("t", new_branch_name()) as held:
+                try:
+                    async with sessions.state_room(held.state):
+                        await held.start()
+                except ProxyError as exc:
+                    refused.append((exc.status, exc.code, held.state.exists))
+                    return
+                made.append(held.state)
+                await asyncio.sleep(random.random() * 0.02)
+
+        random.seed(45)
+        watcher = asyncio.create_task(watch())
+        await asyncio.gather(*(make(index) for index in range(12)))
+        done.set()
+        await watcher
+        return seen, made, refused, len(kept(sessions)), sessions.branches_closed, h.proxy_sessions()
+
+    seen, made, refused, left, closed, upstream = run(body, max_memory_states=3)
+    assert max(k for k, _ in seen) <= 3 and max(u for _, u in seen) <= 3, max(seen)
+    assert left == 3 and len(upstream) == 3
+    assert len(made) + len(refused) == 12 and closed == len(made) - 3
+    assert all(r == (429, "memory_states_full", False) for r in refused)
+
+
+def test_the_bound_is_half_the_upstreams_sessions():
+    async def body(h):
+        return h.sessions.branch_limit()
+
+    assert run(body, core=("--max-sessions-per-rank", "10"), max_memory_states=256) == 5
+    assert run(body, core=("--max-sessions-per-rank", "10"), max_memory_states=3) == 3
+
+
+async def _kept_state(sessions, tenant: str, hashes: list[str], ids: list[int]):
+    """A kept state holding ``ids``, recorded as holding ``hashes`` and indexed by their chain."""
+    async with sessions.turn(tenant, new_branch_name()) as held:
+        state = held.state
+        async with sessions.state_room(state):
+            await held.start()
+        sessions.move_head(state, chain(tenant, hashes)[-1])
+        await sessions.write(state, held.lease, [ids], hashes)
+    return state
+
+
+def test_a_kept_state_that_cannot_be_closed_now_is_kept_and_counted(tmp_path):
+    """Another client holds the state's lease (e.g. a proxy killed a moment ago): closing it fails and the state stays,
+    with its record and its native session (found no more, but still counted, so no state is made past the bound);
+    once the lease is let go it closes."""
+    async def body(h):
+        sessions = h.sessions
+        state = await _kept_state(sessions, "t", [H1], [1, 2])
+        await sessions.release(state, state.lease)
+        other = h.other_client()
+        theirs = (await other.control("acquire", state.native, ttl=60))["lease"]
+        async with sessions.turn("t", state.name):
+            closed = await sessions.close_branch(state)
+        snapshot = dict(
+            closed=closed, exists=state.exists, record=sessions.records.known(state.native),
+            branch=[b["name"] for b in sessions.records.branches()], native=h.native(state.native) is not None,
+            found=sessions.prefixes.find(chain("t", [H1])), counted=sessions.branches_closed,
+        )
+        newcomer = sessions.state("t", new_branch_name())
+        room = await sessions.make_branch_room(newcomer)
+        await other.control("release", state.native, lease=theirs)
+        async with sessions.turn("t", state.name):
+            closed_later = await sessions.close_branch(state)
+        return state, snapshot, room, closed_later, sessions, h.native(state.native)
+
+    state, snapshot, room, closed_later, sessions, native = run(body, state=tmp_path, max_memory_states=1)
+    assert snapshot == {"closed": False, "exists": True, "record": True, "branch": [state.name], "native": True, "found": None, "counted": 0}
+    assert room is False  # the bound (1) counts it
+    assert closed_later and not state.exists and native is None
+    assert not sessions.records.known(state.native) and sessions.records.branches() == [] and sessions.branches_closed == 1
+
+
+def test_keep_parent_copies_a_sessions_memory_and_indexes_it(tmp_path):
+    async def body(h):
+        sessions = h.sessions
+        state = await committed_session(sessions, "t", "a", [1, 2, 3], [H1, H2])
+        sessions.memory_tokens.wrote(state, 2, 3)
+        async with sessions.turn("t", "a") as held:
+            await held.start()
+            await sessions.keep_parent(held.state)
+            again = len(kept(sessions))
+            await sessions.keep_parent(held.state)  # the same memory is kept once
+            twice = len(kept(sessions))
+        parents = kept(sessions)
+        parent = parents[0]
+        record = [b for b in sessions.records.branches() if b["name"] == parent.name]
+        return (state, parent, again, twice, h.memory(parent.native), sessions.prefixes.find(chain("t", [H1, H2])), record,
+                sessions.records.load(parent.native, 0), sessions.memory_tokens.held(parent), h.memory(state.native))
+
+    state, parent, once, twice, memory, found, record, recorded, tokens, own = run(body, state=tmp_path)
+    assert once == twice == 1
+    assert parent.origin == state.native and parent.committed == [H1, H2] and parent.version == 0 and parent.exists
+    assert memory == (1, 2, 3) and own == (1, 2, 3)  # a copy; the session's own memory untouched
+    assert found == Found(2, parent.name)
+    assert record == [{"tenant": "t", "name": parent.name, "head": chain("t", [H1, H2])[-1], "origin": state.native}]
+    assert recorded == [H1, H2] and tokens == 3
+
+
+def test_closing_a_session_closes_the_states_kept_for_it(tmp_path):
+    async def body(h):
+        sessions = h.sessions
+        await committed_session(sessions, "t", "a", [1, 2], [H1])
+        async with sessions.turn("t", "a") as held:
+            await held.start()
+            await sessions.keep_parent(held.state)
+        parent = kept(sessions)[0]
+        await sessions.admin("t", "a", "close")
+        return parent, h.native(parent.native), sessions.prefixes.find(chain("t", [H1])), SessionRecordStore(tmp_path / "records").branches()
+
+    parent, native, found, branches = run(body, state=tmp_path)
+    assert not parent.exists and native is None and found is None and branches == []
