@@ -10,7 +10,7 @@ import pytest
 
 from memt_proxy.session.branches import after_answer, plan_headerless, resume, resumable
 from memt_proxy.session.prefix_index import Found, PrefixIndex, chain
-from memt_proxy.session.state import new_branch_name
+from memt_proxy.session.state import native_session_id, new_branch_name
 from memt_proxy.session.transcript import message_hash
 from session_harness import run, settle, until
 
@@ -230,3 +230,33 @@ def test_a_proxy_killed_while_a_state_is_made_leaves_no_native_session_without_a
     created, upstream, known = run(body, state=tmp_path)
     assert len(created) == 1  # the state was made upstream before the proxy died
     assert upstream <= known, f"native sessions no record names: {sorted(upstream - known)}"
+
+
+def test_every_kept_state_is_recorded_and_adopted_by_a_restarted_proxy(tmp_path):
+    """A conversation's first state (from its opening: no parent) and the state forked from it are both recorded as
+    kept states (branch records, not only their session records): a restarted proxy takes both into its table, so
+    they count against the bound and are closed to make room like any other."""
+    async def body(h):
+        sessions = h.sessions
+
+        async def ids():
+            return [1, 2, 3, 4]
+
+        first = plan_headerless(CONVERSATION[:3], "t", sessions.prefixes)
+        after_answer(sessions, first, [assistant("2")], parent=None, keep=True, ids=ids)
+        await settle(sessions)
+        parent = kept(sessions)[0]
+        second = plan_headerless([*CONVERSATION[:4], user("three")], "t", sessions.prefixes)
+        after_answer(sessions, second, [assistant("3")], parent=parent, keep=True, ids=ids)
+        await settle(sessions)
+        made = {state.native for state in kept(sessions)}
+        branches = {native_session_id(b["tenant"], b["name"]) for b in sessions.records.branches()}
+        restarted = h.life()
+        await restarted.check_upstream()
+        adopted = {state.native for state in restarted.table if state.branch and state.exists}
+        return made, branches, adopted, h.proxy_sessions()
+
+    made, branches, adopted, upstream = run(body, state=tmp_path)
+    assert len(made) == 2 and upstream == made
+    assert branches == made, f"kept states without a branch record: {sorted(made - branches)}"
+    assert adopted == made
