@@ -15,9 +15,10 @@ buffers, so joining, selecting and retaining rows (``memt_core.engine.kv``) work
 itself (rows joined or left) is copied into the buffers first. A batch beyond R rows or T tokens, or a step
 before capture, runs the eager fused step instead.
 
-Costs: the buffers (Nano widths, 4 layers, 32 rows × 4,096 tokens: about 0.5 GB), about a second of capture at
-start, attention over the context bucket rather than the exact length (at most twice), and a copy of the batch
-into the buffers whenever its rows change. With ``capture=False`` the same buffers and steps run eagerly: the CPU
+Costs: the buffers (Nano widths, 4 layers, 32 rows × 4,096 tokens: 256 MiB of keys and values and 200 MiB of
+linear-attention states), the captures at start (two warm-up runs and a capture per graph: 36 graphs for 32 rows
+and 4,096 tokens), attention over the context bucket rather than the exact length (at most twice the columns), and
+a copy of the batch into the buffers whenever its rows change. With ``capture=False`` the same buffers and steps run eagerly: the CPU
 tests check the buffer handling that way (tests/engine/test_graphs.py); the replayed graphs are checked on a GPU.
 """
 

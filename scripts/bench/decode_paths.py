@@ -112,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1: what the servers use on 2 cores)")
     parser.add_argument("--device", default="cpu", help="device (default cpu)")
     parser.add_argument("--nano-widths", action="store_true", help="also a random Nano at the released widths (4 layers)")
+    parser.add_argument("--models", default="demo,tiny", help="which of demo, tiny to measure (default both; '' for none)")
     parser.add_argument("--experts", type=int, default=32, help="experts of the Nano-widths model (default 32)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -125,11 +126,15 @@ def main(argv: list[str] | None = None) -> int:
     header = f"{'model':>22}  {'rows':>4}  {'reference tok/s':>14}  {'fused tok/s':>11}  {'fused/reference':>16}  {'same tokens':>11}"
     print(header)
     print("-" * len(header))
-    results = compare("demo (bundled)", load_model(BUNDLED_MODEL, device=args.device, dtype=dtype), rows_list, args.tokens, args.repeats)
+    models = {part for part in args.models.split(",") if part}
+    results = []
+    if "demo" in models:
+        results += compare("demo (bundled)", load_model(BUNDLED_MODEL, device=args.device, dtype=dtype), rows_list, args.tokens, args.repeats)
     with tempfile.TemporaryDirectory(prefix="memt-decode-paths-") as scratch:
-        tiny = random_model(write_config(Path(scratch) / "tiny", "memt-nano"), device=args.device, dtype=dtype)
-        results += compare("tiny Nano (random)", tiny, rows_list, args.tokens, args.repeats)
-        del tiny
+        if "tiny" in models:
+            tiny = random_model(write_config(Path(scratch) / "tiny", "memt-nano"), device=args.device, dtype=dtype)
+            results += compare("tiny Nano (random)", tiny, rows_list, args.tokens, args.repeats)
+            del tiny
         if args.nano_widths:
             wide = random_model(write_config(Path(scratch) / "wide", "memt-nano", widths="nano", experts=args.experts),
                                 device=args.device, dtype=dtype)
