@@ -197,7 +197,9 @@ async def _fork(sessions: Sessions, tenant: str, parent: str | None, link: str, 
     try:
         async with sessions.turn(tenant, new_branch_name()) as held:
             state = held.state
-            sessions.prefixes.move(state.name, link)  # found from now on: the conversation's next request waits for this
+            # indexed (the conversation's next request waits for it) and recorded before it exists upstream: a proxy
+            # killed from here on leaves no native session its records do not name (a restart adopts or forgets it)
+            sessions.move_head(state, link)
             try:
                 written = await ids()
                 if parent is None:
@@ -206,7 +208,6 @@ async def _fork(sessions: Sessions, tenant: str, parent: str | None, link: str, 
                 else:
                     await _copy(sessions, tenant, parent, state, hashes)
                     await held.start()
-                sessions.move_head(state, link)  # recorded once it exists: its session record then says what it holds
                 sessions.memory_tokens.wrote(state, len(hashes), len(written))
                 await sessions.write(state, held.lease, sessions.pieces(written), hashes)
             except ProxyError as exc:
@@ -214,6 +215,8 @@ async def _fork(sessions: Sessions, tenant: str, parent: str | None, link: str, 
                 sessions.prefixes.drop(state.name)
                 if state.exists:
                     await sessions.close_branch(state, held.lease)
+                else:
+                    sessions.records.delete(state.native)
     except ProxyError as exc:  # e.g. every session state of the proxy in use
         log.info("a header-less conversation's state is not kept (%s)", exc.message)
     except Exception:

@@ -36,7 +36,9 @@ class Placement:
         if offloaded is not None:
             await self._restore(state, offloaded)
             return
-        self.records.delete(state.native)  # a record from an earlier life of this id (before an upstream restart)
+        # a record from an earlier life of this id (before an upstream restart); a kept state's own record, written
+        # just before its creation, stays
+        self.records.delete(state.native, branch=False)
         state.created()
 
     async def copy(self, state: SessionState, source: SessionState, lease: str, *, make_room: bool = True) -> None:
@@ -60,18 +62,19 @@ class Placement:
             async with self.turn(state.tenant, new_branch_name()) as held:
                 parent = held.state
                 parent.origin = state.native  # it holds that session's memory: closed with it
-                self.prefixes.move(parent.name, link)
+                self.move_head(parent, link)  # recorded before it exists upstream (see ``branches._fork``)
                 try:
                     async with self.state_room(parent):
                         await self.copy(parent, state, state.lease, make_room=False)  # never at a session's cost
                     self.memory_tokens.copied(parent, state)
                     self._record(parent, self.records.save, parent.committed)
-                    self.move_head(parent, link)
                 except ProxyError as exc:
                     log.info("the state before a turn of %s is not kept (%s)", state.native, exc.message)
                     self.prefixes.drop(parent.name)
                     if parent.exists:
                         await self.close_branch(parent)
+                    else:
+                        self.records.delete(parent.native)
         except ProxyError as exc:
             log.info("the state before a turn of %s is not kept (%s)", state.native, exc.message)
         finally:

@@ -223,10 +223,13 @@ class SessionRecordStore:
             log.warning("ignoring the pending turn of unreadable session record %s: %s", self._path(native), exc)
             return None
 
-    def delete(self, native: str) -> None:
+    def delete(self, native: str, *, branch: bool = True) -> None:
+        """Delete the session's record and (``branch``) its kept state's record."""
         if self.records_directory is None:
             return
         self._path(native).unlink(missing_ok=True)
+        if not branch:
+            return
         branch_path = self.records_directory / BRANCHES / f"{native}.json"
         if not branch_path.exists():
             return  # a session named by a header: no branch record

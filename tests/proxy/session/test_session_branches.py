@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
-
 from memt_proxy.session.branches import after_answer, plan_headerless, resume, resumable
 from memt_proxy.session.prefix_index import Found, PrefixIndex, chain
 from memt_proxy.session.state import native_session_id, new_branch_name
@@ -197,13 +195,9 @@ class Killed(BaseException):
     """The proxy process dies here (kill -9): no ``except``/``finally`` of the proxy's own cleans anything upstream."""
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "issue 45 item 6 ('no native session outlives its record') does not hold for a state being made: branches._fork "
-    "creates the native session (held.start() / _copy) before it records the branch (move_head → save_branch, after "
-    "the lease is acquired), so a proxy killed between the create and that record leaves a native session no record "
-    "names; a restarted proxy's adopt_branches never sees it and it stays on the core, outside --max-memory-states"
-))
 def test_a_proxy_killed_while_a_state_is_made_leaves_no_native_session_without_a_record(tmp_path):
+    """Issue 45 item 6: a kept state is recorded before its native session is created, so a proxy killed between the
+    create and the state's first write leaves nothing on the core that a restarted proxy does not adopt or forget."""
     async def body(h):
         sessions = h.sessions
         parent = await keep(sessions, "t", CONVERSATION[:2], [1, 2])
