@@ -91,7 +91,9 @@ class GraphDecode:
         self.buffers: dict | None = None  # allocated with the first batch (its caches' dtypes)
         self.handed: DynamicCache | None = None  # the cache the engine holds now, views of the buffers
         self.read: object = _UNSET  # the memory read the buffers hold (the engine's dict, by identity)
-        self.stats = {"replays": 0, "eager": 0, "loads": 0, "captures": 0}
+        # replays of graphs; steps over the buffers without graphs (capture=False); steps left to the eager step;
+        # batches copied into the buffers; graphs captured
+        self.stats = {"replays": 0, "uncaptured": 0, "eager": 0, "loads": 0, "captures": 0}
 
     # ------------------------------------------------------------------ buffers
 
@@ -186,15 +188,14 @@ class GraphDecode:
         not fit the buffers or a graph is missing: then the caller runs the eager step."""
         rows, length = mask.shape
         if rows > self.rows or length > self.tokens or (cache is not self.handed and not self.fused.can_run(ids, cache)):
-            return None
+            return self._eager(cache)
         row_bucket = next(size for size in self.row_buckets if size >= rows)
         token_bucket = next(size for size in self.token_buckets if size >= length)
         if self.buffers is None:
             self._allocate(self._dtypes(cache))
         if self.capture and (row_bucket, token_bucket) not in self.graphs:
             if cache is self.handed:  # the buffers hold the batch: a capture's warm-up runs would write over it
-                self.stats["eager"] += 1
-                return None
+                return self._eager(cache)
             self._clear()
             self._capture(row_bucket, token_bucket)
             self._clear()
@@ -219,9 +220,17 @@ class GraphDecode:
         else:
             with torch.no_grad():
                 logits = self._run(row_bucket, token_bucket)
-            self.stats["eager"] += 1
+            self.stats["uncaptured"] += 1
         self._advance(rows, length)
         return MemTOutput(logits=logits[:rows], past_key_values=self.handed)
+
+    def _eager(self, cache) -> None:
+        """Leave this step to the eager step. It advances the cache it is given in its own way (keys and values
+        concatenated anew), so a cache handed out here no longer mirrors the buffers: the next step loads it again."""
+        if cache is self.handed and cache is not None:
+            self.handed = None
+        self.stats["eager"] += 1
+        return None
 
     def _dtypes(self, cache) -> dict[str, torch.dtype]:
         dtypes = self._default_dtypes()
