@@ -3,6 +3,7 @@
 #
 #   scripts/bench/gpu.sh                      # outputs in $OUT, else ./gpu-run-<date>
 #   WHEELS=/path/to/wheels scripts/bench/gpu.sh   # first install what the host lacks from a folder of wheels
+#                                              # (scripts/bench/gpu_wheels.sh downloads them where pip reaches an index)
 #
 # What it runs, each step bounded by what is left of BUDGET (default 470 s) and recorded in summary.txt:
 #   env.txt       the machine (nvidia-smi), Python and package versions; the Nano-widths checkpoint's build
@@ -52,6 +53,10 @@ step() {
 }
 
 note "issue 46 GPU run, $(date -u +%FT%TZ), budget ${BUDGET}s, outputs in $OUT"
+: >"$OUT/env.txt"
+if [ -n "${WHEELS:-}" ]; then
+    step "wheels" 90 400 "$OUT/env.txt" $PY -m pip install --no-index --no-deps "$WHEELS"/*.whl
+fi
 {
     nvidia-smi -L 2>&1 || echo "no nvidia-smi"
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 || true
@@ -67,11 +72,8 @@ for name in ("transformers", "fla", "causal_conv1d", "triton", "fastapi", "uvico
     except Exception as exc:
         print(name, "MISSING", type(exc).__name__)
 EOF
-} >"$OUT/env.txt"
+} >>"$OUT/env.txt"
 
-if [ -n "${WHEELS:-}" ]; then
-    step "wheels" 90 400 "$OUT/env.txt" $PY -m pip install --no-index --find-links "$WHEELS" "$WHEELS"/*.whl
-fi
 
 # on the CPU meanwhile: the Nano-widths checkpoint, then the launch count
 (
