@@ -136,7 +136,7 @@ class FusedDecode:
         text = backbone.model
         self.config = backbone.config
         prepared = getattr(model, FUSED_ATTRIBUTE, None)
-        if prepared is None:
+        if prepared is None or not self._aliased(model, prepared):  # new, or the model was copied or moved since
             prepared = self._prepare(model)
             setattr(model, FUSED_ATTRIBUTE, prepared)
         self.layers: list[_Layer] = prepared
@@ -167,6 +167,13 @@ class FusedDecode:
         return type(backbone).__name__ == "Qwen3_5MoeForCausalLM" and backbone.config._attn_implementation == "sdpa"
 
     # ------------------------------------------------------------------ preparation
+
+    @staticmethod
+    def _aliased(model: MemTForCausalLM, prepared: list[_Layer]) -> bool:
+        """Whether the prepared fused weights are still what the model's parameters view."""
+        layer = model.backbone.model.layers[0]
+        first = layer.linear_attn.in_proj_qkv if layer.block_type == "linear_attention" else layer.self_attn.q_proj
+        return first.weight.data_ptr() == prepared[0].mixer.fused.data_ptr()
 
     @staticmethod
     def _prepare(model: MemTForCausalLM) -> list[_Layer]:

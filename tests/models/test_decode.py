@@ -173,3 +173,12 @@ def test_on_cuda_the_fused_step_matches_the_reference_with_the_kernels_installed
             assert_close(b.logits.float(), a.logits.float(), tolerance)
             ids = a.logits.argmax(-1)
             fed = [n + 1 for n in fed]
+
+
+def test_a_copied_model_gets_fused_weights_of_its_own(nano_model):
+    first = FusedDecode(nano_model)
+    copied = copy.deepcopy(nano_model)
+    second = FusedDecode(copied)
+    assert second.layers is not first.layers
+    assert copied.backbone.model.layers[0].linear_attn.in_proj_qkv.weight.data_ptr() == second.layers[0].mixer.fused.data_ptr()
+    assert FusedDecode(copied).layers is second.layers
