@@ -34,7 +34,7 @@ def service(nano_checkpoint):
 
 def plan(service, input, *, thread=None, uncommitted=(), calls=(), pending=None, **fields):
     request = ResponseRequest.model_validate({"model": "m", "input": input, **fields})
-    return service._plan(request, "t", InputItems.of(request.input).items, thread, list(uncommitted), list(calls), pending)
+    return service.plans.plan(request, "t", InputItems.of(request.input).items, thread, list(uncommitted), list(calls), pending)
 
 
 def test_a_prompt_without_memory_holds_the_system_block_the_context_and_the_open_turn(service):
@@ -123,16 +123,16 @@ def test_a_large_input_is_planned_off_the_event_loop(service):
     request = ResponseRequest.model_validate({"model": "m", "input": "word " * 20_000})  # 100 KB
     request._size = len(request.model_dump_json())
     seen = []
-    plan_of = service._plan
+    plan_of = service.plans.plan
 
     def recording(*args, **kwargs):
         seen.append(threading.current_thread().name)
         return plan_of(*args, **kwargs)
 
-    service._plan = recording
+    service.plans.plan = recording
     try:
         made = asyncio.run(service._planned(request, "t", InputItems.of(request.input).items, None, [], [], None))
     finally:
-        del service._plan
+        del service.plans.plan
     assert seen and seen[0].startswith("memt-prepare"), seen
     assert made.turn == [{"role": "user", "content": "word " * 20_000}]

@@ -230,7 +230,7 @@ def test_responses_plan_and_usage(service):
     """The Responses surface: ``text.format`` becomes the same grammar, and ``on_usage`` hears of a settled response."""
     responses = ResponsesService(service.sessions, service.chat_format, service.parser, ResponseRecords(None), model_names=["m"])
     request = ResponseRequest.model_validate({"model": "m", "input": "hi", "store": False, "reasoning": {"effort": "high"}, "text": {"format": {"type": "json_schema", "name": "w", "schema": WEATHER}}})
-    plan = responses._plan(request, "t", InputItems.of(request.input).items, None, [], [], None)
+    plan = responses.plans.plan(request, "t", InputItems.of(request.input).items, None, [], [], None)
     assert json.loads(plan.sampling["json_schema"]) == WEATHER and plan.raw and plan.thinking is False
     seen = []
     responses.runner.on_usage = lambda **fields: seen.append(fields)
