@@ -186,8 +186,8 @@ def after_answer(
     for message in answer:
         link = extend(link, message_hash(message))
     sessions.prefixes.answered(link)
-    if not keep or not sessions.prefixes.reserve(link):
-        return
+    if not keep or sessions.table.room() < 2 or not sessions.prefixes.reserve(link):
+        return  # nothing to keep, the table's last place (a request's), or kept already
     task = asyncio.get_running_loop().create_task(_fork(sessions, plan.tenant, None if parent is None else parent.name, link, hashes, ids))
     sessions.behind.add(task)
     task.add_done_callback(sessions.behind.discard)

@@ -56,6 +56,8 @@ class Placement:
         if not (state.exists and state.committed and state.history_known and state.lease is not None):
             return
         link = chain(state.tenant, state.committed)[-1]
+        if self.table.room() < 2:
+            return  # its place in the table would be the last one: a request's, not a copy's
         if not self.prefixes.reserve(link):
             return  # kept already (the session forked from it, or a conversation without a header holds the same)
         try:

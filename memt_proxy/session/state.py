@@ -225,6 +225,10 @@ class SessionTable:
         self._states.move_to_end(key)
         return state
 
+    def room(self) -> int:
+        """States the table can still take without refusing a request: free places and idle states."""
+        return self.capacity - len(self._states) + sum(state.users == 0 for state in self._states.values())
+
     def take(self, tenant: str, session: str) -> SessionState:
         """``entry``, marked in use until ``give_back``."""
         state = self.entry(tenant, session)

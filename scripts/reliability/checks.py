@@ -488,7 +488,7 @@ def responses_retry(proxy: ProxyServer, *, key: str | None = None, timeout: floa
     with httpx.Client(event_hooks={"request": [sent]}) as transport:
         client = OpenAI(base_url=proxy.base_url, api_key=key or "unused", timeout=timeout, max_retries=retries, http_client=transport)
         conversation = client.conversations.create().id
-        ask = {"model": MODEL, "conversation": conversation, "input": "Retry me.", "max_output_tokens": 24, "temperature": 0}
+        ask = {"model": MODEL, "conversation": conversation, "input": "Retry me.", "max_output_tokens": 256, "temperature": 0}  # long enough to outlast the first try's timeout
         try:
             answer = client.responses.create(**ask)
         except APITimeoutError:  # every try timed out: the SDK's next retry, given the time to be answered

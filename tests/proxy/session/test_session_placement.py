@@ -227,3 +227,30 @@ def test_closing_a_session_closes_the_states_kept_for_it(tmp_path):
 
     parent, native, found, branches = run(body, state=tmp_path)
     assert not parent.exists and native is None and found is None and branches == []
+
+
+def test_a_state_kept_before_a_turn_never_takes_the_tables_last_place(tmp_path):
+    """With --max-sessions 2 and a session held, keeping the state before its turn would take the table's last place
+    (a concurrent request on another session would get 429 too_many_sessions): nothing is kept, and the other
+    session is served. With room, the state is kept."""
+    async def body(h):
+        sessions = h.sessions
+        state = await committed_session(sessions, "t", "a", [1, 2, 3], [H1, H2])
+        async with sessions.turn("t", "a") as held:
+            await held.start()
+            room = sessions.table.room()
+            await sessions.keep_parent(held.state)
+            tight = len(kept(sessions))
+            async with sessions.turn("t", "b") as other:  # another client's session: served, not refused
+                await other.start()
+        roomy = h.life(max_sessions=8)
+        await roomy.check_upstream()
+        await committed_session(roomy, "t", "c", [4, 5], [H1])
+        async with roomy.turn("t", "c") as held:
+            await held.start()
+            await roomy.keep_parent(held.state)
+        return room, tight, state, len(kept(roomy))
+
+    room, tight, state, roomy = run(body, state=tmp_path, max_sessions=2)
+    assert room == 1 and tight == 0  # the held session's place, and one left: a request's
+    assert roomy == 1
