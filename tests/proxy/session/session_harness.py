@@ -22,7 +22,9 @@ from fake_engine import FakeEngine  # noqa: E402
 from memt_core.client.native import new_transaction  # noqa: E402
 from memt_core.launch import assemble, build_parser, plan_launch  # noqa: E402
 from memt_proxy.http.embedded import InProcessNativeClient  # noqa: E402
+from memt_proxy.session.prefix_index import chain  # noqa: E402
 from memt_proxy.session.sessions import Sessions  # noqa: E402
+from memt_proxy.session.state import new_branch_name  # noqa: E402
 from memt_proxy.session.store import SessionRecordStore  # noqa: E402
 
 Hook = Callable[[str, str | None, dict], Awaitable[None] | None]
@@ -178,3 +180,19 @@ async def committed_session(sessions: Sessions, tenant: str, name: str, ids: lis
         await held.start()
         await held.commit_turn([], ids, hashes)
         return held.state
+
+
+def kept(sessions: Sessions) -> list:
+    """The kept states (header-less kind) that exist upstream."""
+    return [state for state in sessions.table if state.branch and state.exists]
+
+
+async def kept_state(sessions: Sessions, tenant: str, hashes: list[str], ids: list[int]):
+    """A kept state holding ``ids``, recorded as holding ``hashes`` and indexed by their chain, as ``branches`` makes one."""
+    async with sessions.turn(tenant, new_branch_name()) as held:
+        state = held.state
+        async with sessions.state_room(state):
+            await held.start()
+        sessions.move_head(state, chain(tenant, hashes)[-1])
+        await sessions.write(state, held.lease, [ids], hashes)
+    return state

@@ -8,9 +8,9 @@ import asyncio
 
 from memt_proxy.session.branches import after_answer, plan_headerless, resume, resumable
 from memt_proxy.session.prefix_index import Found, PrefixIndex, chain
-from memt_proxy.session.state import native_session_id, new_branch_name
+from memt_proxy.session.state import native_session_id
 from memt_proxy.session.transcript import message_hash
-from session_harness import run, settle, until
+from session_harness import kept, kept_state, run, settle, until
 
 
 def user(text: str) -> dict:
@@ -26,20 +26,8 @@ CONVERSATION = [user("one"), assistant("1"), user("two"), assistant("2"), user("
 HASHES = [message_hash(m) for m in CONVERSATION]
 
 
-def kept(sessions) -> list:
-    return [state for state in sessions.table if state.branch and state.exists]
-
-
 async def keep(sessions, tenant: str, messages: list[dict], ids: list[int]):
-    """A kept state holding ``ids`` for ``messages`` (indexed by their chain, recorded), as ``branches`` makes one."""
-    hashes = [message_hash(m) for m in messages]
-    async with sessions.turn(tenant, new_branch_name()) as held:
-        state = held.state
-        async with sessions.state_room(state):
-            await held.start()
-        sessions.move_head(state, chain(tenant, hashes)[-1])
-        await sessions.write(state, held.lease, [ids], hashes)
-    return state
+    return await kept_state(sessions, tenant, [message_hash(m) for m in messages], ids)
 
 
 def test_plan_headerless_finds_the_deepest_kept_state_of_the_earlier_messages():

@@ -12,13 +12,9 @@ from memt_proxy.errors import ProxyError
 from memt_proxy.session.prefix_index import Found, chain
 from memt_proxy.session.state import new_branch_name
 from memt_proxy.session.store import SessionRecordStore
-from session_harness import committed_session, run, write_natively
+from session_harness import kept, kept_state, committed_session, run, write_natively
 
 H1, H2, H3 = "1" * 64, "2" * 64, "3" * 64
-
-
-def kept(sessions) -> list:
-    return [state for state in sessions.table if state.branch and state.exists]
 
 
 def test_a_new_session_is_created_and_a_record_of_an_earlier_life_dropped(tmp_path):
@@ -146,24 +142,13 @@ def test_the_bound_is_half_the_upstreams_sessions():
     assert run(body, core=("--max-sessions-per-rank", "10"), max_memory_states=3) == 3
 
 
-async def _kept_state(sessions, tenant: str, hashes: list[str], ids: list[int]):
-    """A kept state holding ``ids``, recorded as holding ``hashes`` and indexed by their chain."""
-    async with sessions.turn(tenant, new_branch_name()) as held:
-        state = held.state
-        async with sessions.state_room(state):
-            await held.start()
-        sessions.move_head(state, chain(tenant, hashes)[-1])
-        await sessions.write(state, held.lease, [ids], hashes)
-    return state
-
-
 def test_a_kept_state_that_cannot_be_closed_now_is_kept_and_counted(tmp_path):
     """Another client holds the state's lease (e.g. a proxy killed a moment ago): closing it fails and the state stays,
     with its record and its native session (found no more, but still counted, so no state is made past the bound);
     once the lease is let go it closes."""
     async def body(h):
         sessions = h.sessions
-        state = await _kept_state(sessions, "t", [H1], [1, 2])
+        state = await kept_state(sessions, "t", [H1], [1, 2])
         await sessions.release(state, state.lease)
         other = h.other_client()
         theirs = (await other.control("acquire", state.native, ttl=60))["lease"]

@@ -18,10 +18,10 @@ from memt_proxy.errors import Unavailable
 from memt_proxy.session import turn as turn_module
 from memt_proxy.session.branches import plan_headerless
 from memt_proxy.session.prefix_index import Found, chain
-from memt_proxy.session.state import PendingTurn, new_branch_name
+from memt_proxy.session.state import PendingTurn
 from memt_proxy.session.transcript import message_hash
 from memt_proxy.session.turn import Turn, TurnRunner
-from session_harness import committed_session, run, settle, until
+from session_harness import kept, kept_state, committed_session, run, settle, until
 
 EOS = 99
 H1, HX = "1" * 64, "9" * 64
@@ -48,20 +48,8 @@ def assistant(text: str) -> dict:
 CALL = {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "lookup", "arguments": "{\"q\": 1}"}}]}
 
 
-def kept(sessions) -> list:
-    return [state for state in sessions.table if state.branch and state.exists]
-
-
 async def keep(sessions, tenant: str, messages: list[dict], ids: list[int]):
-    """A kept state (header-less kind) holding ``ids`` for ``messages``."""
-    hashes = [message_hash(m) for m in messages]
-    async with sessions.turn(tenant, new_branch_name()) as held:
-        state = held.state
-        async with sessions.state_room(state):
-            await held.start()
-        sessions.move_head(state, chain(tenant, hashes)[-1])
-        await sessions.write(state, held.lease, [ids], hashes)
-    return state
+    return await kept_state(sessions, tenant, [message_hash(m) for m in messages], ids)
 
 
 # ---- after the answer
