@@ -97,15 +97,15 @@ async def planned(sessions: Sessions, messages: list[Message] | list[dict], tena
     return plan
 
 
-async def resume(sessions: Sessions, messages: list[Message] | list[dict], tenant: str, size: int, *, reads: bool = True) -> tuple[HeaderlessPlan, HeldSession | None, contextlib.AsyncExitStack]:
+async def resume(sessions: Sessions, messages: list[Message] | list[dict], tenant: str, size: int) -> tuple[HeaderlessPlan, HeldSession | None, contextlib.AsyncExitStack]:
     """Where a header-less request resumes, for either surface: its plan, the deepest kept state it reaches held
     (``Sessions.turn``; checked under its lock, ``resumable``: one closed meanwhile is looked for again, up to
     ``BRANCH_TRIES`` times), and the stack that lets that state go; None held: answered from its text (no state
-    reached, every state in use, or ``reads`` False)."""
+    reached, or every state in use)."""
     for attempt in range(BRANCH_TRIES):
         plan = await planned(sessions, messages, tenant, size)
         find_shared(sessions, plan)
-        if attempt == BRANCH_TRIES - 1 or not reads:
+        if attempt == BRANCH_TRIES - 1:
             plan.found = None  # the states it found kept going away: answered from the text
         hold = contextlib.AsyncExitStack()
         if plan.found is None:
