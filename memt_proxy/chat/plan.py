@@ -53,7 +53,7 @@ class ChatPlanner:
         if request.min_tokens:
             sampling["min_new_tokens"] = request.min_tokens
         limit = "max_completion_tokens" if request.max_completion_tokens else "max_tokens"
-        fit_output(sampling, prompt, request.max_new_tokens, self.sessions.context_length, param=limit, prompt_param="messages")
+        fit_output(sampling, prompt, request.max_new_tokens, self.sessions.upstream.context_length, param=limit, prompt_param="messages")
         if request.logit_bias:
             vocab = len(self.chat_format.tokenizer)
             for key in request.logit_bias:
@@ -79,9 +79,9 @@ class ChatPlanner:
         thinking, tools, prefix, parallel = self.options(request)
         check_turn([m for m in request.messages if m.role not in ("system", "developer")])  # as with a session
         messages = [as_dict(m) for m in request.messages]
-        check_text_fits(self.chat_format, messages, None, self.sessions.max_prefill_tokens, "messages")
+        check_text_fits(self.chat_format, messages, None, self.sessions.upstream.max_prefill_tokens, "messages")
         prompt = self.chat_format.conversation_ids(messages, tools=tools, enable_thinking=thinking) + encode(self.chat_format, prefix)
-        check_prefill(prompt, self.sessions.max_prefill_tokens, "messages")
+        check_prefill(prompt, self.sessions.upstream.max_prefill_tokens, "messages")
         sampling = self.sampling(request, prompt, tools)
         return Turn(tenant, "off", prompt, thinking=thinking, sampling=sampling, prefix=prefix, stops=sampling.get("stop", []),
                     parallel_tools=parallel, raw="json_schema" in sampling, request=request)
@@ -98,7 +98,7 @@ class ChatPlanner:
         split = split_transcript(request.messages, state.committed, history_known=state.history_known, hashes=hashes)
         turn = [as_dict(m) for m in split.turn]
         context = [as_dict(m) for m in split.context]
-        check_text_fits(self.chat_format, context + turn, split.instructions, self.sessions.max_prefill_tokens, "messages")
+        check_text_fits(self.chat_format, context + turn, split.instructions, self.sessions.upstream.max_prefill_tokens, "messages")
         turn_ids = continued_turn_ids(self.chat_format, state.pending, turn)
         continues = turn_ids is not None
         if continues:
@@ -108,12 +108,12 @@ class ChatPlanner:
         context_ids = self.chat_format.history_ids(context)
         forced = encode(self.chat_format, prefix)
         prompt = prompt_ids(self.chat_format, split.instructions, tools, context_ids, turn_ids + forced)
-        check_prefill(prompt, self.sessions.max_prefill_tokens, "messages")
+        check_prefill(prompt, self.sessions.upstream.max_prefill_tokens, "messages")
         sampling = self.sampling(request, prompt, tools)
         if not continues:
             # a continued turn stays pending until this request ends it (or calls tools again), so that a retry after
             # a failure, here or in a restarted proxy, continues it too
-            self.sessions.set_pending(state, None)
+            self.sessions.writes.set_pending(state, None)
         return Turn(
             state.tenant, policy, prompt, turn_ids + forced, context_ids, context, turn, split.context_hashes, thinking, sampling, prefix,
             sampling.get("stop", []), parallel, "json_schema" in sampling, state, self.sessions.memory_tokens.held(state), request=request,

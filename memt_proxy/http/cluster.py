@@ -12,13 +12,13 @@ Two pieces, switched on by ``--cluster`` (``install``):
   under another.
 * **Planned drain.** ``POST /admin/drain`` (the operator key only: ``--admin-key``) refuses new requests (503 ``draining``, with ``Retry-After``),
   makes ``/health/ready`` fail (the router's health check then stops sending here), waits for the
-  requests and commits under way, then hands every session off (``Sessions.unload``: its core frees it
+  requests and commits under way, then hands every session off (``Placement.unload``: its core frees it
   and gives up its ownership; its memory is in the snapshot store), so the node the router picks next
   takes it over at once. ``POST /admin/undrain`` (the same key) takes requests again: the router's health
   check re-admits the node, and sessions come back as they are routed here (from the store).
 
 A session a core restores from the store (``restored_version`` on create) is adopted at its version by
-every proxy (``Sessions.ensure``), and its record in ``--records-directory`` (a shared filesystem) lets
+every proxy (``Placement.ensure``), and its record in ``--records-directory`` (a shared filesystem) lets
 trimming continue on the new node; the Responses API's stored responses and conversations are kept there
 too (``ResponseRecords(shared=True)``), so chains and conversations continue on any node.
 """
@@ -58,7 +58,7 @@ class Node:
 
     async def drain(self, wait: float = DRAIN_WAIT) -> dict:
         """Stop taking requests, finish the ones under way and their commits, then hand every session off
-        (``Sessions.unload``: its core frees it and gives up its ownership, its memory stays in the store)."""
+        (``Placement.unload``: its core frees it and gives up its ownership, its memory stays in the store)."""
         self.draining = True
         sessions = self.sessions
         deadline = time.monotonic() + wait
@@ -69,11 +69,11 @@ class Node:
         released = unloaded = 0
         for state in [*sessions.table, *sessions.table.evicted]:
             if state.exists:  # handed off: the core frees it and its ownership, its memory stays in the store
-                unloaded += await sessions.unload(state)
+                unloaded += await sessions.placement.unload(state)
                 continue
             lease = state.drop_lease()
             if lease is not None:
-                await sessions.release(state, lease)
+                await sessions.leases.release(state, lease)
                 released += 1
         sessions.table.evicted.clear()
         log.info("drained: %d sessions, %d handed off, %d leases released", len(sessions.table), unloaded, released)

@@ -52,7 +52,7 @@ class ResponsesPlanner:
         if last_user is None:
             raise BadRequest("input must hold a user message (or function_call_output items answering the previous response's function calls)", param="input", code="invalid_input")
         plan.context, plan.turn = messages[:last_user], messages[last_user:]
-        check_text_fits(self.chat_format, messages, instructions, self.sessions.max_prefill_tokens, "input")
+        check_text_fits(self.chat_format, messages, instructions, self.sessions.upstream.max_prefill_tokens, "input")
         continued = continued_turn_ids(self.chat_format, pending if calls else None, plan.turn)
         if continued is not None:  # function results continue the pending turn from the model's exact tokens
             plan.turn_ids = continued
@@ -62,9 +62,9 @@ class ResponsesPlanner:
         plan.turn_ids += encode(self.chat_format, plan.prefix)
         plan.context_ids = self.chat_format.history_ids(plan.context)
         plan.prompt = prompt_ids(self.chat_format, instructions, tools, plan.context_ids, plan.turn_ids)
-        check_prefill(plan.prompt, self.sessions.max_prefill_tokens, "input")
+        check_prefill(plan.prompt, self.sessions.upstream.max_prefill_tokens, "input")
         plan.sampling = dict(self.chat_format.default_sampling())
-        fit_output(plan.sampling, plan.prompt, request.max_output_tokens, self.sessions.context_length, param="max_output_tokens", prompt_param="input")
+        fit_output(plan.sampling, plan.prompt, request.max_output_tokens, self.sessions.upstream.context_length, param="max_output_tokens", prompt_param="input")
         for name in ("temperature", "top_p"):
             if getattr(request, name) is not None:
                 plan.sampling[name] = getattr(request, name)

@@ -2,6 +2,8 @@
 
 By floor: ``state`` (a session's state, its lifecycle transitions and the bounded table; no I/O), ``transcript``
 (message hashes and trimming), ``prefix_index`` (kept states by the hash chain of their messages; no I/O), ``store``
-(records on disk), ``upstream``, ``leases``, ``writes``, ``placement``, ``held`` (one session held by one request),
-``sessions`` (those parts together: the per-request hold and the admin actions), ``branches`` (header-less memory:
-resume and fork) and ``turn`` (the turn runner both surfaces use). No module here knows a surface or HTTP."""
+(records on disk); the parts, each given the parts it uses (no part reaches another through a shared ``self``):
+``upstream``, ``leases``, ``writes``, ``placement``, ``forks`` (a named session's kept states), ``held`` (one session
+held by one request); ``sessions`` (builds the parts: the per-request hold, commits behind answers, admin),
+``branches`` (header-less memory: resume and fork) and ``turn`` (the turn runner both surfaces use). No module here
+knows a surface or HTTP."""

@@ -145,22 +145,22 @@ async def resumable(sessions: Sessions, state: SessionState, plan: HeaderlessPla
     request found it, is not made again). If not, the index is told what it holds now."""
     if not state.exists and sessions.records.recorded_elsewhere(state.native):
         try:  # another node's (or one this core let go): brought back from the shared snapshot store
-            await sessions.ensure(state)
+            await sessions.placement.ensure(state)
         except ProxyError as exc:
             log.info("branch %s not taken over here (%s): answered from the text", state.native, exc.message)
             return False
     elif not state.exists:
         try:
-            sessions.adopt(state, await sessions.client.control("inspect", state.native))
+            sessions.placement.adopt(state, await sessions.upstream.client.control("inspect", state.native))
         except MemTClientError as exc:
             if not isinstance(exc.cause, UnknownSession):
-                raise sessions.upstream_error(exc) from None
-            sessions.move_head(state, None)
+                raise sessions.upstream.error(exc) from None
+            sessions.placement.move_head(state, None)
             return False
     held = state.committed
     if state.history_known and held and held == plan.hashes[: len(held)]:
         return True
-    sessions.move_head(state, chain(state.tenant, held)[-1] if state.history_known and held else None)
+    sessions.placement.move_head(state, chain(state.tenant, held)[-1] if state.history_known and held else None)
     return False
 
 
@@ -199,22 +199,22 @@ async def _fork(sessions: Sessions, tenant: str, parent: str | None, link: str, 
             state = held.state
             # indexed (the conversation's next request waits for it) and recorded before it exists upstream: a proxy
             # killed from here on leaves no native session its records do not name (a restart adopts or forgets it)
-            sessions.move_head(state, link)
+            sessions.placement.move_head(state, link)
             try:
                 written = await ids()
                 if parent is None:
-                    async with sessions.state_room(state):
+                    async with sessions.placement.state_room(state):
                         await held.start()
                 else:
                     await _copy(sessions, tenant, parent, state, hashes)
                     await held.start()
                 sessions.memory_tokens.wrote(state, len(hashes), len(written))
-                await sessions.write(state, held.lease, sessions.pieces(written), hashes)
+                await sessions.writes.write(state, held.lease, sessions.upstream.pieces(written), hashes)
             except ProxyError as exc:
                 log.info("a header-less conversation's state is not kept (%s)", exc.message)
                 sessions.prefixes.drop(state.name)
                 if state.exists:
-                    await sessions.close_branch(state, held.lease)
+                    await sessions.placement.close_branch(state, held.lease)
                 else:
                     sessions.records.delete(state.native)
     except ProxyError as exc:  # e.g. every session state of the proxy in use
@@ -232,7 +232,7 @@ async def _copy(sessions: Sessions, tenant: str, parent: str, state: SessionStat
         held = source.state.committed
         if not (source.state.exists and source.state.history_known and held == hashes[: len(held)]):
             raise Unavailable("the state it extends is gone", code="state_gone")
-        lease = await sessions.lease_of(source.state)
-        async with sessions.state_room(state):
-            await sessions.copy(state, source.state, lease)
+        lease = await sessions.leases.lease_of(source.state)
+        async with sessions.placement.state_room(state):
+            await sessions.placement.copy(state, source.state, lease)
         sessions.memory_tokens.copied(state, source.state)

@@ -5,14 +5,18 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-from typing import Any, AsyncIterator
+from typing import AsyncIterator
 
 from memt_core.client.errors import MemTClientError
 from memt_core.client.native import new_nonce, new_transaction
 from memt_core.client.turns import MemoryWrite
 from memt_core.errors import Conflict, LeaseConflict, UnknownSession
 from memt_proxy.errors import NotFound, ProxyError
+from memt_proxy.session.leases import Leases
+from memt_proxy.session.placement import Placement
 from memt_proxy.session.state import Later, LeaseTaken, MemoryFound, SessionState
+from memt_proxy.session.upstream import Upstream
+from memt_proxy.session.writes import Writes
 
 log = logging.getLogger("memt.proxy")
 
@@ -28,9 +32,14 @@ class Start(enum.Enum):
 class HeldSession:
     """One session held by one request (see ``Sessions.turn``): its state, and its lease once started."""
 
-    def __init__(self, sessions: Any, state: SessionState):  # memt_proxy.session.sessions.Sessions, which holds this module's class
-        self.sessions = sessions
+    def __init__(self, state: SessionState, upstream: Upstream, leases: Leases, writes: Writes, placement: Placement):
         self.state = state
+        self.upstream = upstream
+        self.client = upstream.client
+        self.leases = leases
+        self.writes = writes
+        self.placement = placement
+        self.records = placement.records
         self.lease: str | None = None
         self.later: Later | None = None  # a write left for after the request
         self.kept = False  # the lease was kept from an earlier request (it may have lapsed since)
@@ -42,23 +51,23 @@ class HeldSession:
         ``create`` as well: a session of which nothing is known or recorded is created (or adopted) by ``query`` too,
         which raises ``MemoryFound`` if it turns out to hold memory (e.g. after a restart without records)."""
         state = self.state
-        if with_answer and create and not state.exists and state.blank and not self.sessions.records.known(state.native):
+        if with_answer and create and not state.exists and state.blank and not self.records.known(state.native):
             self.left = Start.CREATE_WITH_ANSWER
             return
-        await self.sessions.ensure(state)
+        await self.placement.ensure(state)
         self.kept = state.lease is not None
         if with_answer and not self.kept and state.empty:
             self.left = Start.LEASE_WITH_ANSWER
             return
-        self.lease = await self.sessions.lease_of(state)
+        self.lease = await self.leases.lease_of(state)
 
     async def _leased(self) -> None:
         """Take the lease (and create the session) as ``start`` left to the answer, for a use that cannot overlap it."""
         left, self.left = self.left, Start.DONE
         if left is not Start.DONE:
             if left is Start.CREATE_WITH_ANSWER:
-                await self.sessions.ensure(self.state)
-            self.lease = await self.sessions.lease_of(self.state)
+                await self.placement.ensure(self.state)
+            self.lease = await self.leases.lease_of(self.state)
 
     async def _query_leasing(self, prompt: list[int], sampling: dict) -> dict:
         """``query`` on the empty memory of a session not yet leased (or not yet created): a plain generation (an
@@ -66,20 +75,20 @@ class HeldSession:
         out to hold memory, or another client holds the lease (it may write before letting go), the generation is
         dropped and the query made under the lease once it is ours (after ``MemoryFound``, by the caller)."""
         left, self.left = self.left, Start.DONE
-        sessions, state = self.sessions, self.state
-        generation = asyncio.ensure_future(sessions.generate(prompt, sampling))
+        state = self.state
+        generation = asyncio.ensure_future(self.upstream.generate(prompt, sampling))
         try:
             if left is Start.CREATE_WITH_ANSWER:
-                await sessions.ensure(state)
+                await self.placement.ensure(state)
                 if not (state.blank and state.empty):
                     raise MemoryFound(state.native)
-            self.lease = await sessions.acquire(state, wait=False)
+            self.lease = await self.leases.acquire(state, wait=False)
         except BaseException as exc:
             generation.cancel()
             await asyncio.gather(generation, return_exceptions=True)
             if not isinstance(exc, (LeaseTaken, MemoryFound)):
                 raise
-            self.lease = await sessions.lease_of(state)
+            self.lease = await self.leases.lease_of(state)
             if isinstance(exc, MemoryFound) and not state.blank:
                 raise
             return await self.query(prompt, sampling)
@@ -97,22 +106,21 @@ class HeldSession:
         """A new lease after ``_lapsed``; after a bare 409 the old lease may still hold, so it is released first."""
         old = self.lease
         if type(exc.cause) is Conflict and old is not None:
-            await self.sessions.release(self.state, old)
-        self.lease = await self.sessions.acquire(self.state)
+            await self.leases.release(self.state, old)
+        self.lease = await self.leases.acquire(self.state)
 
     async def query(self, prompt: list[int], sampling: dict) -> dict:
         """Generate from ``prompt`` reading the session's memory."""
         if self.left is not Start.DONE:
             return await self._query_leasing(prompt, sampling)
-        sessions = self.sessions
         try:
-            return await sessions.client.query(self.state.native, self.lease, prompt, sampling_params=sampling)
+            return await self.client.query(self.state.native, self.lease, prompt, sampling_params=sampling)
         except MemTClientError as exc:
             if not self._lapsed(exc):
-                raise sessions.upstream_error(exc) from None
+                raise self.upstream.error(exc) from None
             lapsed = exc
         await self._retake(lapsed)
-        return await sessions.call(sessions.client.query, self.state.native, self.lease, prompt, sampling_params=sampling)
+        return await self.upstream.call(self.client.query, self.state.native, self.lease, prompt, sampling_params=sampling)
 
     async def query_stream(self, prompt: list[int], sampling: dict) -> AsyncIterator[dict]:
         """``query`` as cumulative stream bodies; closing the iterator early cancels the upstream query."""
@@ -121,8 +129,7 @@ class HeldSession:
                 yield body
             return
         await self._leased()
-        sessions = self.sessions
-        upstream = sessions.client.query_stream(self.state.native, self.lease, prompt, sampling_params=sampling)
+        upstream = self.client.query_stream(self.state.native, self.lease, prompt, sampling_params=sampling)
         try:
             first = await upstream.__anext__()
         except StopAsyncIteration:
@@ -130,28 +137,27 @@ class HeldSession:
         except MemTClientError as exc:
             await upstream.aclose()
             if not self._lapsed(exc):
-                raise sessions.upstream_error(exc) from None
+                raise self.upstream.error(exc) from None
             await self._retake(exc)
-            async for body in sessions.stream(sessions.client.query_stream(self.state.native, self.lease, prompt, sampling_params=sampling)):
+            async for body in self.upstream.stream(self.client.query_stream(self.state.native, self.lease, prompt, sampling_params=sampling)):
                 yield body
             return
         except BaseException:
             await upstream.aclose()
             raise
         yield first
-        async for body in sessions.stream(upstream):
+        async for body in self.upstream.stream(upstream):
             yield body
 
     async def _query_stream_leasing(self, prompt: list[int], sampling: dict) -> AsyncIterator[dict]:
         """``query_stream`` as ``_query_leasing`` makes ``query``: a plain generation's stream, started while the lease
         is taken and passed on only once the lease is ours; were it another client's, dropped for a query under it."""
         self.left = Start.DONE
-        sessions = self.sessions
-        upstream = sessions.generate_stream(prompt, sampling)
+        upstream = self.upstream.generate_stream(prompt, sampling)
         first = asyncio.ensure_future(anext(upstream, None))
         try:
             try:
-                self.lease = await sessions.acquire(self.state, wait=False)
+                self.lease = await self.leases.acquire(self.state, wait=False)
             except LeaseTaken:
                 taken = True
             else:
@@ -165,18 +171,18 @@ class HeldSession:
             await asyncio.gather(first, return_exceptions=True)
             await upstream.aclose()
         if taken:
-            self.lease = await sessions.lease_of(self.state)
+            self.lease = await self.leases.lease_of(self.state)
             async for body in self.query_stream(prompt, sampling):
                 yield body
 
     async def commit_turn(self, context_ids: list[int], turn_ids: list[int], committed: list[str]) -> None:
         """Write a completed turn (after the uncommitted context before it) into memory, which then holds ``committed``."""
-        commits = ([context_ids] if context_ids else []) + self.sessions.pieces(turn_ids)
+        commits = ([context_ids] if context_ids else []) + self.upstream.pieces(turn_ids)
         await self._leased()
         try:
-            await self.sessions.write(self.state, self.lease, commits, committed)
+            await self.writes.write(self.state, self.lease, commits, committed)
         except ProxyError:
-            await self.sessions.settle(self.state, committed)
+            await self.writes.settle(self.state, committed)
             self.lease = None
             raise
 
@@ -184,67 +190,66 @@ class HeldSession:
         """``commit_turn``, done once the request lets the session go (its answer is out by then); the session's
         next request waits for it. If it fails, memory stays as it was (see the module docstring). ``keep_parent``
         and ``source``: see ``Later``."""
-        self.later = Later(([context_ids] if context_ids else []) + self.sessions.pieces(turn_ids), committed, keep_parent, source)
+        self.later = Later(([context_ids] if context_ids else []) + self.upstream.pieces(turn_ids), committed, keep_parent, source)
 
     async def find(self, session: str) -> dict | None:
         """Adopt the session if it exists upstream; bring it back if its memory is kept elsewhere — offloaded by
         this proxy, unloaded by an upstream with a snapshot store (idle, or a drained node's), or served by
         another node of a cluster (shared records); 404 if none of these (nothing is created). Returns the
         upstream's inspect of a session it held, None for one brought back."""
-        sessions, state = self.sessions, self.state
+        state = self.state
         try:
-            native = await sessions.client.control("inspect", state.native)
+            native = await self.client.control("inspect", state.native)
         except MemTClientError as exc:
             if not isinstance(exc.cause, UnknownSession):
-                raise sessions.upstream_error(exc) from None  # e.g. the upstream is unreachable: not a 404
+                raise self.upstream.error(exc) from None  # e.g. the upstream is unreachable: not a 404
             if state.exists:
-                await sessions._reload(state)  # let go upstream (its memory is in the store): bring it back
-            elif sessions.records.load_offload(state.native) is not None or sessions.records.recorded_elsewhere(state.native):
-                await sessions.ensure(state)
+                await self.placement.reload(state)  # let go upstream (its memory is in the store): bring it back
+            elif self.records.load_offload(state.native) is not None or self.records.recorded_elsewhere(state.native):
+                await self.placement.ensure(state)
             else:
                 raise NotFound(f"session {session!r} does not exist", code="session_not_found") from None
             return None
         if not state.exists:
-            sessions.adopt(state, native)
+            self.placement.adopt(state, native)
         return native
 
     async def inspect(self, session: str, native: dict | None = None) -> dict:
         """The session as the proxy and the upstream see it (``find`` first; ``native``: the upstream's inspect
         ``find`` returned, so it is not asked twice)."""
-        sessions, state = self.sessions, self.state
+        state = self.state
         if native is None:
-            native = await sessions.call(sessions.client.control, "inspect", state.native)
+            native = await self.upstream.call(self.client.control, "inspect", state.native)
         return {"session": session, "native": native, "committed_messages": len(state.committed), "history_known": state.history_known, "pending_tool_calls": state.pending is not None}
 
     async def save(self, file: str, *, overwrite: bool = False, name: str) -> None:
         """Export the published memory as the upstream snapshot ``file`` (the client calls it ``name``)."""
-        sessions = self.sessions
         await self._leased()
         try:
-            await sessions.client.control("export", self.state.native, lease=self.lease, encoding=sessions.native_encoding, file=file, overwrite=overwrite)
+            await self.client.control("export", self.state.native, lease=self.lease, encoding=self.writes.native_encoding, file=file, overwrite=overwrite)
         except MemTClientError as exc:
-            raise _renamed(sessions.upstream_error(exc), file, name) from None
+            raise _renamed(self.upstream.error(exc), file, name) from None
 
     async def restore(self, file: str, *, name: str) -> None:
         """Replace memory with the snapshot ``file`` (begin → import → publish): it then holds no transcript message the proxy knows."""
         write = MemoryWrite(new_transaction(), new_nonce=new_nonce, import_file=file, memory_read=True, abort_on_failure=True)
         await self._leased()
         try:
-            await self.sessions.drive(write, self.state, self.lease, [])
+            await self.writes.drive(write, self.state, self.lease, [])
         except ProxyError as exc:
             raise _renamed(exc, file, name) from None
 
     async def close(self) -> None:
         """Delete the native session (the lease goes with it) and its record."""
-        sessions, state = self.sessions, self.state
+        state = self.state
         await self._leased()
         state.drop_lease()  # the renewal task ends before the session does
-        await sessions.call(sessions.client.control, "close", state.native, lease=self.lease)
+        await self.upstream.call(self.client.control, "close", state.native, lease=self.lease)
         self.lease = None
-        sessions.records.delete(state.native)
-        sessions.records.forget_offload(state.native)
+        self.records.delete(state.native)
+        self.records.forget_offload(state.native)
         state.forget()
-        await sessions.close_kept_of(state)
+        await self.placement.close_kept_of(state)
 
 
 def _renamed(error: ProxyError, file: str, name: str) -> ProxyError:

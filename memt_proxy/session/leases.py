@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from typing import Awaitable, Callable
 
 from memt_core.client.errors import MemTClientError
 from memt_core.errors import (
@@ -17,12 +18,21 @@ from memt_core.errors import (
     UnknownSession,
 )
 from memt_proxy.session.state import RELEASE_WAIT, LeaseTaken, SessionState
+from memt_proxy.session.upstream import Upstream
 
 log = logging.getLogger("memt.proxy")
 
 
 class Leases:
-    """Leases kept across requests. A part of ``memt_proxy.session.sessions.Sessions``."""
+    """Leases kept across requests, on ``upstream``; ``reload`` brings back a session the upstream let go (``Placement.reload``)."""
+
+    def __init__(self, upstream: Upstream, *, lease_wait: float, lease_ttl: int, lease_idle: float, reload: Callable[[SessionState], Awaitable[None]]):
+        self.upstream = upstream
+        self.client = upstream.client
+        self.lease_wait = lease_wait  # seconds a request waits for a lease another client holds
+        self.lease_ttl = lease_ttl
+        self.lease_idle = lease_idle  # seconds an idle session keeps its lease (0: released after each request)
+        self.reload = reload
 
     async def lease_of(self, state: SessionState) -> str:
         """The session's kept lease, or a new one (kept from now on); the caller holds the lock."""
@@ -45,12 +55,12 @@ class Leases:
             except MemTClientError as exc:
                 if isinstance(exc.cause, UnknownSession) and state.exists and not reloaded:
                     reloaded = True
-                    await self._reload(state)
+                    await self.reload(state)
                     continue
                 if isinstance(exc.cause, LeaseConflict) and not wait:
                     raise LeaseTaken(exc.message) from None
                 if not isinstance(exc.cause, LeaseConflict) or time.monotonic() > deadline:
-                    raise self.upstream_error(exc) from None
+                    raise self.upstream.error(exc) from None
             await asyncio.sleep(0.2)
         state.lease = lease
         state.keeper = asyncio.get_running_loop().create_task(self._keep(state, lease))
@@ -108,15 +118,3 @@ class Leases:
                     continue
                 log.warning("release of %s failed", state.native, exc_info=True)
                 return
-
-    async def release_evicted(self) -> None:
-        """Release the leases of states dropped from the table to make room; close dropped branches."""
-        while self.table.evicted:
-            state = self.table.evicted.pop()
-            if state.branch:
-                await self.close_branch(state)
-                continue
-            lease = state.drop_lease()
-            if lease is not None:
-                await self.release(state, lease)
-

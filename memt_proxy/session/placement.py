@@ -3,6 +3,7 @@ restored, reloaded after the upstream let it go, handed off (unload); header-les
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections import Counter
@@ -12,9 +13,13 @@ from memt_core.client.errors import MemTClientError
 from memt_core.client.native import new_nonce, new_transaction
 from memt_core.client.turns import MemoryWrite
 from memt_core.errors import SessionExists, UnknownSession
-from memt_proxy.errors import Conflict, ProxyError, RateLimited, Unavailable
-from memt_proxy.session.prefix_index import chain
-from memt_proxy.session.state import OFFLOAD_PREFIX, OFFLOAD_TRIES, PendingTurn, SessionState, native_session_id, new_branch_name, offload_file
+from memt_proxy.errors import Conflict, ProxyError, RateLimited
+from memt_proxy.session.leases import Leases
+from memt_proxy.session.prefix_index import PrefixIndex
+from memt_proxy.session.state import OFFLOAD_PREFIX, OFFLOAD_TRIES, PendingTurn, SessionState, SessionTable, native_session_id, offload_file
+from memt_proxy.session.store import SessionRecordStore
+from memt_proxy.session.upstream import Upstream
+from memt_proxy.session.writes import Writes
 
 log = logging.getLogger("memt.proxy")
 
@@ -22,7 +27,29 @@ RECORDED_TRIES = 8  # recorded sessions tried, at most, per attempt to make room
 
 
 class Placement:
-    """Create, adopt, offload, restore, unload; header-less branches. A part of ``memt_proxy.session.sessions.Sessions``."""
+    """Where each session of ``table`` lives on ``upstream`` (leased through ``leases``, restored through ``writes``,
+    recorded in ``records``), and the kept states of ``prefixes`` within their bound."""
+
+    def __init__(
+        self, upstream: Upstream, leases: Leases, writes: Writes, records: SessionRecordStore, table: SessionTable,
+        prefixes: PrefixIndex, *, max_memory_states: int,
+    ):
+        self.upstream = upstream
+        self.client = upstream.client
+        self.leases = leases
+        self.writes = writes
+        self.records = records
+        self.table = table
+        self.prefixes = prefixes
+        self.max_memory_states = max_memory_states  # header-less branches kept upstream at most
+        self.room = asyncio.Lock()  # kept states are made one at a time (``state_room``)
+        self._recorded: list | None = None  # sessions the records name, not yet tried for offloading (``offload_recorded``)
+        self._recorded_branches = records.branches()  # taken into the table once the upstream answers (``adopt_branches``)
+        for branch in self._recorded_branches:
+            prefixes.move(branch["name"], branch["head"])
+        self.offloads = 0  # native sessions offloaded to make room, since start
+        self.restores = 0  # offloaded sessions restored, since start
+        self.branches_closed = 0  # header-less branches closed to make room, since start
 
     async def ensure(self, state: SessionState) -> None:
         """Create the native session, or adopt it if it exists already (e.g. made by an earlier proxy),
@@ -31,7 +58,7 @@ class Placement:
             return
         offloaded = self.records.load_offload(state.native)
         if not await self._create(state):
-            self.adopt(state, await self.call(self.client.control, "inspect", state.native))
+            self.adopt(state, await self.upstream.call(self.client.control, "inspect", state.native))
             return
         if offloaded is not None:
             await self._restore(state, offloaded)
@@ -48,61 +75,6 @@ class Placement:
             raise Conflict(f"session {state.native} exists already", code="session_exists")
         state.created(source.committed)
 
-    async def keep_parent(self, state: SessionState) -> None:
-        """Before a named chat session's memory changes (its lock and lease held): what it holds kept as a state of its
-        own, found by the chain of its messages (``memt_proxy.session.branches``), so that a request diverging from the change
-        — a regenerate, an edit, an app's background task between turns — forks from it instead of starting over.
-        Best effort: without room, or for a history the proxy does not know, nothing is kept."""
-        if not (state.exists and state.committed and state.history_known and state.lease is not None):
-            return
-        link = chain(state.tenant, state.committed)[-1]
-        if self.table.room() < 2:
-            return  # its place in the table would be the last one: a request's, not a copy's
-        if not self.prefixes.reserve(link):
-            return  # kept already (the session forked from it, or a conversation without a header holds the same)
-        try:
-            async with self.turn(state.tenant, new_branch_name()) as held:
-                parent = held.state
-                parent.origin = state.native  # it holds that session's memory: closed with it
-                self.move_head(parent, link)  # recorded before it exists upstream (see ``branches._fork``)
-                try:
-                    async with self.state_room(parent):
-                        await self.copy(parent, state, state.lease, make_room=False)  # never at a session's cost
-                    self.memory_tokens.copied(parent, state)
-                    self._record(parent, self.records.save, parent.committed)
-                except ProxyError as exc:
-                    log.info("the state before a turn of %s is not kept (%s)", state.native, exc.message)
-                    self.prefixes.drop(parent.name)
-                    if parent.exists:
-                        await self.close_branch(parent)
-                    else:
-                        self.records.delete(parent.native)
-        except ProxyError as exc:
-            log.info("the state before a turn of %s is not kept (%s)", state.native, exc.message)
-        finally:
-            self.prefixes.made(link)
-
-    async def rebuild(self, state: SessionState, source: str) -> None:
-        """Make a named session's memory a copy of the kept state ``source`` (the session's lock held): a request that
-        diverged from what the session held was answered from that state, and the session now follows it. A
-        failure leaves the session to be adopted again (``settle``)."""
-        async with self.turn(state.tenant, source) as held:
-            origin = held.state
-            if not (origin.exists and origin.history_known):
-                raise Unavailable("the state the session forks from is gone", code="state_gone")
-            lease = await self.lease_of(origin)
-            if state.exists:
-                own = await self.lease_of(state)
-                state.drop_lease()
-                await self.call(self.client.control, "close", state.native, lease=own)
-            self.records.forget_offload(state.native)
-            answered = state.last_turn  # the answer of the turn about to be written (its retry gets it again)
-            state.forget()
-            state.last_turn = answered
-            await self.copy(state, origin, lease)
-            self.memory_tokens.copied(state, origin)
-        await self.acquire(state)
-
     async def _create(self, state: SessionState, *, make_room: bool = True, **fields) -> bool:
         """Create the native session (``fields``: a copy's ``source`` and ``source_lease``), or find it exists (False:
         made earlier, or restored from the upstream's snapshot store, so adopted at its version); when the upstream
@@ -118,7 +90,7 @@ class Placement:
                 if isinstance(exc.cause, SessionExists):
                     return False
                 if getattr(exc, "status", None) != 429 or not make_room or attempt == OFFLOAD_TRIES or not await self.offload_idle(state):
-                    raise self.upstream_error(exc) from None
+                    raise self.upstream.error(exc) from None
         raise AssertionError("unreachable")
 
     async def offload_idle(self, keep: SessionState) -> bool:
@@ -168,14 +140,14 @@ class Placement:
         await state.lock.acquire()  # free: taken at once
         try:
             try:
-                lease = state.drop_lease() or (await self.client.control("acquire", state.native, ttl=self.lease_ttl))["lease"]
+                lease = state.drop_lease() or (await self.client.control("acquire", state.native, ttl=self.leases.lease_ttl))["lease"]
             except MemTClientError:
                 return False  # leased by another client, or gone: not ours to offload now
             if state.branch:
                 return await self.close_branch(state, lease)
             try:
                 # a name of its own (not the content's: equal memories would share one file), deleted once restored
-                exported = await self.client.control("export", state.native, lease=lease, encoding=self.native_encoding, file=offload_file(state.native))
+                exported = await self.client.control("export", state.native, lease=lease, encoding=self.writes.native_encoding, file=offload_file(state.native))
                 file = exported["file"]
             except MemTClientError as exc:
                 if getattr(exc, "status", None) != 400:
@@ -204,10 +176,10 @@ class Placement:
     async def _restore(self, state: SessionState, offloaded: dict) -> None:
         """Load an offloaded session's snapshot into its new native session (begin → import → publish)."""
         state.adopted(0, offloaded["committed"])
-        lease = await self.lease_of(state)  # kept for the request that brought the session back
+        lease = await self.leases.lease_of(state)  # kept for the request that brought the session back
         try:
             write = MemoryWrite(new_transaction(), new_nonce=new_nonce, import_file=offloaded["file"], memory_read=True, abort_on_failure=True)
-            await self.drive(write, state, lease, state.committed)
+            await self.writes.drive(write, state, lease, state.committed)
             state.history_known = offloaded["committed"] is not None
         except ProxyError as exc:
             # the snapshot is gone or damaged: the session goes on with empty memory, rebuilt from resent transcripts
@@ -216,7 +188,7 @@ class Placement:
         self.records.forget_offload(state.native)
         await self._delete_offload_file(offloaded["file"], state, lease)
         if offloaded.get("pending") is not None and state.committed == (offloaded["committed"] or []):
-            self.set_pending(state, PendingTurn(**offloaded["pending"]))
+            self.writes.set_pending(state, PendingTurn(**offloaded["pending"]))
         self.restores += 1
 
     async def _delete_offload_file(self, file: str, state: SessionState, lease: str) -> None:
@@ -251,9 +223,9 @@ class Placement:
             self.adopt(state, await self.client.control("inspect", state.native))
         except MemTClientError as exc:
             if not isinstance(exc.cause, UnknownSession):
-                raise self.upstream_error(exc) from None
+                raise self.upstream.error(exc) from None
 
-    async def _reload(self, state: SessionState) -> None:
+    async def reload(self, state: SessionState) -> None:
         """Create the session again upstream, where its durable memory is restored, and adopt it; what this
         proxy knew of its memory stays when the version is the one it knew."""
         version, committed, known, pending = state.version, state.committed, state.history_known, state.pending
@@ -270,7 +242,7 @@ class Placement:
         lease = state.drop_lease()
         if lease is None:
             try:
-                lease = (await self.client.control("acquire", state.native, ttl=self.lease_ttl))["lease"]
+                lease = (await self.client.control("acquire", state.native, ttl=self.leases.lease_ttl))["lease"]
             except MemTClientError as exc:
                 if isinstance(exc.cause, UnknownSession):
                     state.let_go()  # its upstream let it go already (idle): nothing left to hand off
@@ -281,9 +253,9 @@ class Placement:
             await self.client.control("unload", state.native, lease=lease)
         except MemTClientError as exc:
             log.info("%s not unloaded (%s); its lease is released", state.native, exc.message)
-            await self.release(state, lease)
+            await self.leases.release(state, lease)
             return False
-        state.let_go()  # a later request here restores it (``_reload`` through ``ensure``)
+        state.let_go()  # a later request here restores it (``reload`` through ``ensure``)
         return True
 
     def move_head(self, state: SessionState, head: str | None) -> None:
@@ -321,8 +293,8 @@ class Placement:
         """Header-less branches kept at most: ``max_memory_states``, and at most half the upstream's session
         capacity where it says it (our core does), so that they never take the room of sessions named by a header,
         other proxies or native clients of the same upstream."""
-        if isinstance(self.upstream_sessions, int) and self.upstream_sessions > 0:
-            return max(1, min(self.max_memory_states, self.upstream_sessions // 2))
+        if isinstance(self.upstream.capacity, int) and self.upstream.capacity > 0:
+            return max(1, min(self.max_memory_states, self.upstream.capacity // 2))
         return self.max_memory_states
 
     @contextlib.asynccontextmanager
@@ -330,7 +302,7 @@ class Placement:
         """Hold while a kept state (``state``) is created: room is made for it, and kept states are made one at a time, so
         that concurrent ones never pass ``branch_limit()``; RateLimited (the state is then not kept) where every kept
         state is in use."""
-        async with self._room:
+        async with self.room:
             if not await self.make_branch_room(state):
                 raise RateLimited(f"every kept conversation state ({self.branch_limit()}) is in use", code="memory_states_full")
             yield
@@ -380,7 +352,7 @@ class Placement:
         lease = state.drop_lease() or lease
         try:
             if lease is None:
-                lease = (await self.client.control("acquire", state.native, ttl=self.lease_ttl))["lease"]
+                lease = (await self.client.control("acquire", state.native, ttl=self.leases.lease_ttl))["lease"]
             await self.client.control("close", state.native, lease=lease)
         except MemTClientError as exc:
             if not isinstance(exc.cause, UnknownSession):

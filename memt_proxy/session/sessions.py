@@ -1,11 +1,12 @@
 """The proxy's session layer: per-session state over one memt_core upstream, for any OpenAI surface.
 
-It is built by floor (``memt_proxy.session``): ``state`` (what is known of a session and the bounded table
-of them: no I/O), ``upstream`` (calls to the upstream, its failures mapped to ``ProxyError`` once),
-``leases``, ``writes`` (the memory-write sequence, records, commits behind answers), ``placement`` (create,
-adopt, offload, restore, unload; header-less branches, indexed by ``memt_proxy.session.prefix_index``) and ``held``
-(one session held by one request). ``Sessions`` here puts them together with the per-request hold
-(``turn``) and the admin actions.
+It is built of parts, each given what it uses (``memt_proxy.session``): ``state`` (what is known of a session
+and the bounded table of them: no I/O), ``Upstream`` (calls to the upstream, its failures mapped to
+``ProxyError`` once, its limits), ``Leases``, ``Writes`` (the memory-write sequence and its records),
+``Placement`` (create, adopt, offload, restore, unload; kept states, indexed by
+``memt_proxy.session.prefix_index``, within their bound), ``NamedForks`` (a named session's states kept before
+a change) and ``HeldSession`` (one session held by one request). ``Sessions`` here builds them and adds the
+per-request hold (``turn``), the commits behind answers and the admin actions.
 
 Per (tenant, session name) the proxy keeps a ``SessionState``: the native session ID (derived from both,
 so tenants never meet), a content hash of every message its memory holds, the upstream's published
@@ -74,11 +75,12 @@ import time
 from typing import AsyncIterator
 
 from memt_core.client.native import AsyncNativeClient, new_nonce
-from memt_proxy.errors import Conflict
-from memt_proxy.session.prefix_index import PrefixIndex
+from memt_proxy.errors import Conflict, ProxyError
+from memt_proxy.session.forks import NamedForks
 from memt_proxy.session.held import HeldSession
 from memt_proxy.session.leases import Leases
 from memt_proxy.session.placement import Placement
+from memt_proxy.session.prefix_index import PrefixIndex
 from memt_proxy.session.state import (
     BRANCH_PREFIX,
     LEASE_IDLE,
@@ -86,6 +88,7 @@ from memt_proxy.session.state import (
     MAX_MEMORY_STATES,
     MAX_SESSIONS,
     SHUTDOWN_COMMIT_WAIT,
+    Later,
     MemoryFound,
     MemoryTokens,
     PendingTurn,
@@ -94,9 +97,9 @@ from memt_proxy.session.state import (
     native_session_id,
     snapshot_file,
 )
+from memt_proxy.session.store import SessionRecordStore
 from memt_proxy.session.upstream import Upstream
 from memt_proxy.session.writes import Writes
-from memt_proxy.session.store import SessionRecordStore
 
 __all__ = [
     "BRANCH_PREFIX", "LEASE_IDLE", "MAX_MEMORY_STATES", "MAX_SESSIONS", "HeldSession", "MemoryFound", "PendingTurn", "SessionState",
@@ -106,9 +109,9 @@ __all__ = [
 log = logging.getLogger("memt.proxy")
 
 
-class Sessions(Upstream, Leases, Placement, Writes):
-    """The sessions of one upstream: the table and its locks, held per request (``turn``), and admin; the
-    upstream calls, leases, placement and writes are its parts (``memt_proxy.session``)."""
+class Sessions:
+    """The sessions of one upstream: the table and its locks, held per request (``turn``), commits behind answers,
+    and admin; the parts (``upstream``, ``leases``, ``writes``, ``placement``, ``forks``) do the rest."""
 
     def __init__(
         self,
@@ -124,33 +127,35 @@ class Sessions(Upstream, Leases, Placement, Writes):
         lease_idle: float = LEASE_IDLE,
         native_encoding: str | None = None,
     ):
-        self.client = client
-        self.identity = identity  # the model/tokenizer identity the upstream must serve
-        self.served = served  # what its /memt/identity must say (model, config_sha256) when it reports no identity hash
         self.records = records or SessionRecordStore(None)
         self.table = SessionTable(max_sessions)
-        self.max_memory_states = max_memory_states  # header-less branches kept upstream at most
-        self.lease_wait = lease_wait
-        self.lease_ttl = lease_ttl
-        self.lease_idle = lease_idle  # seconds an idle session keeps its lease (0: released after each request)
-        self.behind: set[asyncio.Task] = set()  # commits under way behind their answers
-        self.native_encoding = native_encoding  # snapshot encoding of save/restore
-        self.max_prefill_tokens: int | None = None
-        self.chunk_tokens: int | None = None
-        self.context_length: int | None = None  # prompt + output tokens the upstream allows, where it says so
-        self._upstream_checked = False
-        self.upstream_sessions: int | None = None  # the upstream's session capacity, where it says so
-        self._recorded: list | None = None  # sessions the records name, not yet tried for offloading (``offload_recorded``)
-        self.offloads = 0  # native sessions offloaded to make room, since start
-        self.restores = 0  # offloaded sessions restored, since start
-        self.writes = 0  # memory writes published, since start
-        self._room = asyncio.Lock()  # kept states are made one at a time (``Placement.state_room``)
+        self.prefixes = PrefixIndex()  # kept states (``memt_proxy.session.branches``, ``forks``), as recorded
         self.memory_tokens = MemoryTokens()  # the prompt tokens each session's memory spares, for every surface
-        self.prefixes = PrefixIndex()  # header-less states (``memt_proxy.session.branches``), as recorded
-        self._recorded_branches = self.records.branches()  # taken into the table once the upstream answers (``adopt_branches``)
-        for branch in self._recorded_branches:
-            self.prefixes.move(branch["name"], branch["head"])
-        self.branches_closed = 0  # header-less branches closed to make room, since start
+        self.behind: set[asyncio.Task] = set()  # commits and forks under way behind their answers
+        self.upstream = Upstream(client, identity=identity, served=served, restarted=self._forget_all)
+        self.leases = Leases(self.upstream, lease_wait=lease_wait, lease_ttl=lease_ttl, lease_idle=lease_idle, reload=self._reload)
+        self.writes = Writes(self.upstream, self.leases, self.records, native_encoding=native_encoding)
+        self.placement = Placement(self.upstream, self.leases, self.writes, self.records, self.table, self.prefixes, max_memory_states=max_memory_states)
+        self.forks = NamedForks(self.turn, self.upstream, self.leases, self.writes, self.placement, self.memory_tokens)
+        self.lease_wait = lease_wait
+
+    def _forget_all(self) -> None:
+        """The upstream restarted: every native session is gone."""
+        for state in self.table:
+            state.forget()
+
+    async def _reload(self, state: SessionState) -> None:
+        await self.placement.reload(state)
+
+    async def check_upstream(self, *, refresh: bool = False) -> None:
+        """The upstream serves this proxy's checkpoint (``Upstream.check``); the first time it answers, the kept states an
+        earlier life of this proxy recorded are taken over."""
+        await self.upstream.check(refresh=refresh)
+        await self.placement.adopt_branches()
+
+    def held(self, state: SessionState) -> HeldSession:
+        """``state`` held by a request (without its lock: ``turn`` takes it)."""
+        return HeldSession(state, self.upstream, self.leases, self.writes, self.placement)
 
     async def aclose(self) -> None:
         """The proxy is shutting down: finish the commits under way (up to ``SHUTDOWN_COMMIT_WAIT``), release
@@ -163,16 +168,16 @@ class Sessions(Upstream, Leases, Placement, Writes):
         for state in [*self.table, *self.table.evicted]:
             lease = state.drop_lease()
             if lease is not None and not state.lock.locked():
-                await self.release(state, lease)
+                await self.leases.release(state, lease)
         self.table.evicted.clear()
-        await self.client.aclose()
+        await self.upstream.client.aclose()
 
     def state(self, tenant: str, session: str) -> SessionState:
         """The session's state (made if new); not held: callers outside ``turn`` only read it."""
         return self.table.entry(tenant, session)
 
     @contextlib.asynccontextmanager
-    async def turn(self, tenant: str, session: str) -> AsyncIterator["HeldSession"]:
+    async def turn(self, tenant: str, session: str) -> AsyncIterator[HeldSession]:
         """Hold the session for one request: its lock now (after its previous turn's commit), its lease from
         ``start()``; on exit the lock goes to the turn's commit, if one was left to do, or is let go."""
         state = self.table.take(tenant, session)
@@ -186,7 +191,7 @@ class Sessions(Upstream, Leases, Placement, Writes):
                 await asyncio.wait_for(state.lock.acquire(), timeout=self.lease_wait)
             except asyncio.TimeoutError:
                 raise Conflict(f"session busy: another request on this session is still running after {self.lease_wait:.0f}s; retry later", code="session_busy") from None
-            held = HeldSession(self, state)
+            held = self.held(state)
             try:
                 yield held
                 if held.later is not None:
@@ -204,6 +209,47 @@ class Sessions(Upstream, Leases, Placement, Writes):
         if state.users == 0 and state.idle_since is None:
             state.idle_since = time.monotonic()
             state.nudge.set()
+
+    async def release_evicted(self) -> None:
+        """Release the leases of states dropped from the table to make room; close dropped kept states."""
+        while self.table.evicted:
+            state = self.table.evicted.pop()
+            if state.branch:
+                await self.placement.close_branch(state)
+                continue
+            lease = state.drop_lease()
+            if lease is not None:
+                await self.leases.release(state, lease)
+
+    def _commit_behind(self, state: SessionState, later: Later) -> None:
+        """Write a turn's commits in a task of the session's own, which holds the lock (taken over from the
+        request) and a use of the state until the write ends, so its next request waits for it."""
+        state.users += 1
+        task = asyncio.get_running_loop().create_task(self._write_behind(state, later))
+        state.committing = task
+        self.behind.add(task)
+        task.add_done_callback(self.behind.discard)
+
+    async def _write_behind(self, state: SessionState, later: Later) -> None:
+        commits, committed = later.commits, later.committed
+        try:
+            try:
+                if later.source is not None:
+                    await self.forks.rebuild(state, later.source)
+                elif later.keep_parent:
+                    await self.forks.keep_parent(state)
+                await self.writes.write(state, state.lease, commits, committed)
+            except ProxyError as exc:
+                # the app resends this turn in its transcript, and it is committed with the next one
+                log.warning("committing a turn of %s failed (%s); it will be committed with the session's next turn", state.native, exc.message)
+                await self.writes.settle(state, committed)
+        except Exception:
+            log.exception("committing a turn of %s failed", state.native)
+        finally:
+            state.committing = None
+            state.lock.release()
+            self.table.give_back(state)
+            self._rest(state)
 
     async def admin(self, tenant: str, session: str, action: str, **fields) -> dict:
         """inspect | save | restore | reset | close, under the session's lock (and lease, but for inspect).
@@ -229,8 +275,8 @@ class Sessions(Upstream, Leases, Placement, Writes):
                 await held.restore(file, name=name)
                 return {"restored": name}
             if action == "reset":
-                await self.reset(held.state, held.lease)
-                await self.close_kept_of(held.state)
+                await self.writes.reset(held.state, held.lease)
+                await self.placement.close_kept_of(held.state)
                 return {"reset": True}
             if action == "close":
                 await held.close()

@@ -256,7 +256,7 @@ class SessionTable:
 
 
 class LeaseTaken(Exception):
-    """Another client holds the session's lease (``Sessions.acquire(wait=False)``); handled here, never answered."""
+    """Another client holds the session's lease (``Leases.acquire(wait=False)``); handled here, never answered."""
 
 
 class MemoryFound(Exception):

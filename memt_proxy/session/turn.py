@@ -101,7 +101,7 @@ class TurnRunner:
         held = await hold.enter_async_context(self.sessions.turn(tenant, session))
         state = held.state
         try:
-            await self.sessions.adopt_recorded(state)  # e.g. after a restart: its record, its last answer
+            await self.sessions.placement.adopt_recorded(state)  # e.g. after a restart: its record, its last answer
             last = state.last_turn
             if last and last.get("version") == state.version and last.get("digest") == digest and retried(retry, key, last.get("key")):
                 await hold.aclose()
@@ -161,9 +161,9 @@ class TurnRunner:
         except ProxyError as exc:
             if exc.code != "transcript_diverged" or strict:
                 raise
-        await self.sessions.lease_of(state)
-        await self.sessions.keep_parent(state)
-        await self.sessions.reset(state)
+        await self.sessions.leases.lease_of(state)
+        await self.sessions.forks.keep_parent(state)
+        await self.sessions.writes.reset(state)
         turn = await plan(state)
         turn.keep_parent = True
         return turn
@@ -229,21 +229,23 @@ class TurnRunner:
     async def generate(self, turn: Turn, held: HeldSession | None, sampling: dict | None = None) -> dict:
         """The native answer body: reading the held session's memory, or a plain generation."""
         sampling = turn.sampling if sampling is None else sampling
-        return await (self.sessions.generate(turn.prompt, sampling) if held is None else held.query(turn.prompt, sampling))
+        return await (self.sessions.upstream.generate(turn.prompt, sampling) if held is None else held.query(turn.prompt, sampling))
 
     def generate_stream(self, turn: Turn, held: HeldSession | None, sampling: dict | None = None) -> AsyncIterator[dict]:
         """``generate`` as cumulative stream bodies."""
         sampling = turn.sampling if sampling is None else sampling
-        return self.sessions.generate_stream(turn.prompt, sampling) if held is None else held.query_stream(turn.prompt, sampling)
+        return self.sessions.upstream.generate_stream(turn.prompt, sampling) if held is None else held.query_stream(turn.prompt, sampling)
 
     # ---- after the answer
 
     def after(self, turn: Turn, held: HeldSession | None, answer: list[dict], output_ids: list[int], finish: str, *,
               answered: dict | None = None) -> int | None:
         """Memory after an answer (``finish``: "stop", "length" or "tool_calls"; ``answer``: its messages) and the answer
-        kept for a client's retry (``answered``: what the surface replays; a named chat session keeps it in its record,
-        ``SessionState.last_turn``). Returns the memory version a commit behind the answer publishes, or None."""
-        if answered is not None and turn.digest:
+        kept for a client's retry (``answered``: what the surface replays): a named chat session's committed turn in the
+        session's record (``SessionState.last_turn``, which a restarted proxy reads too), any other in ``answers``.
+        Returns the memory version a commit behind the answer publishes, or None."""
+        named = held is not None and turn.headerless is None and turn.thread is None  # its retries read only its record
+        if answered is not None and turn.digest and not named:
             self.answers.keep(turn.tenant, turn.digest, turn.key, answered)
         if turn.headerless is not None:
             self._fork_next(turn, held, answer, output_ids, finish)
@@ -254,10 +256,10 @@ class TurnRunner:
         if finish == "tool_calls":
             if turn.follower is None:  # a fork's tool round forks again with its results
                 hashes = [message_hash(m) for m in turn.turn + answer]
-                self.sessions.set_pending(state, PendingTurn(hashes, turn.turn_ids + output_ids, turn.thinking))
+                self.sessions.writes.set_pending(state, PendingTurn(hashes, turn.turn_ids + output_ids, turn.thinking))
             return None
         if turn.policy != "auto" or finish != "stop":
-            self.sessions.set_pending(state, None)  # ended without a commit (read-only, or cut): it stays context
+            self.sessions.writes.set_pending(state, None)  # ended without a commit (read-only, or cut): it stays context
             return None
         context = turn.context_hashes if turn.context_hashes is not None else [message_hash(m) for m in turn.context]
         committed = state.committed + context + [message_hash(m) for m in turn.turn + answer]
@@ -270,7 +272,7 @@ class TurnRunner:
             held.commit_turn_later(turn.context_ids, turn.turn_ids + reply, committed, keep_parent=turn.keep_parent)
             self.memory_tokens.wrote(state, len(committed), len(turn.context_ids) + len(turn.turn_ids) + len(reply))
             target, version = state, state.version + 1
-        if answered is not None and turn.thread is None:
+        if answered is not None and named:
             # kept in the session's record with that commit: a retry reaching a restarted proxy gets it too
             target.last_turn = {"digest": turn.digest, "key": turn.key, "version": version, **answered}
         return version

@@ -4,10 +4,11 @@ plain generations (no session)."""
 from __future__ import annotations
 
 import logging
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 from memt_core.client.chat_format import serves
 from memt_core.client.errors import MemTClientError
+from memt_core.client.native import AsyncNativeClient
 from memt_core.errors import EpochMismatch
 from memt_proxy.errors import ProxyError, Unavailable, from_native
 
@@ -15,12 +16,24 @@ log = logging.getLogger("memt.proxy")
 
 
 class Upstream:
-    """Calls to the upstream, failures mapped where they enter. A part of ``memt_proxy.session.sessions.Sessions``."""
+    """Calls to one upstream, failures mapped where they enter, and the limits it reports. ``restarted`` is called
+    when a failure shows that the upstream restarted (its sessions are gone)."""
 
-    async def check_upstream(self, *, refresh: bool = False) -> None:
+    def __init__(self, client: AsyncNativeClient, *, identity: str | None, served: dict | None, restarted: Callable[[], None]):
+        self.client = client
+        self.identity = identity  # the model/tokenizer identity the upstream must serve
+        self.served = served  # what its /memt/identity must say (model, config_sha256) when it reports no identity hash
+        self.restarted = restarted
+        self.checked = False
+        self.max_prefill_tokens: int | None = None
+        self.chunk_tokens: int | None = None
+        self.context_length: int | None = None  # prompt + output tokens the upstream allows, where it says so
+        self.capacity: int | None = None  # the upstream's session capacity, where it says so
+
+    async def check(self, *, refresh: bool = False) -> None:
         """The upstream must serve the checkpoint this proxy encodes prompts for; learn its limits.
         ``refresh``: ask it again even if it answered before (readiness)."""
-        if self._upstream_checked and not refresh:
+        if self.checked and not refresh:
             return
         try:
             capabilities = await self.client.capabilities(refresh=True)
@@ -37,16 +50,15 @@ class Upstream:
         self.max_prefill_tokens = capabilities.get("max_prefill_tokens")
         self.chunk_tokens = capabilities.get("chunk_tokens")
         self.context_length = capabilities.get("context_length")  # our core's extension; None elsewhere
-        self.upstream_sessions = capabilities.get("max_sessions_per_rank")  # our core's extension; None elsewhere
-        self._upstream_checked = True
-        await self.adopt_branches()
+        self.capacity = capabilities.get("max_sessions_per_rank")  # our core's extension; None elsewhere
+        self.checked = True
 
     async def call(self, call, *args, **kwargs):
         """``await call(*args, **kwargs)`` on the native client, its failure mapped to ProxyError."""
         try:
             return await call(*args, **kwargs)
         except MemTClientError as exc:
-            raise self.upstream_error(exc) from None
+            raise self.error(exc) from None
 
     async def stream(self, upstream: AsyncIterator[dict]) -> AsyncIterator[dict]:
         """A native stream's bodies, its failure mapped to ProxyError; leaving early closes it (cancels upstream)."""
@@ -54,17 +66,30 @@ class Upstream:
             async for body in upstream:
                 yield body
         except MemTClientError as exc:
-            raise self.upstream_error(exc) from None
+            raise self.error(exc) from None
         finally:
             await upstream.aclose()
 
-    def upstream_error(self, exc: MemTClientError) -> ProxyError:
+    def error(self, exc: MemTClientError) -> ProxyError:
         """The ProxyError for a native failure; an epoch mismatch means the upstream restarted."""
         if isinstance(exc.cause, EpochMismatch):
-            self._upstream_checked = False  # the upstream restarted: sessions are gone; relearn its epoch
-            for state in self.table:
-                state.forget()
+            self.checked = False  # the upstream restarted: sessions are gone; relearn its epoch
+            self.restarted()
         return from_native(exc)
+
+    def pieces(self, ids: list[int]) -> list[list[int]]:
+        """``ids`` as commits of at most the upstream's max_prefill_tokens (usually one).
+
+        A prompt that fits can make, with its answer, a turn that does not: rather than lose the answer,
+        it goes in several commits of the same transaction, cut at whole ``chunk_tokens`` so the write
+        events fall where one commit would put them (each later piece reads the memory as written so far).
+        """
+        limit = self.max_prefill_tokens
+        if not limit or len(ids) <= limit:
+            return [ids]
+        chunk = self.chunk_tokens or 1
+        step = max(chunk, limit - limit % chunk)
+        return [ids[i: i + step] for i in range(0, len(ids), step)]
 
     def generate(self, prompt: list[int], sampling: dict):
         """An ordinary generation without memory (no session)."""
@@ -72,4 +97,3 @@ class Upstream:
 
     def generate_stream(self, prompt: list[int], sampling: dict) -> AsyncIterator[dict]:
         return self.stream(self.client.generate_stream(prompt, sampling_params=sampling))
-

@@ -1,5 +1,5 @@
-"""Memory writes: the ``MemoryWrite`` plan driven over native requests, records kept before each change,
-turns committed behind their answers and settled after a failure."""
+"""Memory writes: the ``MemoryWrite`` plan driven over native requests, records kept before each change, a
+failed write settled."""
 
 from __future__ import annotations
 
@@ -20,53 +20,50 @@ from memt_core.client.turns import (
     Step,
     WaitStep,
 )
-from memt_proxy.errors import ProxyError, Unavailable
-from memt_proxy.session.state import COMMIT_CAPACITY_WAIT, Later, PendingTurn, SessionState
+from memt_proxy.errors import Unavailable
+from memt_proxy.session.leases import Leases
+from memt_proxy.session.state import COMMIT_CAPACITY_WAIT, PendingTurn, SessionState
+from memt_proxy.session.store import SessionRecordStore
+from memt_proxy.session.upstream import Upstream
 
 log = logging.getLogger("memt.proxy")
 
 
 class Writes:
-    """The memory-write sequence and the records around it. A part of ``memt_proxy.session.sessions.Sessions``."""
+    """The memory-write sequence on ``upstream`` in a lease of ``leases``, and the ``records`` around it."""
+
+    def __init__(self, upstream: Upstream, leases: Leases, records: SessionRecordStore, *, native_encoding: str | None):
+        self.upstream = upstream
+        self.client = upstream.client
+        self.leases = leases
+        self.records = records
+        self.native_encoding = native_encoding  # snapshot encoding of imports
+        self.published = 0  # memory writes published, since start
 
     def set_pending(self, state: SessionState, pending: PendingTurn | None) -> None:
         """Keep (or drop) the turn waiting for tool results, in memory and in the session's record."""
         if pending is None and state.pending is None:
             return
         state.pending = pending
-        self._record(state, self.records.save_pending, None if pending is None else asdict(pending))
+        self.record(state, self.records.save_pending, None if pending is None else asdict(pending))
 
     def changing(self, state: SessionState, committed: list[str]) -> None:
         """Record, before it happens, that the next published version of the session's memory holds ``committed``."""
         answered = state.last_turn if isinstance(state.last_turn, dict) and state.last_turn.get("version") == state.version + 1 else None
-        self._record(state, self.records.save, committed, answered)
+        self.record(state, self.records.save, committed, answered)
 
     def changed(self, state: SessionState, committed: list[str]) -> None:
         """The change recorded by ``changing`` was published (which ends any turn waiting for tool results)."""
         state.published(committed)
-        self.writes += 1
+        self.published += 1
 
-    def _record(self, state: SessionState, save, *fields) -> None:
+    def record(self, state: SessionState, save, *fields) -> None:
         """Write the session's record with ``save`` (a SessionRecordStore method) after its version and committed history."""
         try:
             save(state.native, state.version, state.committed if state.history_known else None, *fields)
         except OSError:
             # without a fresh record a restarted proxy finds no version match: the history counts as unknown
             log.warning("could not write the session record of %s", state.native, exc_info=True)
-
-    def pieces(self, ids: list[int]) -> list[list[int]]:
-        """``ids`` as commits of at most the upstream's max_prefill_tokens (usually one).
-
-        A prompt that fits can make, with its answer, a turn that does not: rather than lose the answer,
-        it goes in several commits of the same transaction, cut at whole ``chunk_tokens`` so the write
-        events fall where one commit would put them (each later piece reads the memory as written so far).
-        """
-        limit = self.max_prefill_tokens
-        if not limit or len(ids) <= limit:
-            return [ids]
-        chunk = self.chunk_tokens or 1
-        step = max(chunk, limit - limit % chunk)
-        return [ids[i: i + step] for i in range(0, len(ids), step)]
 
     async def write(self, state: SessionState, lease: str, commits: list[list[int]], committed: list[str]) -> None:
         """begin → one commit per entry of ``commits`` → publish, recorded as leaving ``committed`` in memory.
@@ -89,7 +86,7 @@ class Writes:
             if step is None and write.outcome == "uncertain" and not resumed:
                 resumed = True
                 try:
-                    await self.client.control("recover", state.native, lease=lease, ttl=self.lease_ttl)
+                    await self.client.control("recover", state.native, lease=lease, ttl=self.leases.lease_ttl)
                     status = await self.client.control("status", state.native, lease=lease)
                 except MemTClientError:
                     break
@@ -112,7 +109,7 @@ class Writes:
         if write.outcome == "published":
             self.changed(state, committed)
             return
-        raise self.upstream_error(error) if error is not None else Unavailable(f"upstream MemT server: the memory write ended {write.outcome}", code="upstream_unavailable")
+        raise self.upstream.error(error) if error is not None else Unavailable(f"upstream MemT server: the memory write ended {write.outcome}", code="upstream_unavailable")
 
     async def _send(self, step: Step, state: SessionState, lease: str) -> dict:
         """One step of a memory write as its native request."""
@@ -132,40 +129,10 @@ class Writes:
     async def reset(self, state: SessionState, lease: str | None = None) -> None:
         """Clear the session's memory (in ``lease``, or in the session's kept lease); the caller holds the lock."""
         if lease is None:
-            lease = await self.lease_of(state)
+            lease = await self.leases.lease_of(state)
         self.changing(state, [])
-        await self.call(self.client.control, "reset", state.native, lease=lease)
+        await self.upstream.call(self.client.control, "reset", state.native, lease=lease)
         self.changed(state, [])
-
-    def _commit_behind(self, state: SessionState, later: Later) -> None:
-        """Write a turn's commits in a task of the session's own, which holds the lock (taken over from the
-        request) and a use of the state until the write ends, so its next request waits for it."""
-        state.users += 1
-        task = asyncio.get_running_loop().create_task(self._write_behind(state, later))
-        state.committing = task
-        self.behind.add(task)
-        task.add_done_callback(self.behind.discard)
-
-    async def _write_behind(self, state: SessionState, later: Later) -> None:
-        commits, committed = later.commits, later.committed
-        try:
-            try:
-                if later.source is not None:
-                    await self.rebuild(state, later.source)
-                elif later.keep_parent:
-                    await self.keep_parent(state)
-                await self.write(state, state.lease, commits, committed)
-            except ProxyError as exc:
-                # the app resends this turn in its transcript, and it is committed with the next one
-                log.warning("committing a turn of %s failed (%s); it will be committed with the session's next turn", state.native, exc.message)
-                await self.settle(state, committed)
-        except Exception:
-            log.exception("committing a turn of %s failed", state.native)
-        finally:
-            state.committing = None
-            state.lock.release()
-            self.table.give_back(state)
-            self._rest(state)
 
     async def settle(self, state: SessionState, committed: list[str]) -> None:
         """After a failed write: release the lease (abandoning a transaction left open), then learn from the
@@ -173,7 +140,7 @@ class Writes:
         if neither, the session is adopted again on its next request."""
         lease = state.drop_lease()
         if lease is not None:
-            await self.release(state, lease)
+            await self.leases.release(state, lease)
         try:
             version = (await self.client.control("inspect", state.native))["published_version"]
         except MemTClientError:

@@ -62,3 +62,29 @@ def test_no_module_of_the_proxy_is_over_450_lines():
     root = Path(__file__).resolve().parents[2] / "memt_proxy"
     long = {str(p.relative_to(root)): n for p in root.rglob("*.py") if (n := len(p.read_text().splitlines())) > 450}
     assert not long, long
+
+
+def test_the_session_layer_is_composed_of_parts_not_mixins():
+    """Issue 45: ``Sessions`` builds its parts and hands each the others it uses; no class of the session layer
+    inherits from another of the proxy's classes (no part reaches another through a shared ``self``)."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    import memt_proxy.session as package
+    from memt_proxy.session.sessions import Sessions
+
+    mixed = []
+    for info in pkgutil.iter_modules(package.__path__):
+        module = importlib.import_module(f"memt_proxy.session.{info.name}")
+        for name, cls in inspect.getmembers(module, inspect.isclass):
+            if cls.__module__ != module.__name__ or issubclass(cls, BaseException):
+                continue
+            mixed += [(name, base.__qualname__) for base in cls.__mro__[1:] if base.__module__.startswith("memt_proxy.")]
+    assert mixed == []
+    assert Sessions.__bases__ == (object,)
+    from memt_core.client.native import AsyncNativeClient
+
+    layer = Sessions(AsyncNativeClient("http://127.0.0.1:9"), identity=None)
+    assert layer.placement.leases is layer.leases and layer.writes.leases is layer.leases
+    assert layer.placement.writes is layer.writes and layer.forks.placement is layer.placement

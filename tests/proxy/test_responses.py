@@ -14,7 +14,7 @@ from memt_proxy.responses.records import ResponseRecords, Thread
 from memt_proxy.errors import ProxyError
 from memt_proxy.responses.service import ResponsesService
 from memt_proxy.responses.protocol import InputItems, ResponseRequest
-from memt_proxy.session.sessions import HeldSession, PendingTurn, Sessions, SessionState
+from memt_proxy.session.sessions import PendingTurn, Sessions, SessionState
 from memt_proxy.session.transcript import message_hash
 from memt_proxy.turn_plan import encode
 
@@ -84,7 +84,7 @@ def test_what_is_refused_before_anything_runs(service):
 def test_the_turn_committed_behind_the_last_answer_is_confirmed_or_resent(service, upstream, expected):
     said = [{"role": "user", "content": "I live in Lisbon."}, {"role": "assistant", "content": "Noted."}]
     thread = Thread(id="conv_1", tenant="t", session="s", version=3, behind=list(said), uncommitted=[{"role": "user", "content": "added"}])
-    held = HeldSession(service.sessions, SessionState(native="n", version=upstream))
+    held = service.sessions.held(SessionState(native="n", version=upstream))
     if expected == "refused":  # memory moved in a way the proxy did not make: never answer from it
         with pytest.raises(ProxyError) as refused:
             asyncio.run(service._confirm(held, thread))

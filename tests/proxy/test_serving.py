@@ -150,7 +150,7 @@ def test_a_failed_session_record_write_is_logged_and_the_change_goes_on(nano_che
     state = service.sessions.state("tenant", "s")
     (tmp_path / "state").rmdir()  # e.g. the directory was removed under the running proxy
     with caplog.at_level(logging.WARNING, logger="memt.proxy"):
-        service.sessions.changing(state, ["a" * 64])
+        service.sessions.writes.changing(state, ["a" * 64])
     assert any("could not write the session record" in r.message for r in caplog.records)
 
 
@@ -173,7 +173,7 @@ def test_a_pending_tool_turn_is_kept_until_a_request_ends_it(nano_checkpoint, tm
     call = {"role": "assistant", "content": "", "tool_calls": [
         {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]}
     pending = PendingTurn([message_hash(question), message_hash(call)], chat_format._encode("the call's own tokens"), False)
-    service.sessions.set_pending(state, pending)
+    service.sessions.writes.set_pending(state, pending)
     assert store.load_pending(state.native, 0) == {"hashes": pending.hashes, "ids": pending.ids, "thinking": False}
 
     def prepare(messages, **fields):
@@ -190,14 +190,14 @@ def test_a_pending_tool_turn_is_kept_until_a_request_ends_it(nano_checkpoint, tm
     assert state.pending is pending and store.load_pending(state.native, 0) is not None  # kept until the turn ends
     assert prepare(results).turn_ids == continued.turn_ids  # so a retry continues it the same way
 
-    service.sessions.max_prefill_tokens = len(continued.prompt) - 1
+    service.sessions.upstream.max_prefill_tokens = len(continued.prompt) - 1
     refusals = {"context_length_exceeded": results, "tool_results_missing": [question, call, {"role": "user", "content": "never mind"}]}
     for code, messages in refusals.items():
         with pytest.raises(ProxyError) as refused:
             prepare(messages)
         assert refused.value.code == code
         assert state.pending is pending and store.load_pending(state.native, 0) is not None  # refused: nothing changed
-    service.sessions.max_prefill_tokens = None
+    service.sessions.upstream.max_prefill_tokens = None
 
     prepare([{"role": "user", "content": "something else"}])  # a new question abandons it
     assert state.pending is None and store.load_pending(state.native, 0) is None

@@ -117,15 +117,15 @@ def test_a_dropped_session_finds_its_record_again(tmp_path):
     layer = sessions(1, SessionRecordStore(tmp_path))
     state = layer.state("t", "a")
     state.exists = True
-    layer.changing(state, [A, B])
-    layer.changed(state, [A, B])
+    layer.writes.changing(state, [A, B])
+    layer.writes.changed(state, [A, B])
     layer.state("t", "b")  # makes room: a is dropped
     assert layer.table.get("t", "a") is None
     again = layer.state("t", "a")
     assert again is not state and again.exists is False and again.committed == []
-    layer.adopt(again, {"published_version": 1})  # what ``ensure`` does when the native session exists
+    layer.placement.adopt(again, {"published_version": 1})  # what ``ensure`` does when the native session exists
     assert again.committed == [A, B] and again.history_known is True and again.version == 1
-    layer.adopt(again, {"published_version": 2})  # changed since by someone else: unknown
+    layer.placement.adopt(again, {"published_version": 2})  # changed since by someone else: unknown
     assert again.committed == [] and again.history_known is False
 
 
@@ -133,11 +133,11 @@ def test_without_records_a_dropped_session_has_an_unknown_history():
     layer = sessions(1)
     state = layer.state("t", "a")
     state.exists = True
-    layer.changing(state, [A, C])
-    layer.changed(state, [A, C])
+    layer.writes.changing(state, [A, C])
+    layer.writes.changed(state, [A, C])
     layer.state("t", "b")
     again = layer.state("t", "a")
-    layer.adopt(again, {"published_version": 1})
+    layer.placement.adopt(again, {"published_version": 1})
     assert again.history_known is False and again.committed == [] and again.pending is None
 
 
@@ -172,5 +172,5 @@ def test_a_session_never_published_to_is_adopted_as_empty():
     """Published version 0: nothing was ever written (e.g. a proxy died between an answer and its commit), record or not."""
     layer = sessions(1)
     state = layer.state("t", "a")
-    layer.adopt(state, {"published_version": 0})
+    layer.placement.adopt(state, {"published_version": 0})
     assert state.history_known is True and state.committed == [] and state.exists

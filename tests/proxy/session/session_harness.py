@@ -139,7 +139,7 @@ def run(body: Callable[[Harness], Awaitable[Any]], *, core: tuple[str, ...] = ()
         async with app.router.lifespan_context(app):
             harness = Harness(app, service, engine, None, None, records_directory, options, plan.checkpoint.identity())  # type: ignore[arg-type]
             harness.sessions = harness.life()
-            harness.client = harness.sessions.client
+            harness.client = harness.sessions.upstream.client
             try:
                 if check:
                     await harness.sessions.check_upstream()
@@ -191,8 +191,8 @@ async def kept_state(sessions: Sessions, tenant: str, hashes: list[str], ids: li
     """A kept state holding ``ids``, recorded as holding ``hashes`` and indexed by their chain, as ``branches`` makes one."""
     async with sessions.turn(tenant, new_branch_name()) as held:
         state = held.state
-        async with sessions.state_room(state):
+        async with sessions.placement.state_room(state):
             await held.start()
-        sessions.move_head(state, chain(tenant, hashes)[-1])
-        await sessions.write(state, held.lease, [ids], hashes)
+        sessions.placement.move_head(state, chain(tenant, hashes)[-1])
+        await sessions.writes.write(state, held.lease, [ids], hashes)
     return state

@@ -66,7 +66,7 @@ def test_twenty_identical_answers_fork_one_state_written_once():
     async def body(h):
         sessions = h.sessions
         parent = await keep(sessions, "t", CONVERSATION[:2], [1, 2])
-        writes_before, copies_before = sessions.writes, h.client.count("create")
+        writes_before, copies_before = sessions.writes.published, h.client.count("create")
         plan = plan_headerless(CONVERSATION[:3], "t", sessions.prefixes)
         assert plan.found == Found(2, parent.name)
         answer = [assistant("2")]
@@ -90,7 +90,7 @@ def test_twenty_identical_answers_fork_one_state_written_once():
         await asyncio.gather(*(answered(index) for index in range(10)))  # after it is made: found, not made again
         await settle(sessions)
         made = [state for state in kept(sessions) if state is not parent]
-        return (parent, made, sessions.writes - writes_before, h.client.count("create") - copies_before, len(asked),
+        return (parent, made, sessions.writes.published - writes_before, h.client.count("create") - copies_before, len(asked),
                 [h.memory(state.native) for state in made], h.memory(parent.native), sessions.prefixes.find(chain("t", [*HASHES[:3], message_hash(answer[0])])))
 
     parent, made, writes, creates, asked, memories, parent_memory, found = run(body)
@@ -137,7 +137,7 @@ def test_resume_looks_again_when_the_state_it_found_was_closed():
         async with sessions.turn("t", deep.name) as holding:
             request = asyncio.create_task(resume(sessions, CONVERSATION, "t", 10))
             await until(lambda: deep.users == 2, what="the request waiting for the deep state")
-            assert await sessions.close_branch(holding.state)
+            assert await sessions.placement.close_branch(holding.state)
         plan, held, hold = await request
         try:
             return plan.found, held.state.name, held.state.committed, shallow, deep, h.native(deep.native)
@@ -168,7 +168,7 @@ def test_a_state_gone_upstream_is_dropped_from_the_index():
     async def body(h):
         sessions = h.sessions
         state = await keep(sessions, "t", CONVERSATION[:2], [1, 2])
-        await sessions.client.control("close", state.native, lease=state.drop_lease())
+        await sessions.upstream.client.control("close", state.native, lease=state.drop_lease())
         state.let_go()
         plan = plan_headerless(CONVERSATION, "t", sessions.prefixes)
         async with sessions.turn("t", state.name) as held:

@@ -22,7 +22,7 @@ def test_a_new_session_is_created_and_a_record_of_an_earlier_life_dropped(tmp_pa
         sessions = h.sessions
         state = sessions.state("t", "a")
         sessions.records.save(state.native, 4, [H1], [H1, H2])  # left by an earlier life of this id
-        await sessions.ensure(state)
+        await sessions.placement.ensure(state)
         return state, sessions.records.known(state.native), h.native(state.native)
 
     state, recorded, native = run(body, state=tmp_path)
@@ -36,7 +36,7 @@ def test_a_restarted_proxy_adopts_a_session_with_the_record_of_its_version(tmp_p
         restarted = h.life()
         await restarted.check_upstream()
         again = restarted.state("t", "a")
-        await restarted.ensure(again)
+        await restarted.placement.ensure(again)
         return again, h.client.count("create", state.native)
 
     again, created = run(body, state=tmp_path)
@@ -48,7 +48,7 @@ def test_a_session_changed_by_someone_else_is_adopted_as_an_unknown_history(tmp_
     async def body(h):
         sessions = h.sessions
         state = await committed_session(sessions, "t", "a", [1, 2], [H1])
-        await sessions.release(state, state.lease)
+        await sessions.leases.release(state, state.lease)
         other = h.other_client()
         lease = (await other.control("acquire", state.native, ttl=30))["lease"]
         await write_natively(other, state.native, lease, [9])  # version 2, which no record describes
@@ -56,7 +56,7 @@ def test_a_session_changed_by_someone_else_is_adopted_as_an_unknown_history(tmp_
         restarted = h.life()
         await restarted.check_upstream()
         again = restarted.state("t", "a")
-        await restarted.ensure(again)
+        await restarted.placement.ensure(again)
         return again
 
     again = run(body, state=tmp_path)
@@ -73,7 +73,7 @@ def test_an_idle_session_is_offloaded_to_make_room_and_restored_on_its_next_use(
         b = await committed_session(sessions, "t", "b", [3, 4], [H2])
         c = await committed_session(sessions, "t", "c", [5], [H3])
         offloaded = sessions.records.load_offload(a.native)
-        during = dict(a_exists=a.exists, a_native=h.native(a.native), b_exists=b.exists, offloads=sessions.offloads, a_version=a.version,
+        during = dict(a_exists=a.exists, a_native=h.native(a.native), b_exists=b.exists, offloads=sessions.placement.offloads, a_version=a.version,
                       snapshot=(tmp_path / offloaded["file"]).exists())
         deleted = []
         h.client.hooks["delete_snapshot"] = lambda action, session, fields: deleted.append((session, fields["file"]))
@@ -89,7 +89,7 @@ def test_an_idle_session_is_offloaded_to_make_room_and_restored_on_its_next_use(
     assert offloaded["committed"] == [H1]
     assert memory == (1, 2) and answer["output_ids"] == [1, 2, 1, 2]  # memory back, and read
     assert a.exists and a.version == 1 and a.committed == [H1] and a.history_known
-    assert sessions.restores == 1 and sessions.offloads == 2 and not b.exists  # b, then least recently used, made room
+    assert sessions.placement.restores == 1 and sessions.placement.offloads == 2 and not b.exists  # b, then least recently used, made room
     assert sessions.records.load_offload(a.native) is None  # restored: its offload record is gone
     assert deleted == [(a.native, offloaded["file"])]  # and its snapshot deleted (the fake engine keeps the file)
     assert c.exists
@@ -112,7 +112,7 @@ def test_kept_states_stay_within_the_bound_however_many_are_made_at_once():
             await asyncio.sleep(random.random() * 0.02)
             async with sessions.turn("t", new_branch_name()) as held:
                 try:
-                    async with sessions.state_room(held.state):
+                    async with sessions.placement.state_room(held.state):
                         await held.start()
                 except ProxyError as exc:
                     refused.append((exc.status, exc.code, held.state.exists))
@@ -125,7 +125,7 @@ def test_kept_states_stay_within_the_bound_however_many_are_made_at_once():
         await asyncio.gather(*(make(index) for index in range(12)))
         done.set()
         await watcher
-        return seen, made, refused, len(kept(sessions)), sessions.branches_closed, h.proxy_sessions()
+        return seen, made, refused, len(kept(sessions)), sessions.placement.branches_closed, h.proxy_sessions()
 
     seen, made, refused, left, closed, upstream = run(body, max_memory_states=3)
     assert max(k for k, _ in seen) <= 3 and max(u for _, u in seen) <= 3, max(seen)
@@ -136,7 +136,7 @@ def test_kept_states_stay_within_the_bound_however_many_are_made_at_once():
 
 def test_the_bound_is_half_the_upstreams_sessions():
     async def body(h):
-        return h.sessions.branch_limit()
+        return h.sessions.placement.branch_limit()
 
     assert run(body, core=("--max-sessions-per-rank", "10"), max_memory_states=256) == 5
     assert run(body, core=("--max-sessions-per-rank", "10"), max_memory_states=3) == 3
@@ -149,28 +149,28 @@ def test_a_kept_state_that_cannot_be_closed_now_is_kept_and_counted(tmp_path):
     async def body(h):
         sessions = h.sessions
         state = await kept_state(sessions, "t", [H1], [1, 2])
-        await sessions.release(state, state.lease)
+        await sessions.leases.release(state, state.lease)
         other = h.other_client()
         theirs = (await other.control("acquire", state.native, ttl=60))["lease"]
         async with sessions.turn("t", state.name):
-            closed = await sessions.close_branch(state)
+            closed = await sessions.placement.close_branch(state)
         snapshot = dict(
             closed=closed, exists=state.exists, record=sessions.records.known(state.native),
             branch=[b["name"] for b in sessions.records.branches()], native=h.native(state.native) is not None,
-            found=sessions.prefixes.find(chain("t", [H1])), counted=sessions.branches_closed,
+            found=sessions.prefixes.find(chain("t", [H1])), counted=sessions.placement.branches_closed,
         )
         newcomer = sessions.state("t", new_branch_name())
-        room = await sessions.make_branch_room(newcomer)
+        room = await sessions.placement.make_branch_room(newcomer)
         await other.control("release", state.native, lease=theirs)
         async with sessions.turn("t", state.name):
-            closed_later = await sessions.close_branch(state)
+            closed_later = await sessions.placement.close_branch(state)
         return state, snapshot, room, closed_later, sessions, h.native(state.native)
 
     state, snapshot, room, closed_later, sessions, native = run(body, state=tmp_path, max_memory_states=1)
     assert snapshot == {"closed": False, "exists": True, "record": True, "branch": [state.name], "native": True, "found": None, "counted": 0}
     assert room is False  # the bound (1) counts it
     assert closed_later and not state.exists and native is None
-    assert not sessions.records.known(state.native) and sessions.records.branches() == [] and sessions.branches_closed == 1
+    assert not sessions.records.known(state.native) and sessions.records.branches() == [] and sessions.placement.branches_closed == 1
 
 
 def test_keep_parent_copies_a_sessions_memory_and_indexes_it(tmp_path):
@@ -180,9 +180,9 @@ def test_keep_parent_copies_a_sessions_memory_and_indexes_it(tmp_path):
         sessions.memory_tokens.wrote(state, 2, 3)
         async with sessions.turn("t", "a") as held:
             await held.start()
-            await sessions.keep_parent(held.state)
+            await sessions.forks.keep_parent(held.state)
             again = len(kept(sessions))
-            await sessions.keep_parent(held.state)  # the same memory is kept once
+            await sessions.forks.keep_parent(held.state)  # the same memory is kept once
             twice = len(kept(sessions))
         parents = kept(sessions)
         parent = parents[0]
@@ -205,7 +205,7 @@ def test_closing_a_session_closes_the_states_kept_for_it(tmp_path):
         await committed_session(sessions, "t", "a", [1, 2], [H1])
         async with sessions.turn("t", "a") as held:
             await held.start()
-            await sessions.keep_parent(held.state)
+            await sessions.forks.keep_parent(held.state)
         parent = kept(sessions)[0]
         await sessions.admin("t", "a", "close")
         return parent, h.native(parent.native), sessions.prefixes.find(chain("t", [H1])), SessionRecordStore(tmp_path / "records").branches()
@@ -224,7 +224,7 @@ def test_a_state_kept_before_a_turn_never_takes_the_tables_last_place(tmp_path):
         async with sessions.turn("t", "a") as held:
             await held.start()
             room = sessions.table.room()
-            await sessions.keep_parent(held.state)
+            await sessions.forks.keep_parent(held.state)
             tight = len(kept(sessions))
             async with sessions.turn("t", "b") as other:  # another client's session: served, not refused
                 await other.start()
@@ -233,7 +233,7 @@ def test_a_state_kept_before_a_turn_never_takes_the_tables_last_place(tmp_path):
         await committed_session(roomy, "t", "c", [4, 5], [H1])
         async with roomy.turn("t", "c") as held:
             await held.start()
-            await roomy.keep_parent(held.state)
+            await roomy.forks.keep_parent(held.state)
         return room, tight, state, len(kept(roomy))
 
     room, tight, state, roomy = run(body, state=tmp_path, max_sessions=2)

@@ -84,12 +84,12 @@ def test_a_read_turn_or_a_cut_answer_ends_the_turn_as_context(tmp_path, policy, 
         state = await committed_session(sessions, "t", "a", [1, 2], [H1])
         async with sessions.turn("t", "a") as held:
             await held.start()
-            sessions.set_pending(held.state, PendingTurn([HX], [5], False))  # an earlier tool round
+            sessions.writes.set_pending(held.state, PendingTurn([HX], [5], False))  # an earlier tool round
             turn = Turn("t", policy, prompt=[3], turn_ids=[3], turn=[user("go on")], keep_parent=True)
             version = runner.after(turn, held, [assistant("done")], [4], finish)
             later = held.later
         await settle(sessions)
-        return version, later, state, sessions.records.load_pending(state.native, 1), h.memory(state.native), sessions.writes
+        return version, later, state, sessions.records.load_pending(state.native, 1), h.memory(state.native), sessions.writes.published
 
     version, later, state, recorded, memory, writes = run(body, state=tmp_path)
     assert version is None and later is None
@@ -112,9 +112,9 @@ def test_auto_commits_behind_the_answer_keeping_the_state_before_it(tmp_path):
         await settle(sessions)
         parents = kept(sessions)
         return (version, later, written_yet, state, h.memory(state.native), parents, [h.memory(p.native) for p in parents],
-                sessions.records.load_answer(state.native, 2), sessions.memory_tokens.held(state), sessions.prefixes.find(chain("t", [H1])))
+                sessions.records.load_answer(state.native, 2), sessions.memory_tokens.held(state), sessions.prefixes.find(chain("t", [H1])), runner)
 
-    version, later, written_yet, state, memory, parents, parent_memory, recorded, tokens, found = run(body, state=tmp_path)
+    version, later, written_yet, state, memory, parents, parent_memory, recorded, tokens, found, runner = run(body, state=tmp_path)
     assert version == 2 and written_yet == 1  # behind the answer: not before the request let go
     assert later.keep_parent and later.source is None and later.commits == [[3], [4, 5, 6]]
     assert state.version == 2 and memory == (1, 2, 3, 4, 5, 6)
@@ -123,6 +123,7 @@ def test_auto_commits_behind_the_answer_keeping_the_state_before_it(tmp_path):
     assert found == Found(1, parents[0].name)
     assert state.last_turn == {"digest": "d", "key": None, "version": 2, "message": "answer"} == recorded
     assert tokens == 4  # context, turn and reply, counted for the session's next prompts
+    assert not runner.answers._kept  # a named session's answer is kept once: in its record, not also in the runner
 
 
 def test_a_session_following_a_kept_state_commits_from_a_copy_of_it():

@@ -47,7 +47,7 @@ def test_a_commit_behind_the_answer_publishes_and_records_before_and_after(tmp_p
         assert not waiting.done() and state.version == 0
         h.engine.hold.set()
         await waiting
-        return state, at_publish, seen, sessions.writes, h.memory(state.native), h.client.calls
+        return state, at_publish, seen, sessions.writes.published, h.memory(state.native), h.client.calls
 
     state, at_publish, seen, writes, memory, calls = run(body, state=tmp_path)
     # before publish: the record says what this version holds and what the next will; nothing changed yet
@@ -85,9 +85,9 @@ def test_a_failed_commit_leaves_memory_and_the_record_as_they_were(tmp_path, sta
         restarted = h.life()
         await restarted.check_upstream()
         again = restarted.state("t", "a")
-        await restarted.ensure(again)
+        await restarted.placement.ensure(again)
         native = h.native(state.native)
-        return state, record, after, h.memory(state.native), native.published_version, native.lease, native.transaction, again, sessions.writes
+        return state, record, after, h.memory(state.native), native.published_version, native.lease, native.transaction, again, sessions.writes.published
 
     state, record, after, memory, version, upstream_lease, transaction, again, writes = run(body, state=tmp_path)
     assert memory == (1, 2) and version == 1
@@ -128,14 +128,14 @@ def test_pieces_cut_at_max_prefill_tokens_in_whole_chunks():
         return h.sessions
 
     sessions = run(body)
-    sessions.max_prefill_tokens, sessions.chunk_tokens = None, 128
-    assert sessions.pieces(list(range(5000))) == [list(range(5000))]
-    sessions.max_prefill_tokens = 300
-    assert sessions.pieces(list(range(300))) == [list(range(300))]
-    pieces = sessions.pieces(list(range(700)))
+    sessions.upstream.max_prefill_tokens, sessions.upstream.chunk_tokens = None, 128
+    assert sessions.upstream.pieces(list(range(5000))) == [list(range(5000))]
+    sessions.upstream.max_prefill_tokens = 300
+    assert sessions.upstream.pieces(list(range(300))) == [list(range(300))]
+    pieces = sessions.upstream.pieces(list(range(700)))
     assert [len(p) for p in pieces] == [256, 256, 188] and sum(pieces, []) == list(range(700))
-    sessions.chunk_tokens = None  # a server that does not say: cut at the limit itself
-    assert [len(p) for p in sessions.pieces(list(range(700)))] == [300, 300, 100]
+    sessions.upstream.chunk_tokens = None  # a server that does not say: cut at the limit itself
+    assert [len(p) for p in sessions.upstream.pieces(list(range(700)))] == [300, 300, 100]
 
 
 def test_a_turn_longer_than_max_prefill_tokens_is_written_in_pieces_of_one_transaction():
@@ -143,7 +143,7 @@ def test_a_turn_longer_than_max_prefill_tokens_is_written_in_pieces_of_one_trans
     three commits of one transaction, one publish, and memory holds all of it."""
     async def body(h):
         sessions = h.sessions
-        assert sessions.max_prefill_tokens == 128
+        assert sessions.upstream.max_prefill_tokens == 128
         sizes = []
         h.client.hooks["commit"] = lambda action, session, fields: sizes.append(len(fields["ids"]))
         ids = [i % 500 + 1 for i in range(300)]
