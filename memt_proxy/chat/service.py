@@ -1,12 +1,12 @@
 """Chat completions over the proxy's session layer: request → prepared turn → OpenAI response or chunks.
 
-A request with ``X-MemT-Session`` runs on one session of ``memt_proxy.session.sessions`` (lock → create or
-adopt → lease, kept across requests → query → answer; the completed turn is committed behind the
-answer, before the session's next request runs); without one, or with memory ``off``,
+A request with ``X-MemT-Session`` runs on one session of ``memt_proxy.session.sessions``, one without it on the
+kept state its transcript reaches (``memt_proxy.chat.memory`` holds either; the completed turn is committed behind
+the answer, before the session's next request runs); with memory ``off``, or with no memory to resume,
 it is a plain generation over the whole transcript. Memory policy: ``auto`` reads memory and commits
-each completed turn, ``read`` only reads, ``off`` neither. This module decides what the model sees
-(transcript trimming, tool rounds, thinking, stop strings) and shapes what the app gets back; the
-session layer decides nothing about OpenAI shapes.
+each completed turn, ``read`` only reads, ``off`` neither. The surface decides what the model sees
+(``memt_proxy.chat.plan``: transcript trimming, tool rounds, thinking, stop strings) and this module shapes what
+the app gets back; the session layer decides nothing about OpenAI shapes.
 
 Structured outputs (``memt_proxy.structured``) become one grammar field of the native sampling params;
 a structured turn runs without a reasoning block (the grammar starts at the answer). ``n`` > 1 runs
@@ -19,21 +19,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import time
 from typing import AsyncIterator
 
 from memt_core.client.chat_format import ChatFormat
 from memt_core.client.parsers import OutputParser, hold_partial
-from memt_proxy.session.branches import resume
-from memt_proxy.chat.plan import SEED_MODULUS, ChatPlanner, regenerates
-from memt_proxy.chat.stream import deltas, replayed
+from memt_proxy.chat.memory import ChatMemory
+from memt_proxy.chat.plan import SEED_MODULUS, ChatPlanner
+from memt_proxy.chat.stream import deltas
 from memt_proxy.errors import BadRequest, NotFound
 from memt_proxy.protocol import ChatCompletionRequest, Usage, choice, chunk_body, completion_id, logprobs_content, response_body
 from memt_proxy.session.turn import Turn, TurnRunner
 from memt_proxy.session.sessions import HeldSession, Sessions
-from memt_proxy.session.transcript import as_dict
 from memt_proxy.turn_plan import RawStream, off_loop, request_digest
 
 log = logging.getLogger("memt.proxy")
@@ -71,6 +69,8 @@ class ChatService:
         self.headerless = headerless  # requests without X-MemT-Session get memory too (``memt_proxy.session.branches``)
         self.runner = runner or TurnRunner(sessions, chat_format)
         self.plans = ChatPlanner(chat_format, sessions, default_thinking=default_thinking)
+        # which memory a turn runs on: a named session, or the kept state a header-less conversation reaches
+        self.memory = ChatMemory(sessions, self.runner, self.plans, run=self._run, streamed=self._stream)
 
     async def complete(
         self, request: ChatCompletionRequest, *, tenant: str, session: str | None, memory: str | None, on_divergence: str | None = None,
@@ -100,45 +100,12 @@ class ChatService:
             return await self._respond(await off_loop(size, self.plans.stateless, request, tenant), None, None)
         digest = request_digest(dumped)
         if session is None:
-            kept = self.runner.retried(tenant, digest, retry, key)
-            if kept is not None:
-                return replayed(request, kept)
-            return await self._headerless(request, tenant, policy, size, digest, key)
-        divergence = on_divergence or self.on_divergence
-
-        def plan(state, hashes=None):
-            return off_loop(size, self.plans.on_memory, request, state, policy, hashes)
-
-        held, hold, prepare = await self.runner.hold_named(
-            tenant, session, request.messages, policy=policy, strict=divergence in STRICT, size=size, digest=digest, retry=retry, key=key,
-            plan=plan, starts_over=functools.partial(regenerates, request),
-        )
-        if held is None:  # a client's retry of the session's last committed turn
-            return replayed(request, prepare)
-        return await self.runner.answer(held, hold, prepare, stream=bool(request.stream), run=self._run, streamed=self._stream, create=True)
-
-    async def _headerless(self, request: ChatCompletionRequest, tenant: str, policy: str, size: int, digest: str, key: str | None):
-        """A conversation without X-MemT-Session, identified by its transcript (``memt_proxy.session.branches``): resumed
-        from the deepest kept state its earlier messages reach; with none, a plain generation. Behind the answer
-        the conversation's next state is forked (``TurnRunner.after``)."""
-        plan, held, hold = await resume(self.sessions, request.messages, tenant, size)
-        if held is None:
-            turn = await off_loop(size, self.plans.stateless, request, tenant)
-            turn.headerless, turn.digest, turn.key, turn.policy = plan, digest, key, policy
-            conversation = [as_dict(m) for m in request.messages if m.role not in ("system", "developer")]
-            earlier, opened = conversation[: len(plan.hashes)], conversation[len(plan.hashes):]
-            turn.opening = functools.partial(off_loop, size, self.plans.opening_ids, earlier, opened, turn.thinking, turn.prefix)
-            return await self._respond(turn, None, None)
-
-        async def prepare() -> Turn:
-            turn = await off_loop(size, self.plans.on_memory, request, held.state, policy, plan.hashes)
-            turn.headerless, turn.digest, turn.key = plan, digest, key
-            return turn
-
-        return await self.runner.answer(held, hold, prepare, stream=bool(request.stream), run=self._run, streamed=self._stream, create=True)
+            return await self.memory.headerless(request, tenant=tenant, policy=policy, size=size, digest=digest, retry=retry, key=key)
+        strict = (on_divergence or self.on_divergence) in STRICT
+        return await self.memory.named(request, tenant=tenant, session=session, policy=policy, strict=strict, size=size, digest=digest, retry=retry, key=key)
 
     async def _respond(self, turn: Turn, held: HeldSession | None, hold: contextlib.AsyncExitStack | None):
-        """A stateless (or header-less, from its text) turn's answer: a body, or a stream."""
+        """A stateless turn's answer: a body, or a stream."""
         return self._stream(turn, held, hold) if turn.request.stream else await self._run(turn, held)
 
     # ---- generation
