@@ -39,7 +39,7 @@ from memt_proxy.responses.plan import ResponsesPlanner
 from memt_proxy.responses.protocol import (
     Events, InputItems, ResponseRequest, function_call_item, item_messages, message_item, new_id, reasoning_item, response_object, usage,
 )
-from memt_proxy.responses.records import SNAPSHOTS_PER_CHAIN, ResponseRecord, ResponseRecords, Thread
+from memt_proxy.responses.records import SNAPSHOTS_PER_CHAIN, ResponseRecord, ResponseRecords
 from memt_proxy.responses.stored import StoredResponses
 from memt_proxy.responses.stream import StreamedItems, replayed
 from memt_proxy.responses.threads import Threads
@@ -141,10 +141,6 @@ class ResponsesService:
         """Answer ``plan`` on the held session, which is let go when the answer ends (a stream: when it does)."""
         answer = self.runner.handed(plan, held, hold, stream=bool(plan.request.stream), run=self._run, streamed=self._stream)
         return answer if plan.request.stream else await answer
-
-    async def _confirm(self, held: HeldSession, thread: Thread) -> None:
-        """``Threads.confirm``: the thread's memory checked against its record (what the unit tests call)."""
-        await self.threads.confirm(held, thread)
 
     # ------------------------------------------------------------------ generation
 

@@ -87,10 +87,10 @@ def test_the_turn_committed_behind_the_last_answer_is_confirmed_or_resent(servic
     held = service.sessions.held(SessionState(native="n", version=upstream))
     if expected == "refused":  # memory moved in a way the proxy did not make: never answer from it
         with pytest.raises(ProxyError) as refused:
-            asyncio.run(service._confirm(held, thread))
+            asyncio.run(service.threads.confirm(held, thread))
         assert refused.value.status == 409 and refused.value.code == "memory_version_mismatch"
         return
-    asyncio.run(service._confirm(held, thread))
+    asyncio.run(service.threads.confirm(held, thread))
     assert thread.behind == []
     if expected == "landed":
         assert thread.version == 3 and thread.uncommitted == [{"role": "user", "content": "added"}]
