@@ -145,6 +145,8 @@ class Sessions:
             state.forget()
 
     async def _reload(self, state: SessionState) -> None:
+        """``Leases``' way to bring back a session the upstream let go: ``Placement.reload`` (Placement, built after
+        Leases, uses them)."""
         await self.placement.reload(state)
 
     async def check_upstream(self, *, refresh: bool = False) -> None:
