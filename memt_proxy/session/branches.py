@@ -90,7 +90,7 @@ async def planned(sessions: Sessions, messages: list[Message] | list[dict], tena
     making = sessions.prefixes.being_made(plan.links[-1]) if plan.links else None
     if making is not None and (plan.found is None or plan.found.depth < len(plan.links)):
         try:
-            await asyncio.wait_for(making.wait(), timeout=sessions.lease_wait)
+            await asyncio.wait_for(making.wait(), timeout=sessions.leases.lease_wait)
         except asyncio.TimeoutError:
             return plan
         plan = await off_loop(size, plan_headerless, messages, tenant, sessions.prefixes)

@@ -137,7 +137,6 @@ class Sessions:
         self.writes = Writes(self.upstream, self.leases, self.records, native_encoding=native_encoding)
         self.placement = Placement(self.upstream, self.leases, self.writes, self.records, self.table, self.prefixes, max_memory_states=max_memory_states)
         self.forks = NamedForks(self.turn, self.upstream, self.leases, self.writes, self.placement, self.memory_tokens)
-        self.lease_wait = lease_wait
 
     def _forget_all(self) -> None:
         """The upstream restarted: every native session is gone."""
@@ -190,9 +189,9 @@ class Sessions:
             if state.committing is not None:
                 await asyncio.wait({state.committing})  # the session's own previous turn, not another request
             try:
-                await asyncio.wait_for(state.lock.acquire(), timeout=self.lease_wait)
+                await asyncio.wait_for(state.lock.acquire(), timeout=self.leases.lease_wait)
             except asyncio.TimeoutError:
-                raise Conflict(f"session busy: another request on this session is still running after {self.lease_wait:.0f}s; retry later", code="session_busy") from None
+                raise Conflict(f"session busy: another request on this session is still running after {self.leases.lease_wait:.0f}s; retry later", code="session_busy") from None
             held = self.held(state)
             try:
                 yield held

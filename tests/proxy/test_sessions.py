@@ -98,7 +98,7 @@ def test_a_state_with_a_request_waiting_for_its_lock_is_not_dropped():
 
 def test_the_lock_wait_is_bounded():
     layer = sessions(4)
-    layer.lease_wait = 0.05
+    layer.leases.lease_wait = 0.05
 
     async def scenario():
         async with layer.turn("t", "a"):
