@@ -177,7 +177,7 @@ class HeldSession:
 
     async def commit_turn(self, context_ids: list[int], turn_ids: list[int], committed: list[str]) -> None:
         """Write a completed turn (after the uncommitted context before it) into memory, which then holds ``committed``."""
-        commits = ([context_ids] if context_ids else []) + self.upstream.pieces(turn_ids)
+        commits = self._commits(context_ids, turn_ids)
         await self._leased()
         try:
             await self.writes.write(self.state, self.lease, commits, committed)
@@ -190,7 +190,11 @@ class HeldSession:
         """``commit_turn``, done once the request lets the session go (its answer is out by then); the session's
         next request waits for it. If it fails, memory stays as it was (see the module docstring). ``keep_parent``
         and ``source``: see ``Later``."""
-        self.later = Later(([context_ids] if context_ids else []) + self.upstream.pieces(turn_ids), committed, keep_parent, source)
+        self.later = Later(self._commits(context_ids, turn_ids), committed, keep_parent, source)
+
+    def _commits(self, context_ids: list[int], turn_ids: list[int]) -> list[list[int]]:
+        """A turn's commits: the uncommitted context before it (if any), then the turn in pieces the upstream takes."""
+        return ([context_ids] if context_ids else []) + self.upstream.pieces(turn_ids)
 
     async def find(self, session: str) -> dict | None:
         """Adopt the session if it exists upstream; bring it back if its memory is kept elsewhere — offloaded by
