@@ -32,47 +32,14 @@ export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 MEMT_TES
 SUMMARY=$OUT/summary.txt
 : >"$SUMMARY"
 
-note() { echo "$*" | tee -a "$SUMMARY"; }
-left() { echo $((BUDGET - ($(date +%s) - START))); }
-# step NAME CAP RESERVE LOG COMMAND...: run COMMAND with at most CAP seconds, leaving RESERVE for later steps
-step() {
-    local name=$1 cap=$2 reserve=$3 log=$4
-    shift 4
-    local limit=$(($(left) - reserve))
-    ((limit > cap)) && limit=$cap
-    if ((limit < 20)); then
-        note "$name: skipped (${limit}s left for it)"
-        return 0
-    fi
-    local began=$(date +%s)
-    echo "### $name: $* (at most ${limit}s)" >>"$log"
-    timeout --kill-after=10 "$limit" "$@" >>"$log" 2>&1
-    local rc=$?
-    note "$name: exit $rc in $(($(date +%s) - began))s$([ $rc = 124 ] && echo ' (timed out)')"
-    return 0
-}
+. scripts/lib/steps.sh
 
 note "issue 46 GPU run, $(date -u +%FT%TZ), budget ${BUDGET}s, outputs in $OUT"
 : >"$OUT/env.txt"
 if [ -n "${WHEELS:-}" ]; then
     step "wheels" 90 400 "$OUT/env.txt" $PY -m pip install --no-index --no-deps "$WHEELS"/*.whl
 fi
-{
-    nvidia-smi -L 2>&1 || echo "no nvidia-smi"
-    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 || true
-    echo "python: $($PY --version 2>&1)"
-    $PY - <<'EOF' 2>&1
-import importlib, torch
-print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available(),
-      torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")
-for name in ("transformers", "fla", "causal_conv1d", "triton", "fastapi", "uvicorn", "llguidance", "pytest_timeout"):
-    try:
-        module = importlib.import_module(name)
-        print(name, getattr(module, "__version__", "installed"))
-    except Exception as exc:
-        print(name, "MISSING", type(exc).__name__)
-EOF
-} >>"$OUT/env.txt"
+machine "$OUT/env.txt" transformers fla causal_conv1d triton fastapi uvicorn llguidance pytest_timeout
 
 
 # on the CPU meanwhile: the Nano-widths checkpoint, then the launch count

@@ -123,3 +123,24 @@ def test_the_train_loop_takes_the_batched_path(tmp_path, monkeypatch):
     train(TrainConfig(steps=1, batch_size=2, log_every=1, batched=True), tmp_path / "out", log=lines.append,
           init_from=tmp_path / "start")
     assert calls == [1] and any(line.startswith("step 1/1") for line in lines)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (CI has none; run on a GPU host)")
+def test_batched_on_cuda_equals_the_reference_on_the_cpu(tiny):
+    """What a GPU run trains with (``--device cuda --batched``: one forward per commit index) computes the CPU
+    reference's loss and gradients; TF32 and other kernels allow a wider tolerance than the CPU's."""
+    import copy
+
+    from memt_demo.batched import batched_episode_loss
+    from memt_demo.train import episode_loss
+
+    model, fmt = tiny
+    batch = draw_batch(fmt, 1)
+    reference = loss_and_grads(model, episode_loss, batch)
+    gpu = copy.deepcopy(model).to("cuda")
+    loss, stats, grads = loss_and_grads(gpu, lambda m, b: batched_episode_loss(m, b, slack="auto"), batch)
+    assert loss.device.type == "cuda" and stats.tokens == reference[1].tokens
+    assert_close("loss", reference[0], loss.cpu(), rtol=2e-2)
+    for name, grad in reference[2].items():
+        assert_close(name, grad, grads[name].cpu(), rtol=5e-2)
