@@ -9,6 +9,7 @@ adds the memory read to the attention output, so the residual stream receives it
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Mapping
 
 import torch
@@ -61,7 +62,7 @@ class MemTForCausalLM(nn.Module):
         self.memory_layers = tuple(memory.memory_layers)
         self._pass: _Pass | None = None
         for layer in self.memory_layers:
-            self.attention(layer).register_forward_hook(self._memory_hook(layer), with_kwargs=True)
+            self.attention(layer).register_forward_hook(partial(self._memory_hook, layer), with_kwargs=True)
 
     def attention(self, layer: int) -> nn.Module:
         """The native attention module of backbone layer ``layer``, where its family says it sits."""
@@ -102,22 +103,21 @@ class MemTForCausalLM(nn.Module):
             self._pass = None
         return MemTOutput(logits=out.logits, past_key_values=out.past_key_values, writes=writes)
 
-    def _memory_hook(self, layer: int):
-        def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any):
-            current = self._pass
-            if current is None:
-                return None
-            x = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
-            memory_module = self.memory_module(layer)
-            if current.collect:
-                current.writes[layer] = memory_module.write_inputs(x)
-            state = current.memory.get(layer) if current.memory else None
-            if state is None:
-                return None
-            attn_output, *rest = output
-            return (attn_output + memory_module.read(x, state).to(attn_output.dtype), *rest)
-
-        return hook
+    def _memory_hook(self, layer: int, module: nn.Module, args: tuple, kwargs: dict, output: Any):
+        """After attention layer ``layer``: collect its write inputs, add its memory read. Registered as a bound
+        method (not a closure) so that ``copy.deepcopy`` of the model hooks the copy, not the original."""
+        current = self._pass
+        if current is None:
+            return None
+        x = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+        memory_module = self.memory_module(layer)
+        if current.collect:
+            current.writes[layer] = memory_module.write_inputs(x)
+        state = current.memory.get(layer) if current.memory else None
+        if state is None:
+            return None
+        attn_output, *rest = output
+        return (attn_output + memory_module.read(x, state).to(attn_output.dtype), *rest)
 
     def checkpoint_state_dict(self) -> dict[str, torch.Tensor]:
         """Tensors as a checkpoint stores them: backbone names unchanged, memory under ``memt.layers.``."""

@@ -131,6 +131,25 @@ def test_collect_writes(tiny_model):
         assert (writes.g <= 0).all() and ((writes.beta > 0) & (writes.beta < 1)).all()
 
 
+def test_a_deep_copy_reads_and_writes_its_own_memory(tiny_model):
+    """``copy.deepcopy`` of a model (as a trainer copies one to another device) hooks the copy: it reads memory and
+    collects writes like the original, and changing the copy's memory weights changes only the copy."""
+    import copy
+
+    ids = token_ids(1, 10, seed=9)
+    memory = random_memory(tiny_model, 1, seed=10)
+    twin = copy.deepcopy(tiny_model)
+    with torch.no_grad():
+        original, copied = tiny_model(ids, memory=memory, collect_writes=True), twin(ids, memory=memory, collect_writes=True)
+        torch.testing.assert_close(copied.logits, original.logits)
+        assert sorted(copied.writes) == sorted(original.writes) == list(tiny_model.memory_layers)
+        assert not torch.allclose(copied.logits, twin(ids).logits)  # the copy reads the memory it is given
+        for layer in twin.memory_layers:
+            twin.memory_module(layer).o_proj.weight.mul_(3.0)
+        assert not torch.allclose(twin(ids, memory=memory).logits, copied.logits)
+        torch.testing.assert_close(tiny_model(ids, memory=memory).logits, original.logits)
+
+
 def test_write_inputs_slice_and_mask():
     gen = torch.Generator().manual_seed(8)
     writes = WriteInputs(*(torch.randn(shape, generator=gen) for shape in [(2, 5, 3, 4), (2, 5, 3, 6), (2, 5, 3), (2, 5, 3)]))
