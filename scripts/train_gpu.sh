@@ -7,9 +7,10 @@
 #                                                       # (scripts/bench/gpu_wheels.sh downloads them)
 #   DEVICE=cpu BUDGET=120 STEPS=2 scripts/train_gpu.sh  # a dry run of the script itself, where no GPU is
 #
-# Settings: BUDGET seconds in all (default 520), INIT the checkpoint to continue (default runs/demo-v3/m128-118min),
-# BATCH episodes per step (default 256), LR the peak learning rate (default 1e-3), SEED (default 21), STEPS the most
-# steps (default: as many as the time allows), MIX extra `--mix FIELD=VALUE` words for scripts/train_tiny.py.
+# Settings: BUDGET seconds in all (default 520); INIT the checkpoint to continue (default
+# runs/demo-v3/m128-avg-316min, the best of the wider memory's CPU runs: runs/README.md); BATCH episodes per step
+# (default 256); LR the peak learning rate (default 1e-3); SEED (default 21); STEPS the most steps (default: as many
+# as the time allows); MIX extra `--mix FIELD=VALUE` words for scripts/train_tiny.py.
 # Outputs (6 files; a device machine gives back at most 8):
 #   summary.txt         each step's exit status and seconds, and the key lines
 #   env.txt             the machine, Python and package versions
@@ -26,7 +27,7 @@ mkdir -p "$OUT"
 BUDGET=${BUDGET:-520}
 PY=${PYTHON:-python3}
 DEVICE=${DEVICE:-cuda}
-INIT=${INIT:-runs/demo-v3/m128-118min}
+INIT=${INIT:-runs/demo-v3/m128-avg-316min}
 BATCH=${BATCH:-256}
 LR=${LR:-1e-3}
 SEED=${SEED:-21}

@@ -33,5 +33,5 @@ def test_the_dry_run_leaves_a_loadable_checkpoint_in_out(tmp_path):
         archive.extractall(tmp_path, filter="data")
     training = json.loads((tmp_path / "checkpoint/training.json").read_text())
     assert training["config"]["batched"] and training["config"]["batch_size"] == 2
-    assert "--init-from runs/demo-v3/m128-118min" in training["command"]
+    assert "--init-from runs/demo-v3/m128-avg-316min" in training["command"]
     load_model(read_checkpoint(tmp_path / "checkpoint"))
