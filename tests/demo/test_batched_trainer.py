@@ -28,42 +28,25 @@ def assert_close(name: str, reference: torch.Tensor, actual: torch.Tensor, rtol:
     assert error <= rtol, f"{name}: relative difference {error:.2e} > {rtol:.0e}"
 
 
-SHAPE_KW = dict(hidden_size=32, layers=2, heads=2, kv_heads=1, head_dim=16, experts=4, experts_per_token=2,
-                expert_size=32, shared_expert_size=32, memory_layers=(0, 1), memory_heads=2, key_dim=8, value_dim=8,
-                chunk_tokens=16)
-
-
 @pytest.fixture(scope="module")
-def tiny_directory(tmp_path_factory):
+def tiny(tmp_path_factory):
     import json
 
     from transformers import PreTrainedTokenizerFast
 
-    from memt_demo.train import SKELETON_FILES, ModelShape, demo_config
+    from memt_demo.format import DemoChatFormat
+    from memt_demo.train import SKELETON_FILES, ModelShape, TrainConfig, demo_config, init_model
 
     directory = tmp_path_factory.mktemp("tiny-demo")
     for name in SKELETON_FILES[1:]:
         shutil.copyfile(BUNDLED_MODEL / name, directory / name)
     tokenizer = PreTrainedTokenizerFast.from_pretrained(str(directory))
-    (directory / "config.json").write_text(json.dumps(demo_config(tokenizer, ModelShape(**SHAPE_KW))))
-    return directory
-
-
-def new_model(directory, device: str = "cpu"):
-    """The tiny model of ``directory``, its weights drawn from the trainer's fixed seed (the same on every call)."""
-    from memt_demo.train import ModelShape, TrainConfig, init_model
-
-    return init_model(directory, TrainConfig(shape=ModelShape(**SHAPE_KW))).to(device).train()
-
-
-@pytest.fixture(scope="module")
-def tiny(tiny_directory):
-    from transformers import PreTrainedTokenizerFast
-
-    from memt_demo.format import DemoChatFormat
-
-    tokenizer = PreTrainedTokenizerFast.from_pretrained(str(tiny_directory))
-    return new_model(tiny_directory), DemoChatFormat(tokenizer, value_weight=3.0)
+    shape = ModelShape(hidden_size=32, layers=2, heads=2, kv_heads=1, head_dim=16, experts=4, experts_per_token=2,
+                       expert_size=32, shared_expert_size=32, memory_layers=(0, 1), memory_heads=2, key_dim=8,
+                       value_dim=8, chunk_tokens=16)
+    (directory / "config.json").write_text(json.dumps(demo_config(tokenizer, shape)))
+    model = init_model(directory, TrainConfig(shape=shape)).train()
+    return model, DemoChatFormat(tokenizer, value_weight=3.0)
 
 
 def draw_batch(fmt, seed: int, size: int = 8):
@@ -144,17 +127,18 @@ def test_the_train_loop_takes_the_batched_path(tmp_path, monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (CI has none; run on a GPU host)")
-def test_batched_on_cuda_equals_the_reference_on_the_cpu(tiny, tiny_directory):
+def test_batched_on_cuda_equals_the_reference_on_the_cpu(tiny):
     """What a GPU run trains with (``--device cuda --batched``: one forward per commit index) computes the CPU
     reference's loss and gradients; TF32 and other kernels allow a wider tolerance than the CPU's."""
+    import copy
+
     from memt_demo.batched import batched_episode_loss
     from memt_demo.train import episode_loss
 
     model, fmt = tiny
     batch = draw_batch(fmt, 1)
     reference = loss_and_grads(model, episode_loss, batch)
-    gpu = new_model(tiny_directory, "cuda")
-    gpu.load_state_dict(model.state_dict())
+    gpu = copy.deepcopy(model).to("cuda")
     loss, stats, grads = loss_and_grads(gpu, lambda m, b: batched_episode_loss(m, b, slack="auto"), batch)
     assert loss.device.type == "cuda" and stats.tokens == reference[1].tokens
     assert_close("loss", reference[0], loss.cpu(), rtol=2e-2)
