@@ -23,8 +23,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 ROOT=$(pwd)
 OUT=${OUT:-$ROOT/train-run-$(date +%Y%m%d-%H%M%S)}
-mkdir -p "$OUT"
 BUDGET=${BUDGET:-520}
+. scripts/lib/steps.sh
 PY=${PYTHON:-python3}
 DEVICE=${DEVICE:-cuda}
 INIT=${INIT:-runs/demo-v3/m128-avg-316min}
@@ -32,11 +32,7 @@ BATCH=${BATCH:-256}
 LR=${LR:-1e-3}
 SEED=${SEED:-21}
 STEPS=${STEPS:-1000000}
-START=$(date +%s)
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-SUMMARY=$OUT/summary.txt
-: >"$SUMMARY"
-. scripts/lib/steps.sh
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 

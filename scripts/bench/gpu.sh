@@ -22,17 +22,12 @@ set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
 ROOT=$(pwd)
 OUT=${OUT:-$ROOT/gpu-run-$(date +%Y%m%d-%H%M%S)}
-mkdir -p "$OUT"
 BUDGET=${BUDGET:-470}
+. scripts/lib/steps.sh
 PY=${PYTHON:-python3}
 CKPT=${CKPT:-/tmp/memt-nano-widths}
 DEVICE=${DEVICE:-cuda}  # DEVICE=cpu: a dry run of the script itself, where no GPU is
-START=$(date +%s)
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 MEMT_TEST_STARTUP_TIMEOUT=${MEMT_TEST_STARTUP_TIMEOUT:-240}
-SUMMARY=$OUT/summary.txt
-: >"$SUMMARY"
-
-. scripts/lib/steps.sh
 
 note "issue 46 GPU run, $(date -u +%FT%TZ), budget ${BUDGET}s, outputs in $OUT"
 : >"$OUT/env.txt"

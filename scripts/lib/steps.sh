@@ -1,6 +1,10 @@
 # Sourced by the one-command device runs (scripts/bench/gpu.sh, scripts/train_gpu.sh): each step of a run bounded by
-# what is left of its time budget and recorded in a summary. The caller sets START (epoch seconds), BUDGET (seconds)
-# and SUMMARY (a file) first.
+# what is left of its time budget and recorded in a summary. The caller sets OUT (the outputs' folder) and BUDGET
+# (seconds) first; sourcing starts the clock (START) and an empty $OUT/summary.txt (SUMMARY).
+mkdir -p "$OUT"
+START=$(date +%s)
+SUMMARY=$OUT/summary.txt
+: >"$SUMMARY"
 
 # note TEXT...: print a line and add it to the summary
 note() { echo "$*" | tee -a "$SUMMARY"; }
