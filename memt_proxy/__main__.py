@@ -171,9 +171,17 @@ def build_app(args: argparse.Namespace):
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from memt_core.launch import bind
+
+    try:
+        sock = bind(args.host, args.port)  # before anything else (the checkpoint, an embedded core): a taken port fails at once
+    except OSError as exc:
+        print(f"memt_proxy: refused: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     try:
         app, names, family = build_app(args)
     except (CheckpointError, OSError) as exc:
+        sock.close()
         print(f"memt_proxy: refused: {exc}", file=sys.stderr)
         return 2
     import uvicorn
@@ -183,10 +191,9 @@ def main(argv: list[str] | None = None) -> int:
     gc.freeze()  # what start-up made is not traversed again by the collector (see memt_core.launch.main)
     from memt_core.server.slow_clients import header_timeout_protocol
 
-    uvicorn.run(
-        app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5,
-        http=header_timeout_protocol(args.header_timeout),
-    )
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5,
+                            http=header_timeout_protocol(args.header_timeout))
+    uvicorn.Server(config).run(sockets=[sock])
     return 0
 
 
