@@ -102,8 +102,10 @@ class Leases:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(state.nudge.wait(), max(0.0, min(renew_at, idle_at) - now))
 
-    async def release(self, state: SessionState, lease: str) -> None:
-        """Release ``lease`` (an open transaction upstream is abandoned with it); stop keeping it if it is the session's."""
+    async def release(self, state: SessionState, lease: str, *, at_shutdown: bool = False) -> MemTClientError | None:
+        """Release ``lease`` (an open transaction upstream is abandoned with it); stop keeping it if it is the session's.
+        A failure is logged in one line; ``at_shutdown``, one where the upstream did not answer is returned instead,
+        for the caller to say once for all its sessions (the lease expires upstream within its ttl)."""
         if state.lease == lease:
             state.drop_lease()
         deadline = time.monotonic() + RELEASE_WAIT
@@ -116,5 +118,7 @@ class Leases:
                 if (isinstance(exc.cause, SessionBusy) or type(exc.cause) is Conflict) and time.monotonic() < deadline:
                     await asyncio.sleep(0.05)
                     continue
-                log.warning("release of %s failed", state.native, exc_info=True)
-                return
+                if at_shutdown and exc.cause is None:
+                    return exc
+                log.warning("release of %s failed: %s", state.native, exc.message)
+                return None

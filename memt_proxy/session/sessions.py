@@ -166,10 +166,17 @@ class Sessions:
             for task in late:  # its turn stays in the app's transcript: committed with the session's next turn
                 log.warning("shutting down with a commit still under way; its turn will be committed with the next one")
                 task.cancel()
+        unreachable, kept = None, 0
         for state in [*self.table, *self.table.evicted]:
             lease = state.drop_lease()
-            if lease is not None and not state.lock.locked():
-                await self.leases.release(state, lease)
+            if lease is None or state.lock.locked():
+                continue
+            if unreachable is None:
+                unreachable = await self.leases.release(state, lease, at_shutdown=True)
+            kept += unreachable is not None  # the upstream is gone: the other leases are not tried
+        if unreachable is not None:
+            log.warning("shutting down: the upstream did not answer (%s); %d session lease(s) not released (they expire upstream within %d s)",
+                        unreachable.message, kept, self.leases.lease_ttl)
         self.table.evicted.clear()
         await self.upstream.client.aclose()
 

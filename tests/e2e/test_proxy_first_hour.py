@@ -28,3 +28,36 @@ def test_a_taken_port_is_refused_in_one_line_before_anything_else(nano_checkpoin
     assert run.returncode == 2, run.stderr[-2000:]
     lines = [line for line in (run.stdout + run.stderr).splitlines() if line.strip()]
     assert lines == [f"memt_proxy: refused: cannot listen on {HOST}:{port}: Address already in use"], lines
+
+
+def test_a_core_stopped_first_costs_one_line_at_the_proxys_shutdown(nano_checkpoint, tmp_path):
+    """The README's old stop (``kill %1 %2``: the core first): the proxy, holding the leases of a named session, a
+    header-less conversation and a Responses conversation, finds its upstream gone at shutdown. One line says so,
+    with no traceback (it was a ``release … failed`` with three chained tracebacks per held session)."""
+    from e2e.proxies import MODEL, ProxyServer
+    from e2e.servers import MemTServer
+
+    core = MemTServer(nano_checkpoint, state_directory=tmp_path / "core").start()
+    proxy = ProxyServer(core.url, nano_checkpoint, args=["--log-level", "info", "--lease-idle", "600"]).start()
+    try:
+        client = proxy.openai("unused")
+        history = [{"role": "user", "content": "Hi, I live in Lisbon."}]
+        for session in ("alice", "bob", None):
+            headers = {"X-MemT-Session": session} if session else {}
+            for _ in range(2):
+                reply = client.chat.completions.create(model=MODEL, messages=history, max_tokens=24, stop=[" ", "e"], extra_headers=headers)
+                history = [*history, {"role": "assistant", "content": reply.choices[0].message.content}, {"role": "user", "content": "And?"}]
+        conversation = client.conversations.create().id
+        client.responses.create(model=MODEL, conversation=conversation, input="Hello.", max_output_tokens=4)
+        for session in ("alice", "bob"):
+            proxy.inspect(session, "unused")  # waits for the commits behind their answers
+        core.kill()
+        proxy.stop()
+    finally:
+        proxy.stop()
+        core.close()
+    log = proxy.log_path.read_text(errors="replace")
+    after = log[log.index("Shutting down"):] if "Shutting down" in log else log
+    assert "Traceback" not in after, after[-3000:]
+    unreachable = [line for line in after.splitlines() if "unreachable" in line or "failed" in line]
+    assert len(unreachable) == 1, after[-3000:]
