@@ -21,7 +21,8 @@ The HTTP status of a failure is chosen here and nowhere else::
     ├── PayloadTooLarge         413   a request body over the server's limit; nothing was read into memory
     ├── CapacityExceeded        429   session or in-flight commit limit reached
     ├── BadGeneration           502   the engine returned an incomplete or invalid result
-    └── WorkerUnavailable       503   the engine could not be reached; the session may be uncertain
+    ├── WorkerUnavailable       503   the engine could not be reached; the session may be uncertain
+    └── InsufficientStorage     507   the state directory is full or read-only; the file was not written
 
 ``CheckpointError`` is separate: it refuses a checkpoint at load time and never reaches the wire.
 """
@@ -152,6 +153,13 @@ class WorkerUnavailable(MemTError):
     status = 503
 
 
+class InsufficientStorage(MemTError):
+    """A file the request needs written did not fit: the state directory is full or read-only (507).
+    Nothing was written and the session is unchanged; retry once the operator has made room."""
+
+    status = 507
+
+
 class CheckpointError(ValueError):
     """A checkpoint directory that this project refuses to load; the message names the field."""
 
@@ -165,6 +173,7 @@ _BY_STATUS = {
     429: CapacityExceeded,
     502: BadGeneration,
     503: WorkerUnavailable,
+    507: InsufficientStorage,
 }
 
 

@@ -4,8 +4,9 @@ Body: ``{"error": {"message", "type", "param", "code"}}``; a message never carri
 ``MAX_MESSAGE`` characters (it may quote the client's input). Native statuses map as
 400 → invalid_request_error, 401 → authentication_error, 409 → conflict, 429 → rate_limit_error,
 502/503 (and an unreachable upstream) → upstream_error; an upstream that took longer than the proxy's
-``--timeout`` is a 504 ``upstream_timeout``. The proxy's own statuses: 408 (a client too slow to send its
-body), 413 (a body over ``--max-request-bytes``).
+``--timeout`` is a 504 ``upstream_timeout``; a full or read-only state directory, the upstream's or the proxy's
+own, is a 507 ``insufficient_storage`` (type ``server_error``). The proxy's own statuses: 408 (a client too slow
+to send its body), 413 (a body over ``--max-request-bytes``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ TYPES = {
     502: "upstream_error",
     503: "upstream_error",
     504: "upstream_error",
+    507: "server_error",
 }
 
 
@@ -117,7 +119,14 @@ class UpstreamTimeout(BadRequest):
     status_code = 504
 
 
-BY_STATUS = {cls.status_code: cls for cls in (BadRequest, Unauthorized, Forbidden, NotFound, BodyTimeout, Conflict, TooLarge, RateLimited, BadGateway, Unavailable, UpstreamTimeout)}
+class InsufficientStorage(BadRequest):
+    """507: a state directory is full or read-only (the upstream's, or this proxy's own ``--state-directory``), so
+    what the request must keep could not be written; nothing was acknowledged. Retry once there is room."""
+
+    status_code = 507
+
+
+BY_STATUS = {cls.status_code: cls for cls in (BadRequest, Unauthorized, Forbidden, NotFound, BodyTimeout, Conflict, TooLarge, RateLimited, BadGateway, Unavailable, UpstreamTimeout, InsufficientStorage)}
 
 
 def from_native(exc: MemTError) -> ProxyError:
@@ -127,7 +136,7 @@ def from_native(exc: MemTError) -> ProxyError:
     status = getattr(exc, "status", 503) or 503
     if status not in TYPES or status in (404, 408, 413, 504):  # 408/504 are the proxy's own answers
         status = 503 if status >= 500 else 400
-    codes = {409: "session_conflict", 429: "rate_limit_exceeded", 502: "upstream_invalid_response", 503: "upstream_unavailable"}
+    codes = {409: "session_conflict", 429: "rate_limit_exceeded", 502: "upstream_invalid_response", 503: "upstream_unavailable", 507: "insufficient_storage"}
     message = exc.message if hasattr(exc, "message") else str(exc)
     return BY_STATUS[status](f"upstream MemT server: {message}", code=codes.get(status))
 

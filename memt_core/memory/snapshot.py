@@ -3,7 +3,8 @@
 A file holds one FP32 tensor ``memory.<layer>`` of shape ``[1, H, K, V]`` per memory layer and the
 metadata ``format=memt-memory-v1`` and ``identity=<model identity>``. An empty memory has no
 tensors. Files are written to a temporary name, fsynced and renamed, so a reader never sees a
-partial file under its final name; an existing file is replaced only when asked.
+partial file under its final name; an existing file is replaced only when asked. A directory that is full
+or read-only refuses the write with ``InsufficientStorage`` (507), naming which, and leaves nothing behind.
 
 The bytes are canonical (the same memory and identity always give the same file), so a snapshot can
 be named by its content: ``sha256-<hex>.safetensors``. Loading a file so named checks the hash, and no
@@ -12,8 +13,10 @@ write ever puts other bytes under such a name (``save_snapshot``).
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
+import logging
 import os
 import re
 import tempfile
@@ -26,9 +29,11 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save as safetensors_bytes
 
 from memt_core.checkpoint import SNAPSHOT_FORMAT
-from memt_core.errors import Conflict, InvalidRequest, SnapshotError
+from memt_core.errors import Conflict, InsufficientStorage, InvalidRequest, SnapshotError
 from memt_core.memory.state import MemoryState
 from memt_core.names import check_snapshot_name
+
+log = logging.getLogger("memt.server")
 
 TENSOR_NAME = re.compile(r"^memory\.(0|[1-9][0-9]*)$")
 CONTENT_NAME = re.compile(r"^sha256-([0-9a-f]{64})\.safetensors$")
@@ -132,8 +137,26 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+#: errors of a directory that cannot take a file: full (ENOSPC, EDQUOT) or not writable (EROFS, EACCES, EPERM)
+_NO_ROOM = {errno.ENOSPC: "no space left on the state directory", errno.EDQUOT: "the state directory's disk quota is exceeded",
+            errno.EROFS: "the state directory is read-only", errno.EACCES: "the state directory is not writable",
+            errno.EPERM: "the state directory is not writable"}
+
+
 def write_atomic(path: Path, data: bytes, *, overwrite: bool) -> None:
-    """Write ``data`` to a temporary file beside ``path``, fsync, then rename (or link, when not overwriting)."""
+    """Write ``data`` to a temporary file beside ``path``, fsync, then rename (or link, when not overwriting).
+    A full or read-only directory raises ``InsufficientStorage`` (the OS error mapped here, where it enters)."""
+    try:
+        _write_atomic(path, data, overwrite=overwrite)
+    except OSError as exc:
+        if exc.errno not in _NO_ROOM:
+            raise
+        log.warning("%s: %s not written: %s", path.parent, path.name, exc.strerror)  # the path for the operator, not the client
+        raise InsufficientStorage(f"{_NO_ROOM[exc.errno]}: {path.name!r} was not written ({exc.strerror}); "
+                                  "nothing changed: retry once there is room") from exc
+
+
+def _write_atomic(path: Path, data: bytes, *, overwrite: bool) -> None:
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".partial", dir=path.parent)
     try:
         os.fchmod(fd, 0o644)

@@ -4,8 +4,9 @@ Starts a tiny-checkpoint core and proxies on 127.0.0.1 and runs, in order: schem
 OpenAPI documents, the hand-made hostile cases, large chat, Responses and core requests while /health
 is timed, the openai SDK's retries reaching a restarted proxy and a Responses conversation, who may drain
 a proxy, kill -9 of the core during commit/publish/export, kill -9 of the proxy mid-conversation and in
-front of a full core, concurrent sessions with the async openai SDK, two tenants with the same names, and
-many distinct sessions past the core's capacity.
+front of a full core, concurrent sessions with the async openai SDK, two tenants with the same names,
+many distinct sessions past the core's capacity, and the core's and the proxy's state directories made full
+or read-only (``disks``).
 Prints each check's figures as it ends and a JSON summary last (also written to ``--report``); exits 1
 when a check fails. ``--quick`` runs every check small (what CI runs through ``tests/reliability``).
 """
@@ -20,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from scripts.reliability import checks
+from scripts.reliability import checks, conversations
 from scripts.reliability.servers import MemTServer, ProxyServer, tiny_checkpoint
 
 KEYS = {"battery-key-one": "one", "battery-key-two": "two"}
@@ -37,7 +38,7 @@ SIZES = {
     "distinct_sessions": (2000, 90),  # past the core's 64: offloading is exercised either way
     "large_mb": ((1.0, 2.0, 4.0, 5.0), (1.0,)),
 }
-NAMES = ["fuzz", "hostile", "large", "tiny", "control", "overflow", "strict", "tenants", "concurrent", "retry", "drain", "kill_proxy", "restart", "distinct", "kill_core"]
+NAMES = ["fuzz", "hostile", "large", "tiny", "control", "overflow", "strict", "tenants", "concurrent", "retry", "drain", "kill_proxy", "restart", "distinct", "kill_core", "disk", "cut"]
 
 
 def run(*, quick: bool, only: set[str] | None = None, workdir: Path | None = None) -> dict:
@@ -99,6 +100,8 @@ def run(*, quick: bool, only: set[str] | None = None, workdir: Path | None = Non
                 check("concurrent_sessions", lambda: checks.concurrent_sessions(proxy, sessions=sessions, turns=turns, key=key))
             if wanted("retry"):
                 check("responses_retry", lambda: checks.responses_retry(proxy, key=key))
+            if wanted("cut"):
+                check("cut_streams", lambda: conversations.cut_streams(proxy, core, key=key, tenant=KEYS[key]))
         if wanted("retry"):
             check("restart_retry", lambda: checks.restart_retry(checkpoint, core, state_directory=workdir / "retry-proxy-state"))
         if wanted("kill_proxy"):
@@ -124,6 +127,8 @@ def run(*, quick: bool, only: set[str] | None = None, workdir: Path | None = Non
             check("distinct_sessions", lambda: checks.distinct_sessions(plain, core, sessions=size["distinct_sessions"]))
     if wanted("kill_core"):
         check("kill_core", lambda: checks.kill_core(checkpoint, rounds=size["kill_core_rounds"]))
+    if wanted("disk"):  # state directories made full or read-only under live servers (issue 58)
+        check("core_disk", lambda: checks.core_disk(checkpoint, workdir=workdir))
     results["ok"] = all(figures["ok"] for name, figures in results.items() if name != "ok")
     return results
 

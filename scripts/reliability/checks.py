@@ -686,3 +686,139 @@ def _native(tenant: str, session: str) -> str:
     from memt_proxy.session.sessions import native_session_id
 
     return native_session_id(tenant, session)
+
+
+# ---------------------------------------------------------------------- a full or read-only disk (issue 58)
+
+
+def proxy_disk(checkpoint: Path, upstream: MemTServer, *, workdir: Path) -> dict:
+    """The proxy's ``--state-directory`` made full, then read-only (issue 58 item 2), under live conversations: every
+    request (a new and a continued named session, a header-less one, a new conversation, a turn of one made before,
+    a stored response, streamed or not) answers a 200 or an OpenAI-shaped 507/503, all on one keep-alive connection;
+    once the disk has room again, everything acknowledged is there (responses, conversations and their items, memory)
+    and the conversations go on. Skipped where no private mount namespace can be made (``disks.unavailable``)."""
+    from scripts.reliability import disks
+
+    why = disks.unavailable()
+    if why is not None:
+        return {"skipped": why, "ok": True}
+    figures: dict = {}
+    for fault in ("full", "read_only"):
+        disk = disks.SmallDisk(workdir / f"proxy-disk-{fault}")
+        with disks.DiskProxyServer(upstream.url, checkpoint, disk) as proxy:
+            figures[fault] = _disk_fault(proxy, disk, fault)
+    figures["ok"] = all(part["ok"] for part in figures.values())
+    return figures
+
+
+def _disk_fault(proxy, disk, fault: str) -> dict:
+    chat = {"model": MODEL, "max_tokens": 8, "temperature": 0, "stop": STOPS}
+    answers: dict[str, list] = {}
+    ports: set = set()
+    acknowledged: dict[str, str] = {}  # what a 200 acknowledged during the fault: kind → id
+
+    def record(name: str, method: str, path: str, **request) -> dict | None:
+        """Send one request on the shared connection; its status and error code (or what came instead of JSON)."""
+        try:
+            response = http.request(method, path, **request)
+        except httpx.TransportError as exc:  # the connection dropped: no answer at all
+            answers[name] = [0, f"{type(exc).__name__}: {exc}"[:120]]
+            return None
+        stream = response.extensions.get("network_stream")
+        try:
+            ports.add(stream.get_extra_info("client_addr") if stream is not None else None)
+        except OSError:  # the server closed the connection after this answer: keep-alive dropped
+            ports.add(f"closed after {name}")
+        shaped = response.headers.get("content-type", "").startswith(("application/json", "text/event-stream"))
+        body = response.json() if response.headers.get("content-type", "").startswith("application/json") else None
+        code = (body or {}).get("error", {}).get("code") if isinstance(body, dict) and response.status_code >= 400 else None
+        answers[name] = [response.status_code, code if code else (None if shaped else response.text[:80])]
+        return body if response.status_code == 200 else None
+
+    with httpx.Client(base_url=proxy.url, timeout=120, limits=httpx.Limits(max_connections=1, max_keepalive_connections=1)) as http:
+        conversation = http.post("/v1/conversations", json={}).json()["id"]
+        http.post("/v1/responses", json={"model": MODEL, "conversation": conversation, "input": "My parrot is Belkavo.", "max_output_tokens": 8})
+        stored = http.post("/v1/responses", json={"model": MODEL, "input": "Remember me.", "max_output_tokens": 8}).json()["id"]
+        named = [{"role": "user", "content": "I live in Lisbon."}]
+        first = http.post("/v1/chat/completions", json={**chat, "messages": named}, headers={"X-MemT-Session": "disk-before"}).json()
+        named += [{"role": "assistant", "content": first["choices"][0]["message"]["content"]}, {"role": "user", "content": "Where?"}]
+        items_before = len(http.get(f"/v1/conversations/{conversation}/items").json()["data"])
+        if fault == "full":
+            figures = {"filled_bytes": disk.fill()}
+        else:
+            disk.read_only(True)
+            figures = {}
+        try:
+            record("chat_new_session", "POST", "/v1/chat/completions", json={**chat, "messages": [{"role": "user", "content": "hi"}]},
+                   headers={"X-MemT-Session": f"disk-new-{fault}"})
+            record("chat_continued", "POST", "/v1/chat/completions", json={**chat, "messages": named}, headers={"X-MemT-Session": "disk-before"})
+            record("chat_headerless", "POST", "/v1/chat/completions", json={**chat, "messages": [{"role": "user", "content": "hello"}]})
+            made = record("conversation_create", "POST", "/v1/conversations", json={})
+            if made:
+                acknowledged["conversation"] = made["id"]
+            record("conversation_turn", "POST", "/v1/responses", json={"model": MODEL, "conversation": conversation, "input": "And my parrot?", "max_output_tokens": 8})
+            answered = record("response_stored", "POST", "/v1/responses", json={"model": MODEL, "input": "Store me.", "max_output_tokens": 8})
+            if answered:
+                acknowledged["response"] = answered["id"]
+            record("response_stream", "POST", "/v1/responses", json={"model": MODEL, "input": "Stream me.", "max_output_tokens": 8, "stream": True})
+            record("response_unstored", "POST", "/v1/responses", json={"model": MODEL, "input": "Forget me.", "max_output_tokens": 8, "store": False})
+            record("health_after", "GET", "/health")
+        finally:
+            disk.free() if fault == "full" else disk.read_only(False)
+        after = {
+            "stored_response": http.get(f"/v1/responses/{stored}").status_code,
+            "conversation_items": len(http.get(f"/v1/conversations/{conversation}/items").json().get("data", [])),
+            "conversation_turn": http.post("/v1/responses", json={"model": MODEL, "conversation": conversation, "input": "Still there?", "max_output_tokens": 8}).status_code,
+            "chat_continued": http.post("/v1/chat/completions", json={**chat, "messages": named}, headers={"X-MemT-Session": "disk-before"}).status_code,
+        }
+        for kind, made_id in acknowledged.items():
+            after[f"acknowledged_{kind}"] = http.get(f"/v1/{kind}s/{made_id}").status_code
+    refused_well = all(status == 200 or (status in (503, 507) and code in ("insufficient_storage", "upstream_unavailable"))
+                       for status, code in answers.values())
+    figures.update({
+        "answers": answers, "connections": len(ports), "items_before": items_before, "after": after,
+        "ok": refused_well and len(ports) == 1 and after["stored_response"] == 200 and after["conversation_items"] >= items_before
+        and after["conversation_turn"] == 200 and after["chat_continued"] == 200 and all(after[f"acknowledged_{kind}"] == 200 for kind in acknowledged),
+    })
+    return figures
+
+
+def core_disk(checkpoint: Path, *, workdir: Path) -> dict:
+    """A snapshot save through the proxy with the core's state directory full (issue 58 item 5): the core answers 507
+    ``insufficient_storage`` "no space left on the state directory" (it was a 503 that left the export uncertain) and
+    the proxy passes it on as an OpenAI-shaped 507 (it said 503 upstream_unavailable); with room again the same save
+    is a 200 and the session goes on. Skipped where no private mount namespace can be made."""
+    from scripts.reliability import disks
+
+    why = disks.unavailable()
+    if why is not None:
+        return {"skipped": why, "ok": True}
+    disk = disks.SmallDisk(workdir / "core-disk")
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "I live in Lisbon."}], "max_tokens": 8, "temperature": 0, "stop": STOPS}
+    with disks.DiskMemTServer(checkpoint, disk) as core, ProxyServer(core.url, checkpoint) as proxy, proxy.http(None) as http:
+        session = {"X-MemT-Session": "core-disk"}
+        figures = {"chat": http.post("/v1/chat/completions", json=chat, headers=session).status_code,
+                   "save_before": http.post("/v1/memt/sessions/core-disk/snapshots", json={"name": "before.safetensors"}).status_code,
+                   "filled_bytes": disk.fill()}
+        full = http.post("/v1/memt/sessions/core-disk/snapshots", json={"name": "full.safetensors"})
+        error = full.json().get("error", {}) if full.headers.get("content-type", "").startswith("application/json") else {}
+        figures["save_full"] = [full.status_code, error.get("code"), error.get("type"), (error.get("message") or full.text)[:200]]
+        with core.client() as native:
+            epoch = native.get("/memt/capabilities").json()["epoch"]
+            made = native.post("/memt/control", json={"action": "create", "session": "core-disk-native", "epoch": epoch}).json()
+            lease = native.post("/memt/control", json={"action": "acquire", "session": "core-disk-native", "epoch": epoch}).json()["lease"]
+            direct = native.post("/memt/control", json={"action": "export", "session": "core-disk-native", "lease": lease, "epoch": epoch,
+                                                        "file": "native.safetensors", "encoding": _native_encoding(checkpoint)})
+            figures["core_export_full"] = [direct.status_code, direct.json().get("error", {}).get("code")]
+            disk.free()
+            again = native.post("/memt/control", json={"action": "export", "session": "core-disk-native", "lease": lease, "epoch": epoch,
+                                                       "file": "native.safetensors", "encoding": _native_encoding(checkpoint)})
+            figures["core_export_after"] = again.status_code
+            figures["created"] = "session" in made
+        figures["save_after"] = http.post("/v1/memt/sessions/core-disk/snapshots", json={"name": "full.safetensors"}).status_code
+        figures["chat_after"] = http.post("/v1/chat/completions", json={**chat, "messages": chat["messages"] + [
+            {"role": "assistant", "content": "ok"}, {"role": "user", "content": "Where?"}]}, headers=session).status_code
+    figures["ok"] = (figures["save_full"][:3] == [507, "insufficient_storage", "server_error"] and "no space left on the state directory" in figures["save_full"][3]
+                     and figures["core_export_full"] == [507, "insufficient_storage"] and figures["core_export_after"] == 200
+                     and figures["save_after"] == 200 and figures["chat_after"] == 200)
+    return figures
