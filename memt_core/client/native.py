@@ -54,10 +54,15 @@ def _sampling(sampling_params: dict | None) -> tuple[dict, dict]:
     return params, {name: params.pop(name) for name in LOGPROB_FIELDS if name in params}
 
 
+def query_rid(session: str, nonce: str) -> str:
+    """The request id of a query sent with ``nonce`` (what ``cancel`` names and ``inspect`` lists in ``in_flight``)."""
+    return f"memt|{session}|query|{nonce}"
+
+
 def query_body(epoch, session, lease, input_ids, sampling_params, stream, nonce) -> dict:
     params, logprobs = _sampling(sampling_params)
     return {
-        "rid": f"memt|{session}|query|{nonce or new_nonce()}",
+        "rid": query_rid(session, nonce or new_nonce()),
         "input_ids": list(input_ids),
         "sampling_params": params,
         "memt_lease": lease,

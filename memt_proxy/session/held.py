@@ -5,16 +5,17 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import time
 from typing import AsyncIterator
 
 from memt_core.client.errors import MemTClientError
-from memt_core.client.native import new_nonce, new_transaction
+from memt_core.client.native import new_nonce, new_transaction, query_rid
 from memt_core.client.turns import MemoryWrite
 from memt_core.errors import Conflict, LeaseConflict, UnknownSession
 from memt_proxy.errors import NotFound, ProxyError
 from memt_proxy.session.leases import Leases
 from memt_proxy.session.placement import Placement
-from memt_proxy.session.state import Later, LeaseTaken, MemoryFound, SessionState
+from memt_proxy.session.state import DEPARTED_WAIT, Later, LeaseTaken, MemoryFound, SessionState
 from memt_proxy.session.upstream import Upstream
 from memt_proxy.session.writes import Writes
 
@@ -44,6 +45,7 @@ class HeldSession:
         self.later: Later | None = None  # a write left for after the request
         self.kept = False  # the lease was kept from an earlier request (it may have lapsed since)
         self.left = Start.DONE  # what ``start`` left to the answer
+        self.running: str | None = None  # the RID of a streamed query not seen to its end (it may still run upstream)
 
     async def start(self, *, with_answer: bool = False, create: bool = False) -> None:
         """Create or adopt the native session, then take its lease: the one kept from an earlier request, or a new one.
@@ -129,10 +131,13 @@ class HeldSession:
                 yield body
             return
         await self._leased()
-        upstream = self.client.query_stream(self.state.native, self.lease, prompt, sampling_params=sampling)
+        nonce = new_nonce()
+        upstream = self.client.query_stream(self.state.native, self.lease, prompt, sampling_params=sampling, nonce=nonce)
+        self.running = query_rid(self.state.native, nonce)  # until its end is read: ``settle`` cancels it otherwise
         try:
             first = await upstream.__anext__()
         except StopAsyncIteration:
+            self.running = None
             return
         except MemTClientError as exc:
             await upstream.aclose()
@@ -148,6 +153,32 @@ class HeldSession:
         yield first
         async for body in self.upstream.stream(upstream):
             yield body
+        self.running = None
+
+    async def settle(self) -> None:
+        """Before the session is let go: a streamed query left before its end (the client went away, a stop string
+        ended the answer) may still run upstream, where it would refuse the session's next request (409, "a request in
+        flight"). Cancel it, then wait until it has ended upstream (up to ``DEPARTED_WAIT``)."""
+        rid, self.running = self.running, None
+        if rid is None or self.lease is None:
+            return
+        native = self.state.native
+        try:
+            await self.client.control("cancel", native, lease=self.lease, request_id=rid)
+        except MemTClientError:
+            pass  # ended already, or the lease lapsed: inspect tells
+        deadline = time.monotonic() + DEPARTED_WAIT
+        while True:
+            try:
+                in_flight = (await self.client.control("inspect", native)).get("in_flight") or []
+            except MemTClientError:
+                return  # gone (an upstream restart, a close): nothing runs on it
+            if rid not in in_flight:
+                return
+            if time.monotonic() > deadline:
+                log.warning("a cancelled query of %s was still running upstream after %.0f s", native, DEPARTED_WAIT)
+                return
+            await asyncio.sleep(0.02)
 
     async def _query_stream_leasing(self, prompt: list[int], sampling: dict) -> AsyncIterator[dict]:
         """``query_stream`` as ``_query_leasing`` makes ``query``: a plain generation's stream, started while the lease

@@ -201,7 +201,10 @@ class Sessions:
                 raise Conflict(f"session busy: another request on this session is still running after {self.leases.lease_wait:.0f}s; retry later", code="session_busy") from None
             held = self.held(state)
             try:
-                yield held
+                try:
+                    yield held
+                finally:
+                    await held.settle()  # a query its client left is over upstream before the next request runs
                 if held.later is not None:
                     self._commit_behind(state, held.later)
                     handed = True

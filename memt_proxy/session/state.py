@@ -25,6 +25,7 @@ LEASE_IDLE = 30.0  # default seconds a session's lease is kept after its last re
 SHUTDOWN_COMMIT_WAIT = 30.0  # seconds aclose() gives the commits still under way
 COMMIT_CAPACITY_WAIT = 30.0  # seconds a commit retries while the upstream's in-flight commit capacity is full (429)
 RELEASE_WAIT = 10.0  # seconds a release retries while a cancelled query is still winding down upstream
+DEPARTED_WAIT = 10.0  # seconds a session is kept from its next request while a query left early winds down upstream
 #: sessions offloaded, at most, to make room for one new native session: requests creating sessions at the
 #: same time may each take the slot another one freed, so one request may need several
 OFFLOAD_TRIES = 16

@@ -10,6 +10,7 @@ left), and when its stream is never started (after ``STREAM_START_TIMEOUT``).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 
 import pytest
@@ -295,6 +296,42 @@ def test_a_stream_lets_the_session_go_when_it_ends_or_is_left():
     before, bodies, first, left_locked = run(body)
     assert before and left_locked  # held while the stream runs
     assert bodies and len(bodies[-1]["output_ids"]) == 3 and first["output_ids"]
+
+
+def test_a_stream_its_client_left_is_over_upstream_before_the_next_request(tmp_path):
+    """Issue 58 item 1: a streamed query left before its end (the client went away; its stream not even closed) is
+    cancelled and has ended upstream before the session's next request runs, which is answered (was: 409, the
+    departed query still in flight)."""
+
+    async def body(h):
+        sessions = h.sessions
+        runner = TurnRunner(sessions, Format())
+        await committed_session(sessions, "t", "a", [5, 6], [H1])
+
+        def streamed(turn, held, hold):
+            return runner.streaming(turn, hold, runner.generate_stream(turn, held))
+
+        async def long() -> Turn:
+            return Turn("t", "auto", prompt=[1, 2], sampling={"max_new_tokens": 4000})
+
+        held, hold = await _held(sessions, "a")
+        native = held.state.native
+        stream = await runner.answer(held, hold, long, stream=True, run=None, streamed=streamed)
+        await anext(stream)  # the client reads a frame and leaves: the stream is dropped where it stands
+        running = list(h.native(native).in_flight)
+        stream.aclose().close()  # (a client's task cancelled mid-stream never finishes its generators' clean-up)
+        asyncio.get_running_loop().create_task(hold.aclose())  # the session let go as ``streaming`` lets it go
+        held, hold = await _held(sessions, "a")  # the next request, at once
+        try:
+            await held.start()
+            answer = await runner.generate(Turn("t", "auto", prompt=[1, 2], sampling={"max_new_tokens": 2}), held)
+        finally:
+            await hold.aclose()
+        return running, answer, list(h.native(native).in_flight)
+
+    running, answer, after = run(body, state=tmp_path)
+    assert len(running) == 1  # the departed query was in flight when its client left
+    assert answer["output_ids"] == [5, 6] and after == []
 
 
 def test_a_stream_never_started_lets_the_session_go_after_the_start_timeout(monkeypatch):

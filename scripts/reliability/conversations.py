@@ -1,0 +1,126 @@
+"""Battery checks of issue 58: faults that must never cost a conversation its next request or its memory.
+
+Each check drives live servers (``scripts.reliability.servers``) with the real ``httpx`` and ``openai`` clients and
+returns its figures with an ``ok`` verdict, as ``checks.py``'s do. Waits in here pace fault injection (when a client
+leaves, when a process is killed) and poll for state; none decides a verdict.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+import httpx
+
+from memt_proxy.session.state import native_session_id
+from scripts.reliability.servers import MODEL, MemTServer, ProxyServer
+
+LONG = {"max_tokens": 300, "min_tokens": 250}  # a streamed turn still generating when its client leaves
+
+
+# ---------------------------------------------------------------------- a cut stream (item 1)
+
+
+def _leave(http: httpx.Client, path: str, body: dict, headers: dict, frames: int) -> int:
+    """Stream ``body`` to ``path`` and close the connection after ``frames`` data frames; the stream's status."""
+    with http.stream("POST", path, json=body, headers=headers) as response:
+        seen = 0
+        for line in response.iter_lines():
+            seen += line.startswith("data:")
+            if seen >= frames:
+                break
+        return response.status_code
+
+
+def _chat(messages: list[dict], *, seed: int = 0, stream: bool = False, **extra) -> dict:
+    return {"model": MODEL, "messages": messages, "temperature": 1.0, "seed": seed, "stream": stream, **extra}
+
+
+def _completed(http: httpx.Client, messages: list[dict], headers: dict) -> list[dict]:
+    """A completed (stop-string-ended) chat turn after ``messages``: the transcript with its answer."""
+    for seed in range(20):
+        answer = http.post("/v1/chat/completions", json=_chat(messages, seed=seed, max_tokens=24, stop=[" ", "e"]), headers=headers)
+        answer.raise_for_status()
+        choice = answer.json()["choices"][0]
+        if choice["finish_reason"] == "stop":
+            return messages + [{"role": "assistant", "content": choice["message"]["content"]}]
+    raise AssertionError("no completed turn in 20 seeds")
+
+
+def cut_streams(proxy: ProxyServer, core: MemTServer, *, rounds: int = 4, key: str | None = None, tenant: str = "default") -> dict:
+    """A streamed turn whose client reads a frame or two and closes, then at once the same turn again without
+    streaming: 200, never 409 ``session_conflict`` (issue 58 item 1: the departed query was still in flight upstream).
+    On a named session with a committed turn (after 1 frame), a Responses conversation (after 2), a header-less
+    conversation (after 1), and a streamed request whose client leaves while it waits for the session."""
+    figures: dict = {}
+    errors: list[str] = []
+    auth = {"Authorization": f"Bearer {key}"} if key else {}
+    with proxy.http(key) as http, proxy.http(key) as other:
+        statuses = []
+        for _ in range(rounds):
+            headers = {**auth, "X-MemT-Session": f"cut-{uuid.uuid4().hex[:8]}"}
+            history = _completed(http, [{"role": "user", "content": "Remember the word tangerine."}], headers)
+            turn = history + [{"role": "user", "content": "Tell me a long story."}]
+            _leave(http, "/v1/chat/completions", _chat(turn, stream=True, **LONG), headers, 1)
+            statuses.append(_status(http.post("/v1/chat/completions", json=_chat(turn, max_tokens=4), headers=headers), errors))
+        figures["named"] = statuses
+
+        statuses = []
+        for _ in range(rounds):
+            conversation = http.post("/v1/conversations", json={}, headers=auth).json()["id"]
+            first = {"model": MODEL, "conversation": conversation, "input": "Remember the word tangerine.", "max_output_tokens": 8}
+            http.post("/v1/responses", json=first, headers=auth).raise_for_status()
+            ask = {"model": MODEL, "conversation": conversation, "input": "Tell me a long story.", "temperature": 0}
+            _leave(http, "/v1/responses", {**ask, "max_output_tokens": 300, "stream": True}, auth, 2)
+            statuses.append(_status(http.post("/v1/responses", json={**ask, "max_output_tokens": 4}, headers=auth), errors))
+        figures["responses"] = statuses
+
+        statuses = []
+        for _ in range(rounds):  # two exchanges: the conversation is kept, and its third turn reads a kept state
+            history = _completed(http, [{"role": "user", "content": f"My parrot is {uuid.uuid4().hex[:6]}."}], auth)
+            history = _completed(http, history + [{"role": "user", "content": "And my cat?"}], auth)
+            turn = history + [{"role": "user", "content": "Tell me a long story."}]
+            _leave(http, "/v1/chat/completions", _chat(turn, stream=True, **LONG), auth, 1)
+            statuses.append(_status(http.post("/v1/chat/completions", json=_chat(turn, max_tokens=4), headers=auth), errors))
+        figures["headerless"] = statuses
+
+        statuses = []
+        for _ in range(rounds):  # a long turn holds the session; a streamed one waits for it and its client leaves
+            headers = {**auth, "X-MemT-Session": f"wait-{uuid.uuid4().hex[:8]}"}
+            turn = _completed(http, [{"role": "user", "content": "Remember the word tangerine."}], headers)
+            turn.append({"role": "user", "content": "Tell me a long story."})
+            holder = threading.Thread(target=lambda: other.post("/v1/chat/completions", json=_chat(turn, **LONG), headers=headers))
+            holder.start()
+            _await_in_flight(core, native_session_id(tenant, headers["X-MemT-Session"]))
+            try:
+                with http.stream("POST", "/v1/chat/completions", json=_chat(turn, stream=True, **LONG), headers=headers, timeout=0.5) as response:
+                    response.read()
+            except httpx.TimeoutException:
+                pass  # the client left while its request waited for the session
+            statuses.append(_status(http.post("/v1/chat/completions", json=_chat(turn, max_tokens=4), headers=headers), errors))
+            holder.join(120)
+        figures["left_waiting"] = statuses
+    figures["errors"] = errors[:3]
+    figures["ok"] = all(status == 200 for name in ("named", "responses", "headerless", "left_waiting") for status in figures[name])
+    return figures
+
+
+def _status(response: httpx.Response, errors: list[str]) -> int:
+    """``response``'s status; an error's body goes to ``errors``."""
+    if response.status_code != 200:
+        errors.append(f"{response.status_code} {response.text[:300]}")
+    return response.status_code
+
+
+def _await_in_flight(core: MemTServer, native: str, timeout: float = 60) -> None:
+    """Until the native session ``native`` has a query in flight on ``core``."""
+    deadline = time.monotonic() + timeout
+    with core.client() as http:
+        epoch = http.get("/memt/capabilities").json()["epoch"]
+        while time.monotonic() < deadline:
+            answer = http.post("/memt/control", json={"action": "inspect", "session": native, "epoch": epoch})
+            if answer.status_code == 200 and answer.json()["in_flight"]:
+                return
+            time.sleep(0.02)
+    raise AssertionError(f"session {native} never had a query in flight")
