@@ -133,9 +133,16 @@ class Threads:
     async def confirm(self, held: HeldSession, thread: Thread) -> None:
         """Check the session's memory against the thread's record before using it: the turn committed behind
         the last answer either landed (a chain then exports its snapshot, for branches from that response)
-        or did not (its messages go with this input, as context); any other version is refused."""
+        or did not (its messages go with this input, as context). A conversation whose memory is empty upstream though
+        the proxy recorded writes (the upstream restarted without a snapshot store, or lost it otherwise) is rebuilt:
+        every item it holds goes with this input as context and is committed with its turn, as a named chat session
+        sends its whole transcript. Any other version is refused."""
         version = held.state.version
-        if thread.behind and version == thread.version - 1:
+        if thread.conversation and thread.version > 0 and version == 0 and not held.state.committed:
+            log.warning("the memory of %s is empty upstream (it restarted): its %d items go with the next turn and are committed again", thread.id, len(thread.items))
+            thread.uncommitted = item_messages(thread.items)
+            thread.version, thread.snapshot_of = 0, None
+        elif thread.behind and version == thread.version - 1:
             log.warning("the last turn of %s was not committed; it goes in with the next one", thread.id)
             thread.uncommitted = thread.behind + thread.uncommitted
             thread.version, thread.behind, thread.snapshot_of = version, [], None

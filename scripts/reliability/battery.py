@@ -38,7 +38,7 @@ SIZES = {
     "distinct_sessions": (2000, 90),  # past the core's 64: offloading is exercised either way
     "large_mb": ((1.0, 2.0, 4.0, 5.0), (1.0,)),
 }
-NAMES = ["fuzz", "hostile", "large", "tiny", "control", "overflow", "strict", "tenants", "concurrent", "retry", "drain", "kill_proxy", "restart", "distinct", "kill_core", "disk", "cut"]
+NAMES = ["fuzz", "hostile", "large", "tiny", "control", "overflow", "strict", "tenants", "concurrent", "retry", "drain", "kill_proxy", "restart", "distinct", "kill_core", "disk", "cut", "core_crash"]
 
 
 def run(*, quick: bool, only: set[str] | None = None, workdir: Path | None = None) -> dict:
@@ -125,6 +125,9 @@ def run(*, quick: bool, only: set[str] | None = None, workdir: Path | None = Non
         with MemTServer(checkpoint, state_directory=workdir / "distinct-state", args=["--max-sessions-per-rank", "64"]) as core, \
                 ProxyServer(core.url, checkpoint) as plain:
             check("distinct_sessions", lambda: checks.distinct_sessions(plain, core, sessions=size["distinct_sessions"]))
+    if wanted("core_crash"):  # a core killed -9 under conversations and restarted without a snapshot store (issue 58)
+        with MemTServer(checkpoint, state_directory=workdir / "crash-core-state") as core, ProxyServer(core.url, checkpoint) as plain:
+            check("responses_restart", lambda: conversations.responses_restart(plain, core))
     if wanted("kill_core"):
         check("kill_core", lambda: checks.kill_core(checkpoint, rounds=size["kill_core_rounds"]))
     if wanted("disk"):  # state directories made full or read-only under live servers (issue 58)

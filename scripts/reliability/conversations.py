@@ -124,3 +124,69 @@ def _await_in_flight(core: MemTServer, native: str, timeout: float = 60) -> None
                 return
             time.sleep(0.02)
     raise AssertionError(f"session {native} never had a query in flight")
+
+
+# ---------------------------------------------------------------------- a core restarted under a conversation (item 3)
+
+
+def _respond(http: httpx.Client, conversation: str, text: str, *, tokens: int = 64, temperature: float = 1.0) -> httpx.Response:
+    body = {"model": MODEL, "conversation": conversation, "input": text, "max_output_tokens": tokens, "temperature": temperature}
+    return http.post("/v1/responses", json=body)
+
+
+def _completed_response(http: httpx.Client, conversation: str, texts: list[str]) -> dict:
+    """The first of ``texts`` whose answer completes (a completed turn is committed behind it); its body."""
+    for text in texts * 4:  # sampled: most of the tiny model's answers end within the limit
+        answer = _respond(http, conversation, text)
+        answer.raise_for_status()
+        if answer.json()["status"] == "completed":
+            return answer.json()
+    raise AssertionError(f"no completed response among {len(texts)} inputs")
+
+
+def _written(http: httpx.Client, conversation: str) -> None:
+    """Return once the commit behind the conversation's last answer has ended: a request on it waits for that commit
+    before it is refused (no user message: 400)."""
+    refused = http.post("/v1/responses", json={"model": MODEL, "conversation": conversation, "input": [{"role": "assistant", "content": "x"}]})
+    assert refused.status_code == 400, refused.text
+
+
+FACTS = [f"My parrot is called {name}." for name in ("Kiwi", "Mango", "Pepper", "Olive", "Basil", "Cocoa", "Maple", "Hazel")]
+
+
+def responses_restart(proxy: ProxyServer, core: MemTServer, *, tries: int = 8) -> dict:
+    """A Responses conversation with two committed turns, the core killed (kill -9) after the commits landed and
+    restarted on its state directory without a snapshot store: the conversation goes on (issue 58 item 3: it was 409
+    ``memory_version_mismatch`` forever). At most one 409 (the request that finds the restart, which the openai SDK
+    retries), then 200 with the conversation's items sent as context; once that turn is committed, the next one is
+    trimmed again (memory holds the conversation)."""
+    with proxy.http(None) as http:
+        conversation = http.post("/v1/conversations", json={}).json()["id"]
+        for turn in range(2):
+            _completed_response(http, conversation, FACTS[turn * 4: turn * 4 + 4])
+        _written(http, conversation)
+        fresh = http.post("/v1/conversations", json={}).json()["id"]
+        alone = _respond(http, fresh, "What is my parrot called?", tokens=1).json()["usage"]["input_tokens"]
+        core.restart(kill=True)
+        statuses, errors, rebuilt = [], [], None
+        for _ in range(tries):
+            answer = _respond(http, conversation, "What is my parrot called?", tokens=1)
+            statuses.append(_status(answer, errors))
+            if answer.status_code == 200:
+                rebuilt = answer.json()["usage"]["input_tokens"]
+                break
+        if rebuilt is not None:  # a completed turn rebuilds memory; the turn after it is trimmed again
+            _completed_response(http, conversation, ["Thank you."] + FACTS)
+            _written(http, conversation)
+        later = _respond(http, conversation, "What is my parrot called?", tokens=1)
+        items = http.get(f"/v1/conversations/{conversation}/items", params={"limit": 100}).json()["data"]
+    figures = {
+        "statuses": statuses, "errors": errors[:2], "prompt_alone": alone, "prompt_after_restart": rebuilt,
+        "later_status": later.status_code, "prompt_later": later.json().get("usage", {}).get("input_tokens") if later.status_code == 200 else None,
+        "items": len(items),
+    }
+    figures["ok"] = (
+        rebuilt is not None and statuses.count(409) <= 1 and rebuilt > alone  # the conversation's items went as context
+        and later.status_code == 200 and figures["prompt_later"] == alone  # memory holds them again
+    )
+    return figures

@@ -98,6 +98,29 @@ def test_the_turn_committed_behind_the_last_answer_is_confirmed_or_resent(servic
         assert thread.version == 2 and thread.uncommitted == said + [{"role": "user", "content": "added"}]
 
 
+def test_a_conversation_whose_memory_the_upstream_lost_is_rebuilt_from_its_items(service):
+    """Issue 58 item 3: after an upstream restart without a snapshot store the conversation's session is new and empty
+    (version 0) though the proxy recorded two writes: every item goes with the next input as context (was: 409
+    memory_version_mismatch forever). A chain keeps no items: it is still refused."""
+    items = [
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "I live in Lisbon."}]},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Noted."}]},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Weather?"}]},
+        {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{}"},
+    ]
+    thread = Thread(id="conv_1", tenant="t", session="s", version=2, items=items, uncommitted=[QUESTION], calls=["c1"], snapshot_of="resp_1")
+    asyncio.run(service.threads.confirm(service.sessions.held(SessionState(native="n", exists=True)), thread))
+    assert thread.version == 0 and thread.behind == [] and thread.snapshot_of is None
+    assert thread.uncommitted == [
+        {"role": "user", "content": "I live in Lisbon."}, {"role": "assistant", "content": "Noted."}, {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}]},
+    ]
+    chain = Thread(id="chain_1", tenant="t", session="s", version=2)
+    with pytest.raises(ProxyError) as refused:
+        asyncio.run(service.threads.confirm(service.sessions.held(SessionState(native="n", exists=True)), chain))
+    assert refused.value.code == "memory_version_mismatch"
+
+
 def received(service, made, ids: list[int]) -> list[int]:
     """What memory keeps of the answer ``ids``, as the service settles it."""
     service._received(made, ids)
