@@ -12,8 +12,13 @@ to send its body), 413 (a body over ``--max-request-bytes``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
+import logging
 
 from memt_core.errors import MemTError
+
+log = logging.getLogger("memt.proxy")
 
 MAX_MESSAGE = 2000
 
@@ -28,6 +33,7 @@ TYPES = {
     429: "rate_limit_error",
     502: "upstream_error",
     503: "upstream_error",
+    500: "server_error",
     504: "upstream_error",
     507: "server_error",
 }
@@ -101,6 +107,12 @@ class RateLimited(BadRequest):
     status_code = 429
 
 
+class InternalError(BadRequest):
+    """500: a bug no handler expected (the last resort's answer, ``memt_core.server.last_resort``)."""
+
+    status_code = 500
+
+
 class BadGateway(BadRequest):
     """502: the upstream answered something that is not its protocol."""
 
@@ -126,7 +138,28 @@ class InsufficientStorage(BadRequest):
     status_code = 507
 
 
-BY_STATUS = {cls.status_code: cls for cls in (BadRequest, Unauthorized, Forbidden, NotFound, BodyTimeout, Conflict, TooLarge, RateLimited, BadGateway, Unavailable, UpstreamTimeout, InsufficientStorage)}
+BY_STATUS = {cls.status_code: cls for cls in (BadRequest, Unauthorized, Forbidden, NotFound, BodyTimeout, Conflict, TooLarge, RateLimited, InternalError, BadGateway, Unavailable, UpstreamTimeout, InsufficientStorage)}
+
+
+#: OS errors of a directory that cannot take a file: full, or not writable
+NO_ROOM = {errno.ENOSPC: "is full", errno.EDQUOT: "is over its disk quota", errno.EROFS: "is read-only",
+           errno.EACCES: "is not writable", errno.EPERM: "is not writable"}
+
+
+@contextlib.contextmanager
+def kept_on_disk(what: str):
+    """Map the proxy's own state directory refusing a write of ``what`` (full, read-only) to a 507: the request that
+    needed it is not acknowledged, and nothing it would have kept is kept; other OS errors pass unchanged."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno not in NO_ROOM:
+            raise
+        log.warning("the state directory refused %s: %s", what, exc)  # the path for the operator, not the client
+        raise InsufficientStorage(
+            f"the proxy's state directory {NO_ROOM[exc.errno]}: {what} could not be written, so nothing was kept; "
+            "retry once there is room", code="insufficient_storage",
+        ) from exc
 
 
 def from_native(exc: MemTError) -> ProxyError:
@@ -134,7 +167,7 @@ def from_native(exc: MemTError) -> ProxyError:
     if _timed_out(exc):
         return UpstreamTimeout(f"upstream MemT server did not answer in time (the proxy's --timeout): {getattr(exc, 'stage', None) or 'request'}", code="upstream_timeout")
     status = getattr(exc, "status", 503) or 503
-    if status not in TYPES or status in (404, 408, 413, 504):  # 408/504 are the proxy's own answers
+    if status not in TYPES or status in (404, 408, 413, 500, 504):  # 408/500/504 are the proxy's own answers
         status = 503 if status >= 500 else 400
     codes = {409: "session_conflict", 429: "rate_limit_exceeded", 502: "upstream_invalid_response", 503: "upstream_unavailable", 507: "insufficient_storage"}
     message = exc.message if hasattr(exc, "message") else str(exc)

@@ -1,7 +1,8 @@
 """FastAPI routes of memt-http-v1: a thin adapter from HTTP to ``MemTService``.
 
 Parse the body, call the service, serialise the answer; every ``MemTError`` becomes its status with
-``{"error": {"type", "message", "code"}}``. No protocol rule lives here.
+``{"error": {"type", "message", "code"}}``, and any other exception a 500 in the same shape (``last_resort``: code
+``internal_error``, its trace logged once, the connection kept). No protocol rule lives here.
 
 ``spec_strict`` (``--spec-strict``) leaves out everything this server adds to what the memt-http-v1 spec
 promises, so that clients can be tested against exactly the spec: errors carry only ``type`` and
@@ -25,6 +26,7 @@ from memt_core.errors import WIRE_TYPE, AuthenticationError, MemTError, RouteDis
 from memt_core.request_body import parse_json, read_json
 from memt_core.server.openapi_bodies import CONTROL, GENERATE, request_body
 from memt_core.server.docs import offline_docs
+from memt_core.server.last_resort import LastResort
 from memt_core.server.metrics import CONTENT_TYPE, Metrics
 from memt_core.server.service import MemTService
 
@@ -65,6 +67,7 @@ def create_app(
     if api_key is None:
         offline_docs(app, title="MemT serve — memt-http-v1")
     metrics = Metrics(service)
+    app.add_middleware(LastResort, log=log, body=lambda exc: internal_error(exc, spec_strict=spec_strict))
 
     async def authorised(request: Request) -> None:
         if api_key is None:
@@ -146,6 +149,12 @@ def create_app(
     return app
 
 
+def internal_error(exc: BaseException, *, spec_strict: bool = False) -> dict:
+    """The 500 body of an exception no handler took: the error shape, naming nothing internal but its class."""
+    error = {"type": WIRE_TYPE, "message": f"internal error ({type(exc).__name__}); the server logged it"}
+    return {"error": error if spec_strict else {**error, "code": "internal_error"}}
+
+
 async def route_answer(call, data: bytes, stage: str) -> tuple[int, Any]:
     """(status, body) the control or generate route answers for the body ``data`` when ``call`` is the service
     method it wraps (non-streamed, not ``--spec-strict``): for an in-process caller (``memt_proxy.http.embedded``)."""
@@ -154,9 +163,9 @@ async def route_answer(call, data: bytes, stage: str) -> tuple[int, Any]:
         text = json.dumps(jsonable_encoder(answer), allow_nan=False)  # as the route's JSON response writes it
     except MemTError as exc:
         return exc.status, exc.to_wire()
-    except Exception:  # what the app's server-error handler answers
+    except Exception as exc:  # what the app's last resort answers
         log.exception("the embedded core failed on %s", stage)
-        return 500, "Internal Server Error"
+        return 500, internal_error(exc)
     return 200, json.loads(text)
 
 

@@ -2,7 +2,8 @@
 
 Routes are thin adapters over the services: ``chat_routes`` (Chat Completions, models), ``admin_routes``
 (session admin), ``responses_routes`` (Responses, Conversations), each reading requests through one
-``route_inputs.Inputs`` (tenant, session header, bounded JSON body). Every error answers in OpenAI's shape.
+``route_inputs.Inputs`` (tenant, session header, bounded JSON body). Every error answers in OpenAI's shape, an
+exception no handler takes too (``memt_core.server.last_resort``: a 500 ``internal_error``, its trace logged once).
 With API keys, every route but the two health checks needs one, the OpenAPI document, its docs page and
 ``/metrics`` (``memt_proxy.http.metrics``) included, as on the core.
 """
@@ -19,9 +20,10 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from memt_core.server.docs import mount_assets, swagger_page
+from memt_core.server.last_resort import LastResort
 from memt_proxy.http.admin_routes import add_session_routes
 from memt_proxy.http.chat_routes import add_chat_routes
-from memt_proxy.errors import BadRequest, Forbidden, ProxyError, Unavailable
+from memt_proxy.errors import BadRequest, Forbidden, InternalError, ProxyError, Unavailable
 from memt_proxy.http.metrics import CONTENT_TYPE, CountRequests, ProxyMetrics
 from memt_proxy.responses.service import ResponsesService
 from memt_proxy.http.responses_routes import add_responses_routes
@@ -65,6 +67,8 @@ def create_app(
     service.runner.on_usage = metrics.observe_usage
     if responses is not None:
         responses.runner.on_usage = metrics.observe_usage  # the Responses API's completions count alike (often one runner)
+    # inside the request count, so that its 500 is counted
+    app.add_middleware(LastResort, body=lambda exc: InternalError(f"internal error ({type(exc).__name__}); the proxy logged it", code="internal_error").body(), log=log)
     app.add_middleware(CountRequests, metrics=metrics)
     _add_error_handlers(app, metrics)
 

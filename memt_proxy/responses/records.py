@@ -30,6 +30,8 @@ from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from memt_proxy.errors import kept_on_disk
+
 log = logging.getLogger("memt.proxy")
 
 ID = re.compile(r"^(resp|conv|chain)_[A-Za-z0-9]{1,96}$")
@@ -135,22 +137,26 @@ class ResponseRecords:
         return self._get(Thread, tenant, thread_id)
 
     def save(self, record: ResponseRecord | Thread) -> None:
+        """Keep ``record``: on disk first, where there is a directory; one that is full or read-only refuses it with a
+        507 (``kept_on_disk``) and a new record is then not kept in memory either."""
         key = (type(record).__name__, record.tenant, record.id)
+        if self.directory is not None:
+            path = self._path(*key)
+            with kept_on_disk("the response" if isinstance(record, ResponseRecord) else f"the {'conversation' if record.conversation else 'chain'}"):
+                self._write(path, asdict(record))
+            self._stamps[key] = _stamp(path)
         self._cache[key] = record
         self._cache.move_to_end(key)
         while len(self._cache) > self.in_memory:
             self._stamps.pop(self._cache.popitem(last=False)[0], None)
-        if self.directory is not None:
-            path = self._path(*key)
-            self._write(path, asdict(record))
-            self._stamps[key] = _stamp(path)
 
     def delete(self, record: ResponseRecord | Thread) -> None:
         key = (type(record).__name__, record.tenant, record.id)
+        if self.directory is not None:
+            with kept_on_disk("its deletion"):
+                self._path(*key).unlink(missing_ok=True)
         self._cache.pop(key, None)
         self._stamps.pop(key, None)
-        if self.directory is not None:
-            self._path(*key).unlink(missing_ok=True)
 
     def _get(self, kind: type, tenant: str, record_id: str):
         if not valid_id(record_id):

@@ -263,8 +263,8 @@ class Placement:
         self.prefixes.move(state.name, head)
         try:
             self.records.save_branch(state.native, state.tenant, state.name, head, state.origin)
-        except OSError:
-            log.warning("could not record branch %s", state.native, exc_info=True)
+        except OSError as exc:
+            log.warning("could not record branch %s: %s", state.native, exc)
 
     async def adopt_branches(self) -> None:
         """Once, when the upstream first answers: the kept states an earlier life of this proxy recorded, taken into

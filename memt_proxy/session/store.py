@@ -224,9 +224,17 @@ class SessionRecordStore:
             return None
 
     def delete(self, native: str, *, branch: bool = True) -> None:
-        """Delete the session's record and (``branch``) its kept state's record."""
+        """Delete the session's record and (``branch``) its kept state's record. A directory that refuses (read-only)
+        leaves them, with a warning: a record that no longer matches the session's version only counts its history
+        as unknown, as a lost write does."""
         if self.records_directory is None:
             return
+        try:
+            self._delete(native, branch=branch)
+        except OSError as exc:
+            log.warning("could not delete the records of %s: %s", native, exc)
+
+    def _delete(self, native: str, *, branch: bool) -> None:
         self._path(native).unlink(missing_ok=True)
         if not branch:
             return

@@ -61,9 +61,9 @@ class Writes:
         """Write the session's record with ``save`` (a SessionRecordStore method) after its version and committed history."""
         try:
             save(state.native, state.version, state.committed if state.history_known else None, *fields)
-        except OSError:
+        except OSError as exc:
             # without a fresh record a restarted proxy finds no version match: the history counts as unknown
-            log.warning("could not write the session record of %s", state.native, exc_info=True)
+            log.warning("could not write the session record of %s: %s", state.native, exc)
 
     async def write(self, state: SessionState, lease: str, commits: list[list[int]], committed: list[str]) -> None:
         """begin → one commit per entry of ``commits`` → publish, recorded as leaving ``committed`` in memory.

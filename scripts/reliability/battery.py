@@ -132,6 +132,8 @@ def run(*, quick: bool, only: set[str] | None = None, workdir: Path | None = Non
         check("kill_core", lambda: checks.kill_core(checkpoint, rounds=size["kill_core_rounds"]))
     if wanted("disk"):  # state directories made full or read-only under live servers (issue 58)
         check("core_disk", lambda: checks.core_disk(checkpoint, workdir=workdir))
+        with MemTServer(checkpoint, state_directory=workdir / "disk-core-state") as core:
+            check("proxy_disk", lambda: checks.proxy_disk(checkpoint, core, workdir=workdir))
     results["ok"] = all(figures["ok"] for name, figures in results.items() if name != "ok")
     return results
 

@@ -733,6 +733,13 @@ def _disk_fault(proxy, disk, fault: str) -> dict:
         body = response.json() if response.headers.get("content-type", "").startswith("application/json") else None
         code = (body or {}).get("error", {}).get("code") if isinstance(body, dict) and response.status_code >= 400 else None
         answers[name] = [response.status_code, code if code else (None if shaped else response.text[:80])]
+        if response.status_code == 200 and response.headers.get("content-type", "").startswith("text/event-stream"):
+            events = [json.loads(line[5:]) for line in response.text.splitlines() if line.startswith("data:")]
+            last = events[-1] if events else {}
+            answers[name].append(last.get("type"))  # response.completed (acknowledged) or error (not: its code)
+            if last.get("type") == "error":
+                answers[name][1] = last.get("code")
+            return last.get("response") if last.get("type") == "response.completed" else None
         return body if response.status_code == 200 else None
 
     with httpx.Client(base_url=proxy.url, timeout=120, limits=httpx.Limits(max_connections=1, max_keepalive_connections=1)) as http:
@@ -760,7 +767,9 @@ def _disk_fault(proxy, disk, fault: str) -> dict:
             answered = record("response_stored", "POST", "/v1/responses", json={"model": MODEL, "input": "Store me.", "max_output_tokens": 8})
             if answered:
                 acknowledged["response"] = answered["id"]
-            record("response_stream", "POST", "/v1/responses", json={"model": MODEL, "input": "Stream me.", "max_output_tokens": 8, "stream": True})
+            streamed = record("response_stream", "POST", "/v1/responses", json={"model": MODEL, "input": "Stream me.", "max_output_tokens": 8, "stream": True})
+            if streamed:
+                acknowledged["streamed"] = streamed["id"]
             record("response_unstored", "POST", "/v1/responses", json={"model": MODEL, "input": "Forget me.", "max_output_tokens": 8, "store": False})
             record("health_after", "GET", "/health")
         finally:
@@ -772,9 +781,9 @@ def _disk_fault(proxy, disk, fault: str) -> dict:
             "chat_continued": http.post("/v1/chat/completions", json={**chat, "messages": named}, headers={"X-MemT-Session": "disk-before"}).status_code,
         }
         for kind, made_id in acknowledged.items():
-            after[f"acknowledged_{kind}"] = http.get(f"/v1/{kind}s/{made_id}").status_code
-    refused_well = all(status == 200 or (status in (503, 507) and code in ("insufficient_storage", "upstream_unavailable"))
-                       for status, code in answers.values())
+            after[f"acknowledged_{kind}"] = http.get(f"/v1/{'response' if kind == 'streamed' else kind}s/{made_id}").status_code
+    refused_well = all((status == 200 and (len(rest) == 0 or rest[0] == "response.completed" or code == "insufficient_storage"))
+                       or (status in (503, 507) and code in ("insufficient_storage", "upstream_unavailable")) for status, code, *rest in answers.values())
     figures.update({
         "answers": answers, "connections": len(ports), "items_before": items_before, "after": after,
         "ok": refused_well and len(ports) == 1 and after["stored_response"] == 200 and after["conversation_items"] >= items_before
