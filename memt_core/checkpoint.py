@@ -215,9 +215,12 @@ class Checkpoint:
         return _sha256_json(vocab)
 
     def identity(self) -> str:
-        """The snapshot identity: SHA-256 over backbone, memory, encoding, template and vocabulary."""
+        """The snapshot identity: SHA-256 over backbone, memory, encoding, template and vocabulary (and the digest
+        of an external backbone's weights, for a checkpoint that names one)."""
+        weights = self.family.weights_identity(self.config)
         return _sha256_json(
             {
+                **({"backbone_weights": weights} if weights is not None else {}),
                 "format": SNAPSHOT_FORMAT,
                 "model": self.model,
                 "backbone": self.backbone,
@@ -304,7 +307,7 @@ def read_checkpoint(path: str | Path, *, validate_backbone: bool = True) -> Chec
         extra=extra,
     )
     if validate_backbone:
-        check_memory_layers(checkpoint, backbone_config(checkpoint).layer_types)
+        check_memory_layers(checkpoint, family.layer_types(backbone_config(checkpoint)))
     return checkpoint
 
 

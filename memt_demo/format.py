@@ -50,9 +50,12 @@ class DemoChatFormat:
 
     # -- the conventions ---------------------------------------------------------------------------
 
-    def prompt(self, messages: list[dict], *, tools: list[dict] | None = None, thinking: bool = False) -> list[int]:
-        """Prompt ids of a query (generation prompt included)."""
+    def prompt(self, messages: list[dict], *, tools: list[dict] | None = None, thinking: bool = False, start: bool = True) -> list[int]:
+        """Prompt ids of a query (generation prompt included); ``start=False`` renders a piece that follows others
+        (a committed turn): a template with a default system prompt (memt-smol's) leaves it out there."""
         kwargs = {"tools": tools} if tools else {}
+        if not start:
+            kwargs["omit_default_system"] = True
         return list(
             self.tokenizer.apply_chat_template(
                 messages, add_generation_prompt=True, enable_thinking=thinking, tokenize=True, return_dict=False, **kwargs
@@ -61,7 +64,7 @@ class DemoChatFormat:
 
     def turn_prompt(self, user: str) -> list[int]:
         """The start of a committed turn: its user message alone, as a prompt."""
-        return self.prompt([{"role": "user", "content": user}])
+        return self.prompt([{"role": "user", "content": user}], start=False)
 
     def text(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)

@@ -81,6 +81,9 @@ class TrainConfig:
     decay_a_log: float = -5.0  # initial decay: log α ≈ −exp(A_log)·softplus(dt_bias) per token ≈ −3e-4
     decay_dt_bias: float = -3.0
     shape: ModelShape = field(default_factory=ModelShape)
+    #: A converted pretrained backbone (``python -m memt_core.backbones``) to train memory onto, frozen (a memt-smol
+    #: checkpoint, :mod:`memt_demo.smol`); only ``shape``'s memory fields apply then. None: the tiny Nano model.
+    backbone: str | None = None
 
 
 # ------------------------------------------------------------------------------------------------
@@ -345,6 +348,7 @@ def train(
     time_limit_s: float | None = None,
     schedule_by_time: bool = False,
     init_from: str | Path | None = None,
+    save_every: int | None = None,
 ) -> MemTForCausalLM:
     """Train a demo model into ``directory`` (tokenizer + config.json + BF16 weights); returns it (FP32).
 
@@ -357,6 +361,7 @@ def train(
     reproducible step for step; on a slow one it depends on its speed: the log records the steps reached).
     ``init_from`` continues training a checkpoint (its tokenizer, config and weights) instead of starting
     from a fresh tokenizer and random weights; ``config.shape`` is then ignored.
+    ``save_every`` saves the weights every that many steps as well, so a long run killed midway can be continued.
     """
     from transformers import PreTrainedTokenizerFast
 
@@ -365,16 +370,27 @@ def train(
     torch.set_num_threads(config.threads)
     directory = Path(directory)
     started = time.time()
-    if init_from is None:
+    if init_from is None and config.backbone:
+        from memt_demo import smol
+
+        smol.write_skeleton(directory, config.backbone, config.shape)
+        model = smol.init_model(directory, config)
+    elif init_from is None:
         write_skeleton(directory, config)
         model = init_model(directory, config)
     else:
         model = continue_model(init_from, directory)
+        if model.checkpoint.family.backbone_weights(model.checkpoint.path, model.checkpoint.config):
+            from memt_demo.smol import freeze_backbone
+
+            freeze_backbone(model)  # a checkpoint on an external backbone trains its memory only
     model.to(config.device)
     tokenizer = PreTrainedTokenizerFast.from_pretrained(str(directory))
     model.train()
     params = sum(p.numel() for p in model.parameters())
-    log(f"model: {params / 1e6:.2f}M parameters, vocabulary {len(tokenizer)}, memory layers {list(model.memory_layers)}")
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    log(f"model: {params / 1e6:.2f}M parameters ({trainable / 1e6:.2f}M trained), vocabulary {len(tokenizer)}, "
+        f"memory layers {list(model.memory_layers)}")
     fmt = DemoChatFormat(tokenizer, value_weight=config.value_weight)
     sampler = EpisodeSampler(config.seed)
     if config.batched:
@@ -384,6 +400,8 @@ def train(
     chunk = model.checkpoint.memory.chunk_tokens
     decay, no_decay = [], []
     for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
         (no_decay if p.dim() < 2 or "A_log" in name or "dt_bias" in name else decay).append(p)
     optimizer = torch.optim.AdamW(
         [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
@@ -434,6 +452,9 @@ def train(
             )
             window_loss, window_tokens, window_exact, window_values = [], 0, defaultdict(list), defaultdict(list)
             window_start = time.time()
+        if save_every and (step + 1) % save_every == 0 and step + 1 < config.steps:
+            save_weights(model, directory)
+            log(f"saved the weights at step {step + 1}")
         if time_limit_s is not None and time.time() - started > time_limit_s:
             log(f"time limit reached at step {step + 1}" + (" (schedule by time: curriculum and decay completed)" if schedule_by_time else ""))
             break

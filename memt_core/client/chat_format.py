@@ -224,6 +224,40 @@ class NanoChatFormat(ChatFormat):
         return ids
 
 
+class SmolChatFormat(NanoChatFormat):
+    """SmolLM2's ChatML through the checkpoint's template (``smol_chat_template.jinja``): no thinking, and SmolLM2's
+    default system prompt where a prompt starts without a system message, as the backbone was tuned to see.
+
+    The default belongs to the prompt's start only: the system block (``system_ids``) renders it when the app
+    sent no system prompt, and every other piece (a committed turn, tool results, replayed history) is rendered
+    with ``omit_default_system``, so memory never holds it and a prompt never repeats it.
+    """
+
+    default_thinking = False
+
+    def thinking(self, enable_thinking: bool | None) -> bool:
+        return False  # SmolLM2 does not think; enable_thinking is accepted and has no effect
+
+    def _render(self, messages, *, tools=None, generation, thinking=None, start: bool = False) -> str:
+        kwargs: dict[str, Any] = {k: v for k, v in self.template_kwargs.items() if k != "enable_thinking"}
+        return self.tokenizer.apply_chat_template(
+            messages, tools=tools or None, add_generation_prompt=generation, tokenize=False,
+            **kwargs, **({} if start else {"omit_default_system": True}),
+        )
+
+    def system_ids(self, system_prompt: str | None, tools: list | None) -> list[int]:
+        return self._encode_rendered(self.system_text, system_prompt, tools)
+
+    def system_text(self, system_prompt, tools):
+        from memt_core.families.smol import DEFAULT_SYSTEM_PROMPT  # the template's own default, named once in Python
+
+        messages = [{"role": "system", "content": system_prompt or DEFAULT_SYSTEM_PROMPT}]
+        return self._render(messages, tools=tools, generation=False, start=True)
+
+    def conversation_text(self, messages, *, tools, thinking):
+        return self._render(messages, tools=tools, generation=True, start=True)
+
+
 class FlashChatFormat(ChatFormat):
     """DeepSeek-V4 style prompts through an ``encoding_dsv4.py`` (the checkpoint's, or one the caller names)."""
 

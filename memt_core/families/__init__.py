@@ -12,6 +12,7 @@ from __future__ import annotations
 from memt_core.families.base import Family
 from memt_core.families.flash import Flash
 from memt_core.families.nano import Nano
+from memt_core.families.smol import Smol
 
 _FAMILIES: dict[str, Family] = {}
 
@@ -55,11 +56,13 @@ def model_types() -> tuple[str, ...]:
 
 register(Nano())
 register(Flash())
+register(Smol())  # an extension beyond the spec: the demo's pretrained backbone (memt_core/families/smol.py)
 
 #: Public names of the built-in families, for callers that pick one (the tiny checkpoints, the demo).
 NANO = Nano.name
 FLASH = Flash.name
+SMOL = Smol.name
 #: The family of a tiny checkpoint when none is named.
 DEFAULT = NANO
 
-__all__ = ["DEFAULT", "FLASH", "NANO", "Family", "by_model_type", "get", "model_types", "names", "register", "unregister"]
+__all__ = ["DEFAULT", "FLASH", "NANO", "SMOL", "Family", "by_model_type", "get", "model_types", "names", "register", "unregister"]

@@ -19,7 +19,7 @@ from pathlib import Path
 from memt_core.errors import CheckpointError
 
 #: Top-level keys of config.json that belong to MemT, not to any backbone.
-MEMT_KEYS = ("memt", "memt_runtime", "memt_checkpoint_id")
+MEMT_KEYS = ("memt", "memt_runtime", "memt_checkpoint_id", "memt_backbone")
 
 
 class Family:
@@ -47,6 +47,10 @@ class Family:
     decode_step: str | None = None
     #: Named width presets of random checkpoints besides the tiny one (``widths_config``), e.g. "nano".
     widths: tuple[str, ...] = ()
+    #: Parallel serving (``memt_core.parallel``): whether the family is served with ``--enable-dp-attention`` (the
+    #: seed: Flash yes, Nano no), and whether its attention can be split over ranks (attention TP above 1).
+    dp_attention: bool = False
+    shards_attention: bool = True
 
     def __repr__(self) -> str:
         return f"<family {self.name} ({self.model_type})>"
@@ -68,6 +72,24 @@ class Family:
             return config_class(**fields)
         except (StrictDataclassFieldValidationError, TypeError, ValueError) as exc:
             raise CheckpointError(f"config.json: invalid backbone configuration: {exc}") from exc
+
+    def layer_types(self, config) -> list[str]:
+        """The type of each backbone layer, from its transformers config (``native_attention`` names the types a
+        memory module may sit beside)."""
+        return list(config.layer_types)
+
+    # ------------------------------------------------------------------ weights
+
+    def backbone_weights(self, root: Path, config: dict) -> list[Path]:
+        """Safetensors files outside the checkpoint directory that hold its backbone (a checkpoint that ships only
+        what training made names them in its config.json); a missing or different file is a CheckpointError that
+        says how to get it. None by default: every tensor is in the checkpoint directory."""
+        return []
+
+    def weights_identity(self, config: dict) -> str | None:
+        """A digest of weights the checkpoint directory does not hold (its external backbone), which enters the
+        snapshot identity: memory written on one backbone means nothing on another. None when it has none."""
+        return None
 
     # ------------------------------------------------------------------ model
 

@@ -71,10 +71,16 @@ def weight_files(root: Path) -> list[Path]:
     return files
 
 
+def checkpoint_files(checkpoint: Checkpoint) -> list[Path]:
+    """Every safetensors file of a checkpoint: its own (``weight_files``), then those of an external backbone its
+    family names (a checkpoint that ships only what training made; a missing one is a CheckpointError)."""
+    return weight_files(checkpoint.path) + checkpoint.family.backbone_weights(checkpoint.path, checkpoint.config)
+
+
 def scan_weights(checkpoint: Checkpoint) -> dict[str, tuple[str, tuple[int, ...]]]:
     """Name → (safetensors dtype, shape) for every tensor, from the file headers alone."""
     header: dict[str, tuple[str, tuple[int, ...]]] = {}
-    for path in weight_files(checkpoint.path):
+    for path in checkpoint_files(checkpoint):
         with safe_open(str(path), framework="pt") as handle:
             metadata = handle.metadata() or {}
             if any(key in metadata for key in ("quantization", "quant_method")):
@@ -158,7 +164,7 @@ def load_model(
 
     # a progress bar on a terminal (tqdm stays silent when stderr is not one, as in logs and tests)
     with torch.no_grad(), tqdm(total=len(expected), desc="loading weights", unit="tensor", disable=None, leave=False) as bar:
-        for file in weight_files(checkpoint.path):
+        for file in checkpoint_files(checkpoint):
             with safe_open(str(file), framework="pt", device=str(device)) as handle:
                 for name in handle.keys():
                     expected[name].copy_(handle.get_tensor(name))
@@ -168,10 +174,17 @@ def load_model(
 
 
 def save_weights(model: MemTForCausalLM, directory: str | Path, *, max_shard_bytes: int | None = None) -> list[Path]:
-    """Write the model's tensors as BF16 safetensors (integer buffers unchanged), sharded with an index if asked."""
+    """Write the model's tensors as BF16 safetensors (integer buffers unchanged), sharded with an index if asked.
+    A checkpoint with an external backbone (its family's ``backbone_weights``) stores only the other tensors."""
     directory = Path(directory)
+    external = set()  # tensors an external backbone holds: the checkpoint names it and stores only the rest
+    for file in model.checkpoint.family.backbone_weights(model.checkpoint.path, model.checkpoint.config):
+        with safe_open(str(file), framework="pt") as handle:
+            external.update(handle.keys())
     tensors = {}
     for name, t in model.checkpoint_state_dict().items():
+        if name in external:
+            continue
         t = (t.detach().to("cpu", torch.bfloat16) if t.is_floating_point() else t.detach().cpu()).contiguous()
         # a parameter may be a view of a tensor it shares with others (the fused decode step's weights): its own copy
         tensors[name] = t.clone() if t.untyped_storage().nbytes() != t.numel() * t.element_size() else t

@@ -65,7 +65,7 @@ def test_checkpoint(tmp_path_factory) -> Path:
 
 
 def test_builtin_families_are_registered():
-    assert families.names() == (families.NANO, families.FLASH)
+    assert families.names() == (families.NANO, families.FLASH, families.SMOL)
     assert families.get(families.NANO).model_type == "memt_qwen3_5_moe"
     assert families.by_model_type("memt_deepseek_v4") is families.get(families.FLASH)
     assert families.by_model_type("qwen3_5_moe") is None
@@ -80,7 +80,7 @@ def test_register_refuses_a_clash(test_family):
 
     with pytest.raises(ValueError, match="clashes"):
         families.register(SameModelType())  # Nano's model_type under another name
-    assert families.names() == (families.NANO, families.FLASH, "memt-test-nano")
+    assert families.names() == (families.NANO, families.FLASH, families.SMOL, "memt-test-nano")
 
 
 def test_unknown_family_name():

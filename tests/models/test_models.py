@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from memt_core.checkpoint import MEMORY_PREFIX, backbone_config, read_checkpoint
-from memt_core.families import FLASH, NANO
+from memt_core.families import FLASH, NANO, SMOL
 from memt_core.inference import commit_tokens, memory_batch
 from memt_core.memory.state import MemoryState
 from memt_core.models.memory import MemoryModule, WriteInputs
@@ -22,12 +22,14 @@ from memt_core.models.weights import SINGLE_FILE, load_model, memory_tensor_shap
 
 def plain_backbone(root):
     """transformers' own causal LM for the checkpoint, with its backbone tensors in FP32."""
-    from transformers import DeepseekV4ForCausalLM, Qwen3_5MoeForCausalLM
+    from transformers import DeepseekV4ForCausalLM, LlamaForCausalLM, Qwen3_5MoeForCausalLM
 
     checkpoint = read_checkpoint(root)
     config = backbone_config(checkpoint)
     if checkpoint.model == NANO:
         model_class = Qwen3_5MoeForCausalLM
+    elif checkpoint.model == SMOL:
+        model_class = LlamaForCausalLM
     else:
         model_class = DeepseekV4ForCausalLM
         config._attn_implementation = "eager"  # as memt_core.models.weights.build_backbone does
@@ -57,9 +59,10 @@ def random_memory(model, batch: int, seed: int = 0) -> dict[int, torch.Tensor]:
     return {layer: torch.randn(batch, *shape[1:], generator=gen) for layer in model.memory_layers}
 
 
-@pytest.mark.parametrize("family", [NANO, FLASH])
-def test_empty_memory_logits_equal_the_plain_backbone(family, nano_checkpoint, flash_checkpoint, nano_model, flash_model):
-    root, model = (nano_checkpoint, nano_model) if family == NANO else (flash_checkpoint, flash_model)
+@pytest.mark.parametrize("family", [NANO, FLASH, SMOL])
+def test_empty_memory_logits_equal_the_plain_backbone(family, request):
+    name = {NANO: "nano", FLASH: "flash", SMOL: "smol"}[family]
+    root, model = request.getfixturevalue(f"{name}_checkpoint"), request.getfixturevalue(f"{name}_model")
     plain = plain_backbone(root)
     ids = token_ids(2, 40)
     with torch.no_grad():
