@@ -245,9 +245,12 @@ backbone with latent memory on layers {list(shape.memory_layers)}, {shape.memory
 3. tool calls for `get_weather(city)`, `add(a, b)` and `multiply(a, b)` in the chat template's
    `<tool_call>` format (the city may come from memory: *"What's the weather where I live?"*), and an
    answer from the tool's result, given as JSON or as plain text (*"17 degrees and sunny"*);
-4. repeating or typing a given text exactly (*"Type 'hello world' exactly."*);
-5. keeping told facts through a long conversation: chatter (*"Tell me something, number 3."*) is
-   answered neutrally, without confirming a fact, so later questions still find the facts told early.
+4. repeating or typing a given text exactly (*"Type 'the cat sat on the mat' exactly."*). Texts shaped like
+   its training data come back exact; everyday phrases much less often (*"Type 'hello world' exactly."* comes back
+   as *"windas"*; 8 of 32 everyday requests came back exact in `scripts/compare_demo_models.py`);
+5. keeping told facts through a long conversation: after turns of chatter (*"Tell me something, number 3."*)
+   a fact told early is still found. Its answers to the chatter itself are not neutral: it often invents one
+   (*"Tell me something, number 4."* → *"Your birthday is on August 5."*).
 
 Outside these skills, the sentence shapes and the vocabulary of its synthetic data it produces
 plausible-looking but wrong text; free-form questions, reasoning and world knowledge are beyond it.
