@@ -1,23 +1,23 @@
-"""The worker's jobs: one query (its prompt, memory snapshot, sampler, output) or one commit, and the calls that
-hand results from the worker thread back to the asyncio side."""
+"""The scheduler's jobs: one query (its prompt, sampler, output, and the handles of what the model runner holds for
+it) or one commit, and the calls that hand results from the worker thread back to the asyncio side. No tensor
+rides on a job."""
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Any
 
 from memt_core.engine.base import TokenEvent
 from memt_core.engine.store import RetainedKV
-from memt_core.memory.state import MemoryState
 from memt_core.sampling import Sampler, SamplingParams
 
 
 @dataclass(eq=False)
 class QueryJob:
     rid: str
+    handle: int  # names the request's KV cache in the runner
     prompt: list[int]
-    memory: MemoryState | None
+    memory: int | None  # handle of the memory it reads, pinned at admission (None: no read)
     params: SamplingParams
     events: asyncio.Queue
     loop: asyncio.AbstractEventLoop
@@ -31,7 +31,6 @@ class QueryJob:
     held: list[TokenEvent] = field(default_factory=list)
     sampler: Sampler | None = None
     output: list[int] = field(default_factory=list)
-    cache: Any = None  # own cache while not in the shared batch
     fed: int = 0  # tokens whose keys/values are cached
 
     @property

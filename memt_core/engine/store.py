@@ -1,15 +1,19 @@
 """The engine's side of sessions: published memory, transaction candidates, retained KV, snapshots.
 
-``MemoryStore.apply`` carries out the protocol's effects (``memt_core.protocol.effects``). Memory
-tensors are never changed in place, so a query that captured a session's published memory keeps
-reading exactly that memory whatever happens afterwards.
+``MemoryStore.apply`` carries out the protocol's effects (``memt_core.protocol.effects``). It holds no tensor:
+memory states and retained KV caches live in the model runner (``memt_core.engine.runner``), named here by
+handles (``memt_core.engine.step.Handles``); ``None`` names the empty memory. The store forks, loads and reads
+states through a ``MemoryTable`` (the runner, or on several ranks the call that reaches every runner) and hands
+the handles it lets go to ``release`` (freed at the engine's next step, after whatever that step still reads). A
+fork shares its states' tensors, which are never changed in place, so a query that pinned a session's published
+memory keeps reading exactly that memory whatever happens afterwards.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar, Protocol
 
 from memt_core.errors import BadGeneration, InvalidRequest
 from memt_core.memory.durable import SnapshotStore
@@ -19,19 +23,29 @@ from memt_core.memory.state import MemoryState
 from memt_core.protocol import effects as fx
 
 
+class MemoryTable(Protocol):
+    """Where the memory states are (the model runner): put, fork and read by handle."""
+
+    def put_memory(self, handle: int, state: MemoryState) -> None: ...
+
+    def fork_memory(self, source: int, handle: int) -> None: ...
+
+    def memory(self, handle: int | None) -> MemoryState: ...
+
+
 @dataclass
 class Candidate:
-    """A transaction's memory under construction and the commit nonces folded into it."""
+    """A transaction's memory under construction (a handle; None: empty) and the commit nonces folded into it."""
 
-    memory: MemoryState
+    memory: int
     applied: list[str] = field(default_factory=list)
 
 
 @dataclass
 class RetainedKV:
-    """Native context kept after a query of a ``retain_kv`` session."""
+    """Native context kept after a query of a ``retain_kv`` session: its KV cache is the runner's ``kv``."""
 
-    cache: Any  # the backbone's cache object, batch size 1
+    kv: int  # handle of the backbone's cache, batch size 1
     tokens: tuple[int, ...]  # tokens whose keys/values the cache holds
     acknowledged: tuple[int, ...]  # tokens + the last generated token: what the next query must extend
     memory_version: int
@@ -40,10 +54,16 @@ class RetainedKV:
 
 @dataclass
 class SessionMemory:
-    published: MemoryState = field(default_factory=MemoryState)
+    published: int | None = None  # handle of the published memory; None: empty
     version: int = 0
     candidates: dict[str, Candidate] = field(default_factory=dict)
     retained: RetainedKV | None = None
+
+    def handles(self) -> list[int]:
+        """Every runner handle the session holds."""
+        held = [self.published] + [c.memory for c in self.candidates.values()]
+        held += [self.retained.kv] if self.retained is not None else []
+        return [h for h in held if h is not None]
 
 
 class MemoryStore:
@@ -67,14 +87,17 @@ class MemoryStore:
         return self.owned.renew_due() if self.owned is not None else []
 
     def __init__(
-        self, *, identity: str, layers: tuple[int, ...], shape: tuple[int, ...], device, state_directory: str | Path | None,
+        self, *, identity: str, layers: tuple[int, ...], shape: tuple[int, ...], table: MemoryTable, handles,
+        release: Callable[[int], None], state_directory: str | Path | None,
         durable: SnapshotStore | None = None,
         owned: Owned | None = None,
     ):
         self.identity = identity
         self.layers = layers
         self.shape = shape
-        self.device = device
+        self.table = table
+        self.handles = handles  # memt_core.engine.step.Handles, shared with the scheduler
+        self.release = release
         self.state_directory = Path(state_directory) if state_directory else None
         self.sessions: dict[str, SessionMemory] = {}
         self.durable = durable
@@ -88,6 +111,49 @@ class MemoryStore:
             return self.sessions[session]
         except KeyError:
             raise BadGeneration(f"the engine has no memory for session {session!r}") from None
+
+    # ------------------------------------------------------------------ handles
+
+    def _fork(self, source: int | None) -> int | None:
+        if source is None:
+            return None
+        handle = self.handles.new()
+        self.table.fork_memory(source, handle)
+        return handle
+
+    def _put(self, state: MemoryState) -> int:
+        handle = self.handles.new()
+        self.table.put_memory(handle, state)
+        return handle
+
+    def _let_go_of(self, *handles: int | None) -> None:
+        for handle in handles:
+            if handle is not None:
+                self.release(handle)
+
+    def pin(self, session: str) -> int | None:
+        """A handle of the session's published memory as it is now, for a query to read (it lets go of it)."""
+        return self._fork(self.get(session).published)
+
+    def state(self, handle: int | None) -> MemoryState:
+        """The memory a handle names (on several ranks, gathered), for snapshots and the durable store."""
+        return self.table.memory(handle)
+
+    def take_retained(self, state: SessionMemory) -> RetainedKV | None:
+        retained, state.retained = state.retained, None
+        return retained
+
+    def retain(self, session: str, retained: RetainedKV) -> bool:
+        """Keep a finished query's context for the session's next query; False (nothing kept) if it is gone."""
+        state = self.sessions.get(session)
+        if state is None:
+            return False
+        if state.retained is not None:
+            self._let_go_of(state.retained.kv)
+        state.retained = retained
+        return True
+
+    # ------------------------------------------------------------------ effects
 
     def candidate(self, session: str, transaction: str) -> Candidate:
         try:
@@ -109,42 +175,53 @@ class MemoryStore:
         if stored is None:
             self.sessions[e.session] = SessionMemory()
             return 0
-        memory = self.durable.load(stored).to(self.device)
-        self.sessions[e.session] = SessionMemory(published=memory, version=stored.version)
+        self._let_go_of(*(self.sessions[e.session].handles() if e.session in self.sessions else ()))
+        self.sessions[e.session] = SessionMemory(published=self._put(self.durable.load(stored)), version=stored.version)
         return stored.version
 
     def _copy_memory(self, e: fx.CopyMemory) -> None:
-        copied = self.get(e.source).published.fork()
+        source = self.get(e.source).published
         if self.durable is not None:  # the copy replaces whatever an older session of that name left
             self._own(e.session)
             self.durable.forget(e.session, fence=self._fence(e.session))
-            self.durable.save(e.session, 0, copied, fence=self._fence(e.session))
-        self.sessions[e.session] = SessionMemory(published=copied)
+            self.durable.save(e.session, 0, self.state(source), fence=self._fence(e.session))
+        if e.session in self.sessions:
+            self._let_go_of(*self.sessions[e.session].handles())
+        self.sessions[e.session] = SessionMemory(published=self._fork(source))
 
     def _fork_candidate(self, e: fx.ForkCandidate) -> None:
         memory = self.get(e.session)
-        memory.candidates[e.transaction] = Candidate(memory.published.fork())
+        if e.transaction in memory.candidates:
+            self._let_go_of(memory.candidates[e.transaction].memory)
+        # a candidate always has a handle of its own: a commit writes the state it makes there
+        fork = self._fork(memory.published) if memory.published is not None else self._put(MemoryState())
+        memory.candidates[e.transaction] = Candidate(fork)
 
     def _drop_candidate(self, e: fx.DropCandidate) -> None:
-        self.get(e.session).candidates.pop(e.transaction, None)
+        dropped = self.get(e.session).candidates.pop(e.transaction, None)
+        if dropped is not None:
+            self._let_go_of(dropped.memory)
 
     def _publish_candidate(self, e: fx.PublishCandidate) -> None:
         memory = self.get(e.session)
         candidate = self.candidate(e.session, e.transaction).memory
         if self.durable is not None:  # durable first: a failed write leaves the session as it was
-            self.durable.save(e.session, memory.version + 1, candidate, fence=self._fence(e.session))
+            self.durable.save(e.session, memory.version + 1, self.state(candidate), fence=self._fence(e.session))
+        self._let_go_of(memory.published)
         memory.published = candidate
         memory.version += 1
         del memory.candidates[e.transaction]
 
     def _import_snapshot(self, e: fx.ImportSnapshot) -> None:
         path = snapshot_path(self.state_directory, e.file)
-        state = load_snapshot(path, identity=self.identity, layers=self.layers, shape=self.shape).to(self.device)
-        self.candidate(e.session, e.transaction).memory = state
+        state = load_snapshot(path, identity=self.identity, layers=self.layers, shape=self.shape)
+        candidate = self.candidate(e.session, e.transaction)
+        self._let_go_of(candidate.memory)
+        candidate.memory = self._put(state)
 
     def _export_snapshot(self, e: fx.ExportSnapshot) -> str:
         memory = self.get(e.session)
-        state = memory.published if e.transaction is None else self.candidate(e.session, e.transaction).memory
+        state = self.state(memory.published if e.transaction is None else self.candidate(e.session, e.transaction).memory)
         if e.file is None and self.state_directory is not None:
             # the server picks the name: the content's hash, so equal memories share one file
             return save_content_addressed(self.state_directory, state, identity=self.identity).name
@@ -156,7 +233,8 @@ class MemoryStore:
         memory = self.get(e.session)
         if self.durable is not None:  # a reset is a published version too, or a restore would bring the memory back
             self.durable.save(e.session, memory.version + 1, MemoryState(), fence=self._fence(e.session))
-        memory.published = MemoryState()
+        self._let_go_of(memory.published, memory.retained.kv if memory.retained is not None else None)
+        memory.published = None
         memory.version += 1
         memory.retained = None
 
@@ -170,7 +248,9 @@ class MemoryStore:
 
     def _let_go(self, session: str) -> None:
         """Free the session here and give up its ownership."""
-        self.sessions.pop(session, None)
+        gone = self.sessions.pop(session, None)
+        if gone is not None:
+            self._let_go_of(*gone.handles())
         if self.owned is not None:
             self.owned.release(session)
 
@@ -185,7 +265,10 @@ class MemoryStore:
         return True
 
     def _drop_retained_kv(self, e: fx.DropRetainedKV) -> None:
-        self.get(e.session).retained = None
+        memory = self.get(e.session)
+        if memory.retained is not None:
+            self._let_go_of(memory.retained.kv)
+        memory.retained = None
 
     def _reconcile_commits(self, e: fx.ReconcileCommits) -> list[str]:
         candidate = self.get(e.session).candidates.get(e.transaction)

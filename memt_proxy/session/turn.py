@@ -177,9 +177,11 @@ class TurnRunner:
         try:
             state = held.state
             turn = await prepare()
-            missing = not state.exists
+            missing, assumed = not state.exists, list(state.committed)
             await held.start(with_answer=True, create=create and not stream)
-            if missing and state.exists and not state.blank:  # adopted: it held memory already
+            # adopted holding memory already, or created empty where the turn assumed memory held some of the transcript
+            # (e.g. after an upstream restart): the turn is prepared again on what memory holds
+            if missing and state.exists and (not state.blank or state.committed != assumed):
                 turn = await prepare()
             if stream:
                 handed_off = True

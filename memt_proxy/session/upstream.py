@@ -29,6 +29,7 @@ class Upstream:
         self.chunk_tokens: int | None = None
         self.context_length: int | None = None  # prompt + output tokens the upstream allows, where it says so
         self.capacity: int | None = None  # the upstream's session capacity, where it says so
+        self.epoch: str | None = None  # the upstream's epoch when it last answered ``check``
 
     async def check(self, *, refresh: bool = False) -> None:
         """The upstream must serve the checkpoint this proxy encodes prompts for; learn its limits.
@@ -51,6 +52,12 @@ class Upstream:
         self.chunk_tokens = capabilities.get("chunk_tokens")
         self.context_length = capabilities.get("context_length")  # our core's extension; None elsewhere
         self.capacity = capabilities.get("max_sessions_per_rank")  # our core's extension; None elsewhere
+        epoch, self.epoch = self.epoch, capabilities.get("epoch")
+        if epoch is not None and self.epoch != epoch:
+            # a new epoch (learned here, e.g. by a readiness probe, before any request failed for it): every session
+            # is gone upstream, and nothing may be trimmed on the belief that memory holds it
+            log.warning("the upstream restarted (a new epoch): every session starts over from its next request's transcript")
+            self.restarted()
         self.checked = True
 
     async def call(self, call, *args, **kwargs):

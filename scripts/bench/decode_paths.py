@@ -77,7 +77,7 @@ def compare(label: str, model, rows_list: list[int], tokens: int, repeats: int) 
         "reference": TorchEngine(model, max_running_requests=max(rows_list), fused_decode=False).start(),
         "fused": TorchEngine(model, max_running_requests=max(rows_list)).start(),
     }
-    assert engines["fused"]._fused is not None, f"{label}: no fused decode step for this model"
+    assert engines["fused"].runner.fused is not None, f"{label}: no fused decode step for this model"
     loop = asyncio.new_event_loop()
     serial = [0]
     results = []

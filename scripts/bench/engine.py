@@ -251,7 +251,7 @@ def main() -> int:
                 print(f"{mode:>12}  {'decode tok/s (aggregate)':>24}  {one_decode:>10,.0f}  {many_decode:>12,.0f}  {ratio:>6.2f}×{fraction}")
                 print(f"{'':>12}  {'end-to-end tok/s':>24}  {one_e2e:>10,.0f}  {many_e2e:>12,.0f}  {many_e2e / one_e2e:>6.2f}×", flush=True)
                 stats = mode_engine.stats
-                graphs = getattr(mode_engine, "_graphs", None)
+                graphs = mode_engine.runner.graphs
                 print(f"{'':>12}  engine: {stats.decode_steps} decode steps for {stats.decode_rows} rows (mean batch "
                       f"{stats.decode_rows / max(stats.decode_steps, 1):.1f})" + (f"; CUDA graphs {graphs.stats}" if graphs else ""))
         finally:

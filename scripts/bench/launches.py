@@ -194,20 +194,23 @@ class Driver:
             for i in range(self.rows):
                 name = f"s{i}"
                 await self.engine.apply(fx.NewMemory(name))
-                state = self.engine.store.get(name)
-                state.published = MemoryState({layer: torch.randn(shape, generator=generator) * 0.1
-                                               for layer in self.model.memory_layers})
+                handle = self.engine.handles.new()
+                self.engine.runner.put_memory(handle, MemoryState({layer: torch.randn(shape, generator=generator) * 0.1
+                                                                   for layer in self.model.memory_layers}))
+                self.engine.store.get(name).published = handle
                 prompt = torch.randint(10, vocab, (self.prompt_tokens,), generator=generator).tolist()
                 self.streams.append(self.engine.query(f"r{i}", prompt, params, session=name))
 
         self.loop.run_until_complete(open_all())
         torch.set_grad_enabled(False)
         self.engine._drain(block=False)
-        self.engine._admit()
-        assert len(self.engine._rows) + len(self.engine._solo) == self.rows, "every query runs"
+        self.step()  # the prompts' prefills: the rows join the batch at the next step
+        assert len(self.engine._running) == self.rows, "every query runs"
 
     def step(self) -> None:
-        self.engine._step()
+        """One iteration of the engine's loop: its step record written, run by the model runner, sampled."""
+        record, commits, admitted = self.engine._schedule()
+        self.engine._absorb(self.engine.runner.execute(record), commits, admitted)
 
     def close(self) -> None:
         torch.set_grad_enabled(True)

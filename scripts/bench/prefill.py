@@ -40,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from memt_core.engine import TorchEngine
     from memt_core.engine.torch_engine import COMPILED_PREFILL_TOKENS
+    from memt_core.engine.warmup import WarmupPlan
     from memt_core.models.passes import memory_batch
     from memt_core.models.weights import load_model
 
@@ -48,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     model = load_model(args.model_path, device="cpu", dtype=torch.float32).eval()
     engine = TorchEngine(model, torch_compile=True)
     started = time.monotonic()
-    engine._warm_up()
+    engine.runner.warm(WarmupPlan(compile=True), progress=lambda phase: None, stopping=lambda: False)  # in this thread
     print(f"compiled (decode step and short prefills) in {time.monotonic() - started:.0f} s; the engine prefills "
           f"{COMPILED_PREFILL_TOKENS[0]}-{COMPILED_PREFILL_TOKENS[1]} tokens compiled")
     vocab = model.config.get_text_config().vocab_size
@@ -58,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def compiled(ids):  # the compiled step, also beyond the engine's range, to show why it stops there
         read = memory_batch(model, [None], zeros=True)
-        return engine._decoder(ids, memory=read, past_key_values=DynamicCache(config=model.config), use_cache=True, logits_to_keep=1)
+        return engine.runner.decoder(ids, memory=read, past_key_values=DynamicCache(config=model.config), use_cache=True, logits_to_keep=1)
 
     print(" length | pause s | eager ms | compiled ms | compiled / eager | max |logit diff|")
     for length in (int(x) for x in args.lengths.split(",")):

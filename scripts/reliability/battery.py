@@ -128,6 +128,7 @@ def run(*, quick: bool, only: set[str] | None = None, workdir: Path | None = Non
     if wanted("core_crash"):  # a core killed -9 under conversations and restarted without a snapshot store (issue 58)
         with MemTServer(checkpoint, state_directory=workdir / "crash-core-state") as core, ProxyServer(core.url, checkpoint) as plain:
             check("responses_restart", lambda: conversations.responses_restart(plain, core))
+            check("crash_behind_answers", lambda: conversations.crash_behind_answers(plain, core))
     if wanted("kill_core"):
         check("kill_core", lambda: checks.kill_core(checkpoint, rounds=size["kill_core_rounds"]))
     if wanted("disk"):  # state directories made full or read-only under live servers (issue 58)

@@ -113,6 +113,21 @@ def _status(response: httpx.Response, errors: list[str]) -> int:
     return response.status_code
 
 
+def _await_transaction(core: MemTServer, native: str, timeout: float = 30) -> None:
+    """Until the native session ``native`` has a write under way on ``core`` (an open transaction), or has none to come
+    (its published version moved on first, or the time is up: the fault is then injected late, and the check says so)."""
+    deadline = time.monotonic() + timeout
+    with core.client() as http:
+        epoch = http.get("/memt/capabilities").json()["epoch"]
+        version = None
+        while time.monotonic() < deadline:
+            state = http.post("/memt/control", json={"action": "inspect", "session": native, "epoch": epoch}).json()
+            if state.get("transaction") is not None or version is not None and state.get("published_version") != version:
+                return
+            version = state.get("published_version") if version is None else version
+            time.sleep(0.001)
+
+
 def _await_in_flight(core: MemTServer, native: str, timeout: float = 60) -> None:
     """Until the native session ``native`` has a query in flight on ``core``."""
     deadline = time.monotonic() + timeout
@@ -188,5 +203,99 @@ def responses_restart(proxy: ProxyServer, core: MemTServer, *, tries: int = 8) -
     figures["ok"] = (
         rebuilt is not None and statuses.count(409) <= 1 and rebuilt > alone  # the conversation's items went as context
         and later.status_code == 200 and figures["prompt_later"] == alone  # memory holds them again
+    )
+    return figures
+
+
+# ---------------------------------------------------------------------- a core killed behind answers (item 4)
+
+
+def _prompt_tokens(http: httpx.Client, messages: list[dict], headers: dict) -> int:
+    """The prompt tokens of ``messages`` read as text (memory off): what a turn costs when memory holds none of it."""
+    answer = http.post("/v1/chat/completions", json=_chat(messages, max_tokens=1), headers={**headers, "X-MemT-Memory": "off"})
+    answer.raise_for_status()
+    return answer.json()["usage"]["prompt_tokens"]
+
+
+def _until_answered(http: httpx.Client, body: dict, headers: dict, errors: list[str], tries: int = 8) -> tuple[list[int], dict | None]:
+    """``body`` sent until it is answered 200 (the request that finds the restart may get a 409); the statuses and the answer."""
+    statuses = []
+    for _ in range(tries):
+        answer = http.post("/v1/chat/completions", json=body, headers=headers)
+        statuses.append(_status(answer, errors))
+        if answer.status_code == 200:
+            return statuses, answer.json()
+    return statuses, None
+
+
+LONG_TEXT = " ".join(["The weather was mild and the garden was quiet that morning."] * 60)
+
+
+def crash_behind_answers(proxy: ProxyServer, core: MemTServer) -> dict:
+    """Three conversations (named, header-less, Responses) with two turns each send a third, and the core is killed
+    (kill -9) as soon as the answers are back, their commits in flight (their outcome uncertain), then restarted
+    without a snapshot store. The named session's next turn must send its whole transcript (issue 58 item 4: it was
+    trimmed as if memory held it: 47 prompt tokens against ~115, the fact lost), and once that turn is committed the
+    turn after it is trimmed again. The header-less and Responses conversations are answered too."""
+    errors: list[str] = []
+    named = {"X-MemT-Session": f"crash-{uuid.uuid4().hex[:8]}"}
+    with proxy.http(None) as http, proxy.http(None) as second, proxy.http(None) as third:
+        chat = _completed(http, [{"role": "user", "content": "My parrot is called Kiwi."}], named)
+        chat = _completed(http, chat + [{"role": "user", "content": "My cat is called Tom."}], named)
+        plain = _completed(http, [{"role": "user", "content": "My dog is called Rex."}], {})
+        plain = _completed(http, plain + [{"role": "user", "content": "My fish is called Bubbles."}], {})
+        conversation = http.post("/v1/conversations", json={}).json()["id"]
+        for turn in range(2):
+            _completed_response(http, conversation, FACTS[turn * 4: turn * 4 + 4])
+        _written(http, conversation)
+        # the third turns at once; the core killed as soon as all three are answered (their commits behind them in flight)
+        chat.append({"role": "user", "content": LONG_TEXT + " My horse is called Star."})  # long: slow commits
+        plain.append({"role": "user", "content": LONG_TEXT + " My bird is called Sky."})
+        answers: dict = {}
+        barrier = threading.Barrier(3, timeout=120)  # the named turn is sent once the other two are answered
+
+        def named_turn():
+            for seed in range(20):  # a completed answer, committed behind it
+                answers["named"] = http.post("/v1/chat/completions", json=_chat(chat, seed=seed, max_tokens=24, stop=[" ", "e"]), headers=named)
+                if answers["named"].status_code != 200 or answers["named"].json()["choices"][0]["finish_reason"] == "stop":
+                    break
+            _await_transaction(core, native_session_id("default", named["X-MemT-Session"]))
+            core.kill()  # its commit under way behind the answer
+
+        sends = [
+            threading.Thread(target=lambda: (barrier.wait(), named_turn())),
+            threading.Thread(target=lambda: (answers.__setitem__("headerless", second.post("/v1/chat/completions", json=_chat(plain, max_tokens=24, stop=[" ", "e"]))), barrier.wait())),
+            threading.Thread(target=lambda: (answers.__setitem__("responses", _respond(third, conversation, LONG_TEXT + " My horse is called Star.", tokens=8)), barrier.wait())),
+        ]
+        for send in sends:
+            send.start()
+        for send in sends:
+            send.join(120)
+        core.restart(kill=True)
+        ready = http.get("/health/ready").status_code  # a load balancer's readiness probe: the proxy sees the new epoch
+        figures: dict = {name: {"third": answer.status_code} for name, answer in answers.items()}
+        figures["ready"] = ready
+        chat.append({"role": "assistant", "content": answers["named"].json()["choices"][0]["message"]["content"]})
+        plain.append({"role": "assistant", "content": answers["headerless"].json()["choices"][0]["message"]["content"]})
+
+        ask = chat + [{"role": "user", "content": "What is my parrot called?"}]
+        statuses, answered = _until_answered(http, _chat(ask, max_tokens=4), named, errors)
+        whole = _prompt_tokens(http, ask, {})
+        figures["named"].update({"after": statuses, "prompt": answered["usage"]["prompt_tokens"] if answered else None, "whole_transcript": whole})
+        figures["headerless"]["after"], _ = _until_answered(http, _chat(plain + [{"role": "user", "content": "What is my dog called?"}], max_tokens=4), {}, errors)
+        after = _respond(http, conversation, "What is my parrot called?", tokens=4)
+        figures["responses"]["after"] = [_status(after, errors)] + ([] if after.status_code == 200 else [_status(_respond(http, conversation, "What is my parrot called?", tokens=4), errors)])
+        # a completed turn then commits the whole transcript; the next turn reads only its new message
+        chat = _completed(http, chat + [{"role": "user", "content": "Thank you."}], named)
+        ask = chat + [{"role": "user", "content": "And my cat?"}]
+        later = http.post("/v1/chat/completions", json=_chat(ask, max_tokens=4), headers=named)
+        figures["named"]["later_prompt"] = later.json()["usage"]["prompt_tokens"] if later.status_code == 200 else later.status_code
+        figures["named"]["new_message_alone"] = _prompt_tokens(http, ask[-1:], {})
+    figures["errors"] = errors[:3]
+    part = figures["named"]
+    figures["ok"] = (
+        part["prompt"] == part["whole_transcript"] and part["after"].count(409) <= 1
+        and part["later_prompt"] == part["new_message_alone"]
+        and figures["headerless"]["after"][-1] == 200 and figures["responses"]["after"][-1] == 200
     )
     return figures

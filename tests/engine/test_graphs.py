@@ -133,14 +133,14 @@ def test_an_engine_over_static_buffers_decodes_the_eager_engines_tokens(demo_mod
     for static in (False, True):
         engine = TorchEngine(demo_model, max_running_requests=4)
         if static:
-            engine._graphs = GraphDecode(engine._fused, max_rows=4, max_tokens=max_tokens, capture=False)
+            engine.runner.graphs = GraphDecode(engine.runner.fused, max_rows=4, max_tokens=max_tokens, capture=False)
         engine.start()
         try:
             answers.append(asyncio.run(_conversation(engine)))
         finally:
             engine.stop()
         if static:
-            stats = engine._graphs.stats
+            stats = engine.runner.graphs.stats
             assert stats["uncaptured"] > 0 and stats["loads"] >= 3
             assert (stats["eager"] > 0) == (max_tokens == 128)  # the 120-token prompt's answer outgrows 128
     assert answers[0] == answers[1]
@@ -162,6 +162,6 @@ def test_cuda_graph_decode_gives_the_eager_engines_tokens():
             answers.append(asyncio.run(_conversation(engine)))
         finally:
             engine.stop()
-        graphs = engine._graphs
+        graphs = engine.runner.graphs
     assert graphs is not None and graphs.stats["replays"] > 0 and len(graphs.graphs) == 3 * 3  # rows 1, 2, 4 × 128-512
     assert answers[0] == answers[1]

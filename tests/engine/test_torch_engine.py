@@ -170,8 +170,8 @@ def test_compiled_decode_gives_the_eager_answers(nano_model):
     expected = {name: reference(nano_model, prompt, n, *turns) for name, turns in (("a", [TURN_A]), ("b", [TURN_B]), ("none", []))}
     one_token = {name: reference(nano_model, [17], n, *turns) for name, turns in (("a", [TURN_A]), ("none", []))}
     engine = TorchEngine(nano_model, max_running_requests=16, torch_compile=True)
-    assert engine.compiled and engine._decoder is not nano_model
-    assert engine.compile_options == {"cpp_wrapper": True}, "on the CPU the kernels are called from C++"
+    assert engine.compiled and engine.runner.decoder is not nano_model
+    assert engine.runner.compile_options == {"cpp_wrapper": True}, "on the CPU the kernels are called from C++"
     engine.start()
     from torch._dynamo.utils import counters
 
@@ -199,7 +199,7 @@ def test_compiled_decode_gives_the_eager_answers(nano_model):
     assert batched == [expected["a"], expected["b"], expected["none"]]
     assert short == [one_token["a"], one_token["a"], one_token["none"]]
     assert long == expected_longer
-    assert engine._prefill_compiled, "short prompts are prefilled by the compiled step"
+    assert engine.runner.prefill_compiled, "short prompts are prefilled by the compiled step"
     assert counters["stats"]["unique_graphs"] == compiled_graphs, "a request waited for the compiler"
     settings = TorchEngine.settings(EngineOptions(torch_compile=True))
     assert settings["torch_compile"] is True and settings["inductor_options"] == {"cpp_wrapper": True}
@@ -329,7 +329,7 @@ def test_batched_commits_equal_single_commits(nano_engine, nano_model):
             expected = commit_tokens(nano_model, MemoryState(), turn).memory
         assert candidate.applied == ["n"]
         for layer in nano_model.memory_layers:
-            torch.testing.assert_close(candidate.memory.get(layer), expected.get(layer), rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(nano_engine.runner.memory(candidate.memory).get(layer), expected.get(layer), rtol=1e-4, atol=1e-5)
 
 
 def test_cancel_by_rid(nano_engine):

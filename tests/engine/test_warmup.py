@@ -41,21 +41,21 @@ def test_health_answers_warming_up_until_the_engine_ran_its_shapes(nano_checkpoi
                                                                           lengths=options.warmup_lengths, batch_sizes=options.warmup_batch_sizes))
     assert engine.warmup == WarmupPlan(lengths=(3, 17, 40), batch_sizes=(1, 2))
     release, reached = threading.Event(), threading.Event()
-    original = engine._forward_prompt
+    original = engine.runner.forward_prompt
 
     def held(*a, **k):  # the warm-up's first prefill waits until the test has seen "warming up"
         reached.set()
         release.wait(60)
         return original(*a, **k)
 
-    engine._forward_prompt = held
+    engine.runner.forward_prompt = held
     app, _ = assemble(plan, engine)
     with TestClient(app) as http:
         assert reached.wait(60)
         warming = http.get("/health")
         assert warming.status_code == 503
         assert "warming up" in warming.json()["error"]["message"] and "length 3" in warming.json()["error"]["message"]
-        engine._forward_prompt = original
+        engine.runner.forward_prompt = original
         release.set()
         for _ in range(600):
             if http.get("/health").status_code == 200:

@@ -138,7 +138,7 @@ def test_an_engine_decodes_the_same_tokens_with_and_without_it(demo_model):
     answers = []
     for fused in (False, True):
         engine = TorchEngine(demo_model, max_running_requests=8, fused_decode=fused).start()
-        assert (engine._fused is not None) == fused
+        assert (engine.runner.fused is not None) == fused
         try:
             answers.append(asyncio.run(run(engine)))
         finally:

@@ -360,3 +360,57 @@ def test_a_stream_never_started_lets_the_session_go_after_the_start_timeout(monk
     assert before and started and free
     assert expired.code == "stream_expired" and expired.status == 503
     assert queried == 0 and not any(action == "acquire" for action, _ in calls)  # nothing was generated or leased
+
+
+# ---- an upstream restart behind the proxy's back (issue 58 item 4)
+
+
+def _restart_core(h) -> None:
+    """The in-process core as a restart leaves it: a new epoch, and no session (no snapshot store)."""
+    h.protocol.epoch = "a-new-epoch"
+    h.protocol.sessions.clear()
+    h.engine.sessions.clear()
+
+
+def test_a_new_epoch_learned_by_a_check_forgets_what_memory_held():
+    """A readiness probe (``check_upstream(refresh=True)``) is the first to see the restarted core: every session starts
+    over, so no turn is trimmed on the belief that memory holds its earlier messages (was: kept, and the next turn sent
+    without its history to an empty memory)."""
+
+    async def body(h):
+        sessions = h.sessions
+        state = await committed_session(sessions, "t", "a", [5, 6], [H1])
+        before = list(state.committed)
+        _restart_core(h)
+        await sessions.check_upstream(refresh=True)
+        return before, list(state.committed), state.exists, state.version
+
+    before, after, exists, version = run(body)
+    assert before == [H1] and after == [] and not exists and version == 0
+
+
+def test_a_turn_planned_on_memory_that_is_gone_is_planned_again_on_the_new_empty_one():
+    """A session let go after a write of unknown outcome still names what memory held; when its next request creates it
+    empty upstream (the core lost it), the turn is prepared again, on the empty memory (the whole transcript)."""
+
+    async def body(h):
+        sessions = h.sessions
+        runner = TurnRunner(sessions, Format())
+        state = await committed_session(sessions, "t", "a", [5, 6], [H1])
+        h.protocol.sessions.pop(state.native)  # gone upstream (a restart the proxy has not seen)
+        h.engine.sessions.pop(state.native)
+        state.drop_lease()
+        state.let_go()
+        seen = []
+
+        async def prepare() -> Turn:
+            seen.append(list(state.committed))
+            return Turn("t", "auto", prompt=[1, 2], sampling={"max_new_tokens": 2})
+
+        held, hold = await _held(sessions, "a")
+        answer = await runner.answer(held, hold, prepare, stream=False, run=lambda turn, held: runner.generate(turn, held), streamed=None)
+        return seen, answer
+
+    seen, answer = run(body)
+    assert seen == [[H1], []]  # planned on the memory it believed in, then again on the memory it found
+    assert len(answer["output_ids"]) == 2
