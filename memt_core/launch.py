@@ -28,6 +28,7 @@ from memt_core.bundled import BUNDLED_MODEL
 from memt_core.checkpoint import Checkpoint, RuntimeConfig, parse_override_args, read_checkpoint
 from memt_core.engine import ENGINES, Engine, EngineOptions, engine_class
 from memt_core.errors import CheckpointError
+from memt_core.parallel import plan as parallel
 from memt_core.tokenizer import load_tokenizer
 
 HEADER_OVERRIDES = "SGLANG_ENABLE_REQUEST_HEADER_OVERRIDES"
@@ -64,7 +65,13 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--warmup-lengths", type=_counts, default=None, metavar="N,N", help="the prompt and commit lengths warmed up (default: 1, 3, 7, then 16, 17, 32, 33, … up to 8192 or the context length)")
     engine.add_argument("--warmup-batch-sizes", type=_counts, default=None, metavar="N,N", help="the decode batch sizes warmed up (default: 1, 2, 4, … up to --max-running-requests)")
     engine.add_argument("--enable-streaming-session", action="store_true", help="allow sessions created with retain_kv (native context kept between queries)")
-    engine.add_argument("--deterministic-communication", action="store_true", help="fixed collective settings for reproducibility (multi-device engines only; the torch engine refuses it)")
+    engine.add_argument("--deterministic-communication", action="store_true", help="fixed collective settings for reproducibility: every all-reduce sums the ranks' parts in rank order, so a multi-rank engine gives the same bits for the same batch on every run (multi-rank engines only)")
+    ranks = parser.add_argument_group("parallel serving (SGLang's flags; see docs/deployment.md)")
+    ranks.add_argument("--tp-size", type=int, default=1, help="tensor-parallel ranks, one process each (CUDA: one per visible GPU; CPU: processes on this machine): attention, MLP, the gated-delta and latent-memory heads and lm_head are split over them")
+    ranks.add_argument("--ep-size", type=int, default=1, help="expert-parallel ranks among the TP ranks: the routed experts are split between them (each expert's intermediate size over the rest); must divide --tp-size and the expert count")
+    ranks.add_argument("--dp-size", type=int, default=1, help="data-parallel attention groups (with --enable-dp-attention): each runs attention and latent memory for its own sessions at attention TP = tp/dp")
+    ranks.add_argument("--enable-dp-attention", action="store_true", help="data-parallel attention (Flash, as the seed serves it: --tp-size 8 --ep-size 8 --dp-size 8); refused for Nano")
+    ranks.add_argument("--dist-backend", default="auto", choices=list(parallel.BACKENDS), help="collective backend between ranks: auto (NCCL on CUDA, gloo on the CPU), nccl or gloo")
     server = parser.add_argument_group("server")
     server.add_argument("--host", default="127.0.0.1", help="address to bind")
     server.add_argument("--port", type=int, default=30000, help="port to bind")
@@ -123,6 +130,7 @@ class LaunchPlan:
     warmup: str = "auto"
     warmup_lengths: tuple[int, ...] | None = None
     warmup_batch_sizes: tuple[int, ...] | None = None
+    parallel: parallel.Parallel = parallel.Parallel()  # --tp-size, --ep-size, --dp-size, --enable-dp-attention, --dist-backend
 
     @property
     def engine_class(self) -> type[Engine]:
@@ -138,6 +146,7 @@ class LaunchPlan:
             warmup_lengths=self.warmup_lengths, warmup_batch_sizes=self.warmup_batch_sizes,
             deterministic_communication=self.deterministic_communication, state_directory=self.state_directory,
             snapshot_store=self.snapshot_store, ownership=self.ownership, ownership_ttl=self.ownership_ttl, node_id=self.node_id,
+            parallel=self.parallel,
         )
 
     @property
@@ -176,6 +185,21 @@ class LaunchPlan:
             "port": self.port,
             **self.engine_class.settings(self.engine_options()),
         }
+
+    def parallel_plan(self) -> dict:
+        """``--dry-run``'s parallel plan: the settings, the backend, and per rank its device, what it holds and its
+        share of the weights (from the safetensors headers; none read when they cannot be)."""
+        p, checkpoint = self.parallel, self.checkpoint
+        described = {**p.describe(), "dist_backend": p.backend_for(self.device), "world_size": p.world}
+        try:
+            from memt_core.models.weights import scan_weights
+
+            header = scan_weights(checkpoint)
+        except Exception as exc:  # a dry run still prints the plan without the sizes
+            return {**described, "ranks": None, "weights_unread": f"{type(exc).__name__}: {exc}"}
+        described["ranks"] = parallel.rank_shares(header, p, backbone=checkpoint.backbone, memory_heads=_memory_heads(checkpoint),
+                                                  device=self.device)
+        return described
 
 
 def _counts(text: str) -> tuple[int, ...]:
@@ -233,6 +257,11 @@ def plan_launch(args: argparse.Namespace, environ=os.environ) -> LaunchPlan:
     if device == "auto":
         device = "cuda" if _cuda_available() else "cpu"
     dtype = args.dtype if args.dtype != "auto" else ("float32" if device == "cpu" else "bfloat16")
+    ranks = parallel.Parallel(tp=args.tp_size, ep=args.ep_size, dp=args.dp_size, dp_attention=args.enable_dp_attention,
+                              backend=args.dist_backend)
+    parallel.check(ranks, backbone=checkpoint.backbone, memory_heads=_memory_heads(checkpoint), family=checkpoint.family,
+                   device=device, visible_gpus=_visible_gpus() if device.startswith("cuda") and ranks.world > 1 else None,
+                   deterministic_communication=args.deterministic_communication)
     plan = LaunchPlan(
         checkpoint=checkpoint, runtime=runtime, engine=args.engine, device=device, dtype=dtype,
         max_prefill_tokens=args.max_prefill_tokens, max_running_requests=args.max_running_requests,
@@ -246,10 +275,22 @@ def plan_launch(args: argparse.Namespace, environ=os.environ) -> LaunchPlan:
         spec_strict=args.spec_strict, unload_idle=_unload_idle(args), torch_compile=args.enable_torch_compile,
         torch_threads=args.torch_threads, fused_decode=not args.disable_fused_decode,
         cuda_graphs=args.enable_cuda_graph, cuda_graph_max_tokens=args.cuda_graph_max_tokens, warmup=args.warmup,
-        warmup_lengths=args.warmup_lengths, warmup_batch_sizes=args.warmup_batch_sizes,
+        warmup_lengths=args.warmup_lengths, warmup_batch_sizes=args.warmup_batch_sizes, parallel=ranks,
     )
     plan.engine_class.check_options(plan.engine_options())
     return plan
+
+
+def _memory_heads(checkpoint: Checkpoint) -> int:
+    return int(checkpoint.memory.state_shape()[1])  # [1, H, K, V]
+
+
+def _visible_gpus() -> int:
+    try:
+        import torch
+    except ImportError:
+        return 0
+    return torch.cuda.device_count()
 
 
 def _unload_idle(args: argparse.Namespace) -> float | None:
@@ -364,7 +405,8 @@ def main(argv: list[str] | None = None) -> int:
             "config.json carries keys this version does not read (kept, unused): %s", ", ".join(plan.checkpoint.unknown_keys)
         )
     if args.dry_run:
-        report = {"launch_identity": plan.identity(), "engine_args": plan.engine_args(), "unknown_config_keys": plan.checkpoint.unknown_keys}
+        report = {"launch_identity": plan.identity(), "engine_args": plan.engine_args(), "parallel": plan.parallel_plan(),
+                  "unknown_config_keys": plan.checkpoint.unknown_keys}
         print(json.dumps(report, indent=2))
         return 0
     import uvicorn
@@ -374,7 +416,12 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         print(f"memt_core.launch: refused: cannot listen on {plan.host}:{plan.port}: {exc.strerror or exc}", file=sys.stderr)
         return 2
-    app, _ = build_app(plan)
+    try:
+        app, _ = build_app(plan)
+    except CheckpointError as exc:  # what only loading can tell (e.g. an engine that cannot run these settings)
+        sock.close()
+        print(f"memt_core.launch: refused: {exc}", file=sys.stderr)
+        return 2
     print(f"memt_core: serving {plan.checkpoint.served_name} (a {plan.checkpoint.model} checkpoint) from {plan.checkpoint.path} "
           f"on http://{plan.host}:{plan.port}", flush=True)
     # what start-up made (torch, transformers, the model) is not traversed again by the garbage collector: a

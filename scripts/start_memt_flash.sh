@@ -6,6 +6,8 @@
 # Environment: MEMT_PYTHON (default: the project's .venv/bin/python, else python3), MEMT_PORT (default 30000), MEMT_STATE_DIRECTORY (default
 # ./memt-state), CUDA_VISIBLE_DEVICES (default 0,1,2,3,4,5,6,7). Extra arguments come last, so they
 # override the values below (the launcher's startup checks still apply). Try --dry-run first.
+# Parallel settings: TP/EP/DP 8/8/8 with DP attention (the seed's); --dry-run prints what each rank holds.
+# Until the engine runs ranks as processes it serves one rank: add --tp-size 1 --ep-size 1 --dp-size 1.
 set -eu
 
 if [ "$#" -lt 1 ]; then
@@ -29,6 +31,10 @@ exec "$MEMT_PYTHON" -m memt_core.launch \
     --max-inflight-commits-per-rank 1 \
     --min-kv-tokens 2048 \
     --max-prefill-tokens 16384 \
+    --tp-size 8 \
+    --ep-size 8 \
+    --dp-size 8 \
+    --enable-dp-attention \
     --max-running-requests 48 \
     --context-length 16384 \
     --enable-streaming-session \

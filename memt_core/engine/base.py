@@ -14,6 +14,8 @@ import abc
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, AsyncIterator, ClassVar
 
+from memt_core.parallel.plan import Parallel
+
 if TYPE_CHECKING:
     from memt_core.checkpoint import Checkpoint
     from memt_core.protocol import effects as fx
@@ -74,7 +76,8 @@ class EngineOptions:
     warmup: str = "auto"  # run the served shapes before reporting ready: "auto" (on a GPU), "on", "off"
     warmup_lengths: tuple[int, ...] | None = None  # prompt and commit lengths warmed up (None: the engine's buckets)
     warmup_batch_sizes: tuple[int, ...] | None = None  # decode batch sizes warmed up (None: powers of two)
-    deterministic_communication: bool = False
+    deterministic_communication: bool = False  # all-reduces sum the ranks' parts in rank order (multi-rank engines)
+    parallel: Parallel = Parallel()  # ranks and how the model is split over them (memt_core.parallel)
     state_directory: str | None = None
     snapshot_store: str | None = None  # a directory every published version is written to (shared by servers)
     ownership: str | None = None  # URL of the coordination service for one owner per session (redis://…)

@@ -51,10 +51,10 @@ class TorchEngine(Engine):
 
     @classmethod
     def check_options(cls, options: EngineOptions) -> None:
-        if options.deterministic_communication:
+        if options.deterministic_communication and options.parallel.world == 1:
             raise CheckpointError(
-                "--deterministic-communication is for multi-device engines; the torch engine runs on one device "
-                "and has no collective communication to fix"
+                "--deterministic-communication is for multi-rank engines (--tp-size above 1); the torch engine on one "
+                "device has no collective communication to fix"
             )
         if options.extra:
             raise CheckpointError(f"the torch engine takes no engine-specific settings, got {sorted(options.extra)}")
@@ -91,6 +91,11 @@ class TorchEngine(Engine):
         from memt_core.models.weights import load_model
 
         cls.check_options(options)
+        if options.parallel.world > 1:
+            raise CheckpointError(
+                f"--tp-size {options.parallel.tp}: the torch engine serves on one rank for now (ranks as processes are "
+                "not built yet; --dry-run prints the parallel plan); add --tp-size 1 --ep-size 1 --dp-size 1 to serve on one device"
+            )
         model = load_model(checkpoint, device=options.device, dtype=DTYPES[options.dtype])
         durable = None
         if options.snapshot_store:
@@ -131,6 +136,7 @@ class TorchEngine(Engine):
             "inductor_options": inductor_options(options.device) if options.torch_compile else None,
             "torch_threads": cpu_threads(options) or f"torch's default ({torch.get_num_threads()})",
             "kv_cache": "grows per request (transformers DynamicCache)",
+            "ranks_served": 1,
         }
 
     def __init__(

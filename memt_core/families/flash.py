@@ -35,6 +35,8 @@ class Flash(Family):
     takes_encoder = True
     chat_format_class = "memt_core.client.chat_format:FlashChatFormat"
     parser_class = "memt_core.client.parsers:FlashParser"
+    dp_attention = True  # the seed serves Flash at TP 8 with DP attention 8: attention TP 1, experts shared
+    shards_attention = False  # its attention (DeepSeek-V4's) is not split: attention TP stays 1
     special_tokens = (
         "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>", "<think>", "</think>",
     )

@@ -58,15 +58,24 @@ def checkpoints(nano_checkpoint, flash_checkpoint, tmp_path_factory) -> dict[str
     shutil.copytree(nano_checkpoint, no_weights)
     for weights in no_weights.glob("*.safetensors"):
         weights.write_bytes(b"not safetensors: --dry-run must never read the weights")
+    from memt_core.models.weights import save_weights
+    from memt_core.tiny import random_model, write_config
+
+    flash8 = root / "flash-8-experts"  # Flash shaped for the seed's 8/8/8: 8 experts, one per EP rank
+    write_config(flash8, "memt-flash")
+    config = json.loads((flash8 / "config.json").read_text())
+    config["n_routed_experts"] = 8
+    (flash8 / "config.json").write_text(json.dumps(config))
+    save_weights(random_model(flash8), flash8)
     wrapper = root / "python-wrapper.sh"  # MEMT_PYTHON for the script tests: reports its environment
     wrapper.write_text(f'#!/bin/sh\necho "CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES" >&2\nexec "{sys.executable}" "$@"\n')
     wrapper.chmod(0o755)
-    return {"nano": nano_checkpoint, "flash": flash_checkpoint, "no_runtime": no_runtime, "no_weights": no_weights,
+    return {"nano": nano_checkpoint, "flash": flash_checkpoint, "flash8": flash8, "no_runtime": no_runtime, "no_weights": no_weights,
             "wrapper": wrapper, "cwd": root}
 
 
 def _cases(c: dict[str, Path]) -> dict[str, Case]:
-    nano, flash = str(c["nano"]), str(c["flash"])
+    nano, flash, flash8 = str(c["nano"]), str(c["flash"]), str(c["flash8"])
     dry = ["--dry-run"]
     override = json.dumps({"memt_runtime": {"max_sessions_per_rank": 10, "min_kv_tokens": 512}})
     script_env = {"MEMT_PYTHON": str(c["wrapper"])}
@@ -104,13 +113,21 @@ def _cases(c: dict[str, Path]) -> dict[str, Case]:
         "bundled default": Case([*dry]),
         "engine unknown": Case(["--model-path", nano, *dry, "--engine", "sglang"]),
         "engine flag unused": Case(["--model-path", nano, *dry, "--deterministic-communication"]),
+        "nano tp 2": Case(["--model-path", nano, *dry, "--tp-size", "2", "--deterministic-communication"]),
+        "nano dp attention": Case(["--model-path", str(c["no_weights"]), *dry, "--tp-size", "2", "--dp-size", "2", "--enable-dp-attention"]),
+        "flash tp without dp attention": Case(["--model-path", flash8, *dry, "--tp-size", "2"]),
+        "flash dp below tp": Case(["--model-path", flash8, *dry, "--tp-size", "8", "--ep-size", "8", "--dp-size", "4", "--enable-dp-attention"]),
+        "ep beyond experts": Case(["--model-path", flash, *dry, "--tp-size", "8", "--ep-size", "8", "--dp-size", "8", "--enable-dp-attention"]),
+        "tp beyond heads": Case(["--model-path", nano, *dry, "--tp-size", "8"]),
+        "nccl on cpu": Case(["--model-path", nano, *dry, "--device", "cpu", "--tp-size", "2", "--dist-backend", "nccl"]),
+        "dp without dp attention": Case(["--model-path", nano, *dry, "--dp-size", "2"]),
         "engine kv too small": Case(["--model-path", nano, *dry, "--max-running-requests", "1", "--context-length", "100",
                                      "--min-kv-tokens", "101"]),
         # the start scripts
         "script nano": Case([nano, "--dry-run"], env=script_env, script="start_memt_nano.sh", unset=("CUDA_VISIBLE_DEVICES",)),
-        "script flash": Case([flash, "--dry-run", "--context-length", "8192"], env=script_env, script="start_memt_flash.sh",
+        "script flash": Case([flash8, "--dry-run", "--context-length", "8192"], env=script_env, script="start_memt_flash.sh",
                              unset=("CUDA_VISIBLE_DEVICES",)),
-        "script flash as is": Case([flash, "--dry-run"], env=script_env, script="start_memt_flash.sh"),
+        "script flash as is": Case([flash8, "--dry-run"], env=script_env, script="start_memt_flash.sh"),
         "script nano env": Case([nano, "--dry-run", "--max-running-requests", "3", "--port", "31001"],
                                 env={**script_env, "MEMT_PORT": "31999", "MEMT_STATE_DIRECTORY": "/srv/memt", "CUDA_VISIBLE_DEVICES": "3"},
                                 script="start_memt_nano.sh"),
@@ -124,7 +141,9 @@ IN_PROCESS = {
     "merge all", "merge json", "defaults", "defaults + flags", "header overrides off", "header overrides true",
     "config merging", "override other keys", "override memt", "override not JSON", "override unknown runtime field",
     "override non-positive", "flag non-positive", "no threads", "prefill below chunk", "context beyond model", "missing checkpoint",
-    "engine flag unused", "engine kv too small", "bundled default", "bundled path given",
+    "engine flag unused", "engine kv too small", "bundled default", "bundled path given", "nano tp 2", "nano dp attention",
+    "flash tp without dp attention", "flash dp below tp", "ep beyond experts", "tp beyond heads", "nccl on cpu",
+    "dp without dp attention",
 }
 
 
@@ -226,6 +245,21 @@ def test_dry_run_never_reads_weights(runs, checkpoints):
     assert out["launch_identity"]["config_sha256"] == _sha256(checkpoints["no_weights"])
 
 
+def test_dry_run_prints_the_parallel_plan(runs):
+    """Ranks, devices, what each holds and its share of the weights, from the safetensors headers (none read when the
+    files are not safetensors: the plan is printed without the sizes)."""
+    one = runs["nano"].json()["parallel"]
+    assert one["world_size"] == 1 and len(one["ranks"]) == 1 and one["ranks"][0]["weights_gb"] == one["ranks"][0]["of_gb"]
+    two = runs["nano tp 2"].json()
+    plan = two["parallel"]
+    assert plan["world_size"] == 2 and plan["dist_backend"] == "gloo" and plan["tp_size"] == 2
+    assert [r["rank"] for r in plan["ranks"]] == [0, 1] and [r["holds"]["vocabulary rows"] for r in plan["ranks"]] == ["0-255 of 512", "256-511 of 512"]
+    assert 0.5 < plan["ranks"][0]["weights_gb"] / plan["ranks"][0]["of_gb"] < 0.52
+    assert two["engine_args"]["ranks_served"] == 1  # the engine serves one rank until ranks run as processes
+    unread = runs["no weights"].json()["parallel"]
+    assert unread["ranks"] is None and "weights_unread" in unread
+
+
 def test_runtime_merge_order(runs):
     def runtime(name):
         return runs[name].json()["launch_identity"]["memt_runtime"]
@@ -261,7 +295,14 @@ def test_runtime_merge_order(runs):
         ("context beyond model", "context-length"),
         ("missing checkpoint", "does not exist"),
         ("engine unknown", "invalid choice: 'sglang'"),
-        ("engine flag unused", "deterministic-communication.*torch engine"),
+        ("engine flag unused", "deterministic-communication is for multi-rank engines"),
+        ("nano dp attention", "memt-nano is served with DP attention off"),
+        ("flash tp without dp attention", "memt-flash's attention is not split across ranks: use --enable-dp-attention"),
+        ("flash dp below tp", "--enable-dp-attention needs --tp-size equal to --dp-size"),
+        ("ep beyond experts", "--ep-size \\(8\\) must divide the expert count \\(4\\)"),
+        ("tp beyond heads", "--tp-size \\(8\\) must divide the"),
+        ("nccl on cpu", "--dist-backend nccl needs CUDA"),
+        ("dp without dp attention", "--dp-size 2 without --enable-dp-attention"),
         ("engine kv too small", "min_kv_tokens \\(101\\).*--max-running-requests \\(1\\) × --context-length \\(100\\)"),
     ],
 )
@@ -292,6 +333,10 @@ def test_start_nano_script_settings(runs, checkpoints):
     assert engine["max_prefill_tokens"] == 16384 and engine["max_running_requests"] == 8
     assert engine["enable_streaming_session"] is False
     assert outcome.json()["launch_identity"]["config_sha256"] == _sha256(checkpoints["nano"])
+    ranks = outcome.json()["parallel"]  # the seed's TP/EP/DP 2/1/1, DP attention off; CPU ranks here
+    assert (ranks["tp_size"], ranks["ep_size"], ranks["dp_size"], ranks["enable_dp_attention"]) == (2, 1, 1, False)
+    assert ranks["dist_backend"] == "gloo" and [r["device"] for r in ranks["ranks"]] == ["cpu", "cpu"]
+    assert [r["holds"]["attention heads"] for r in ranks["ranks"]] == ["0-1 of 4", "2-3 of 4"]
 
 
 def test_start_flash_script_settings(runs):
@@ -303,6 +348,11 @@ def test_start_flash_script_settings(runs):
     assert engine["max_prefill_tokens"] == 16384 and engine["max_running_requests"] == 48
     assert engine["enable_streaming_session"] is True
     assert engine["context_length"] == 8192  # the extra argument overrode the script's 16384
+    ranks = outcome.json()["parallel"]  # the seed's 8/8/8 with DP attention: attention TP 1, one expert per rank
+    assert (ranks["tp_size"], ranks["ep_size"], ranks["dp_size"], ranks["enable_dp_attention"]) == (8, 8, 8, True)
+    assert ranks["attention_tp_size"] == 1 and len(ranks["ranks"]) == 8
+    assert [r["holds"]["experts"] for r in ranks["ranks"]][:2] == ["0 of 8", "1 of 8"]
+    assert [r["holds"]["dp_rank"] for r in ranks["ranks"]] == list(range(8))
     # the script's own 16384-token context is refused for the tiny checkpoint (max_position_embeddings 8192)
     refused = runs["script flash as is"]
     assert refused.returncode != 0 and "context-length" in refused.stderr
