@@ -30,6 +30,8 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 def smol_config(backbone: str, shape) -> dict:
     """config.json of a memt-smol checkpoint on the converted ``backbone`` with ``shape``'s memory geometry."""
+    from memt_demo.train import memory_config
+
     family = get(SMOL)
     directory = backbone_home() / backbone
     source = json.loads((directory / "SOURCE.json").read_text())
@@ -48,16 +50,7 @@ def smol_config(backbone: str, shape) -> dict:
             "license": source["license"],
             "source": f"{source['package']} {source['version']} ({source['file']}), converted by python -m memt_core.backbones",
         },
-        "memt": {
-            "chunk_tokens": shape.chunk_tokens,
-            "memory_layers": list(shape.memory_layers),
-            "num_heads": shape.memory_heads,
-            "key_dim": shape.key_dim,
-            "value_dim": shape.value_dim,
-            "update_rule": "gated_delta",
-            "state_dtype": "float32",
-        },
-        "memt_runtime": {"max_sessions_per_rank": 64, "max_inflight_commits_per_rank": 4, "min_kv_tokens": 256},
+        **memory_config(shape),
     }
 
 

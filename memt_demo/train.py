@@ -158,6 +158,13 @@ def demo_config(tokenizer, shape: ModelShape) -> dict:
                 "pad_token_id": tokenizer.pad_token_id,
             },
         },
+        **memory_config(shape),
+    }
+
+
+def memory_config(shape: ModelShape) -> dict:
+    """The ``memt`` and ``memt_runtime`` objects of a demo checkpoint with ``shape``'s memory."""
+    return {
         "memt": {
             "chunk_tokens": shape.chunk_tokens,
             "memory_layers": list(shape.memory_layers),
@@ -320,6 +327,19 @@ def episode_loss(model: MemTForCausalLM, batch: list[TokenEpisode]) -> tuple[tor
 
 # ------------------------------------------------------------------------------------------------
 # The loop
+
+
+class Curve:
+    """A ``log`` for :func:`train` that prints every line and keeps the learning curve (the step and time-limit lines)
+    that a run's ``training.json`` records."""
+
+    def __init__(self):
+        self.lines: list[str] = []
+
+    def __call__(self, line: str) -> None:
+        print(line, flush=True)
+        if line.startswith(("step ", "time limit")):
+            self.lines.append(line)
 
 
 def lr_at(step: int, config: TrainConfig, progress: float | None = None) -> float:

@@ -28,7 +28,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from memt_demo.episodes import Mix  # noqa: E402
-from memt_demo.train import ModelShape, TrainConfig, chain_entry, run_minutes  # noqa: E402
+from memt_demo.train import Curve, ModelShape, TrainConfig, chain_entry, run_minutes  # noqa: E402
 
 #: SmolLM2-135M has 30 layers; memory in the upper half keeps the backward short (it stops below the lowest).
 MEMORY_LAYERS = (16, 20, 24, 28)
@@ -86,18 +86,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"training memt-smol into {args.out} on {args.backbone} ({config.steps} steps × {config.batch_size} episodes, "
           f"memory layers {list(shape.memory_layers)}, {shape.memory_heads} heads of {shape.key_dim} × {shape.value_dim})", flush=True)
     started = time.time()
-    curve: list[str] = []
-
-    def log(line: str) -> None:
-        print(line, flush=True)
-        if line.startswith(("step ", "time limit")):
-            curve.append(line)
+    log = Curve()
 
     train(config, args.out, log=log, mix_for=mix_for, time_limit_s=args.time_limit_min * 60 if args.time_limit_min else None,
           schedule_by_time=args.time_limit_min is not None, init_from=args.init_from, save_every=args.save_every)
     minutes = (time.time() - started) / 60
     record = {"command": "python scripts/train_smol.py " + " ".join(map(str, sys.argv[1:] if argv is None else argv)),
-              "minutes": round(minutes, 1), "config": asdict(config), "mix": overrides, "learning_curve": curve}
+              "minutes": round(minutes, 1), "config": asdict(config), "mix": overrides, "learning_curve": log.lines}
     if args.init_from is not None and (args.init_from / "training.json").is_file():
         before = json.loads((args.init_from / "training.json").read_text())
         record["continues"] = before.get("continues", []) + [chain_entry(before)]

@@ -34,7 +34,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from memt_demo.episodes import Mix  # noqa: E402
-from memt_demo.train import TrainConfig, chain_entry, run_minutes  # noqa: E402
+from memt_demo.train import Curve, TrainConfig, chain_entry, run_minutes  # noqa: E402
 
 from memt_demo import BUNDLED_MODEL as DEFAULT_OUT  # noqa: E402
 
@@ -108,12 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"training the demo model into {args.out} ({config.steps} steps × {config.batch_size} episodes, "
           f"{config.threads} thread(s), seed {config.seed}{', batched trainer' if config.batched else ''})", flush=True)
     started = time.time()
-    curve: list[str] = []
-
-    def log(line: str) -> None:
-        print(line, flush=True)
-        if line.startswith(("step ", "time limit")):
-            curve.append(line)
+    log = Curve()
 
     full = Mix(**dict(args.mix))
 
@@ -129,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     size = sum(p.stat().st_size for p in args.out.iterdir() if p.is_file())
     print(f"trained in {minutes:.1f} min; checkpoint {args.out} ({size / 1e6:.1f} MB)", flush=True)
     record = {"command": "python scripts/train_tiny.py " + " ".join(map(str, sys.argv[1:] if argv is None else argv)),
-              "minutes": round(minutes, 1), "config": asdict(config), "learning_curve": curve}
+              "minutes": round(minutes, 1), "config": asdict(config), "learning_curve": log.lines}
     if args.init_from is not None:  # the run it continues: its command first, so the chain can be replayed
         before = json.loads((args.init_from / "training.json").read_text())
         record["continues"] = before.get("continues", []) + [chain_entry(before)]

@@ -61,6 +61,21 @@ class Family:
         """The backbone's configuration as transformers reads it, taken out of a validated config.json."""
         raise NotImplementedError
 
+    def nested_backbone(self, config: dict) -> dict:
+        """config.json's ``backbone_configs`` (a family that nests its backbone), checked: an object of this family's
+        ``backbone_type``, unquantized."""
+        nested = config.get("backbone_configs")
+        if nested is None:
+            raise CheckpointError(f"config.json: {self.model_type} requires 'backbone_configs'")
+        if not isinstance(nested, dict):
+            raise CheckpointError("config.json: 'backbone_configs' must be an object")
+        if nested.get("model_type") != self.backbone_type:
+            raise CheckpointError(
+                f"config.json: 'backbone_configs.model_type' must be {self.backbone_type!r}, got {nested.get('model_type')!r}"
+            )
+        refuse_quantized(nested, "backbone_configs.")
+        return nested
+
     def backbone_config(self, backbone: dict):
         """The transformers config object of the backbone; a field transformers refuses is a CheckpointError."""
         import transformers

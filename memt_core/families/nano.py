@@ -56,19 +56,9 @@ class Nano(Family):
     )
 
     def backbone(self, config: dict) -> dict:
-        nested = config.get("backbone_configs")
-        if nested is None:
-            raise CheckpointError(f"config.json: {self.model_type} requires 'backbone_configs'")
-        if not isinstance(nested, dict):
-            raise CheckpointError("config.json: 'backbone_configs' must be an object")
-        if nested.get("model_type") != self.backbone_type:
-            raise CheckpointError(
-                f"config.json: 'backbone_configs.model_type' must be {self.backbone_type!r}, got {nested.get('model_type')!r}"
-            )
-        text = nested.get("text_config")
+        text = self.nested_backbone(config).get("text_config")
         if not isinstance(text, dict):
             raise CheckpointError("config.json: 'backbone_configs.text_config' must be an object")
-        refuse_quantized(nested, "backbone_configs.")
         refuse_quantized(text, "backbone_configs.text_config.")
         return dict(text)
 

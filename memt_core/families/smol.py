@@ -28,7 +28,7 @@ import re
 from pathlib import Path
 
 from memt_core.errors import CheckpointError
-from memt_core.families.base import Family, refuse_quantized, tiny_memory
+from memt_core.families.base import Family, tiny_memory
 
 #: Where converted backbones live unless ``MEMT_BACKBONES`` names another directory.
 DEFAULT_BACKBONE_HOME = Path.home() / ".cache" / "memt-serve" / "backbones"
@@ -80,16 +80,7 @@ class Smol(Family):
     # ------------------------------------------------------------------ config.json
 
     def backbone(self, config: dict) -> dict:
-        nested = config.get("backbone_configs")
-        if nested is None:
-            raise CheckpointError(f"config.json: {self.model_type} requires 'backbone_configs'")
-        if not isinstance(nested, dict):
-            raise CheckpointError("config.json: 'backbone_configs' must be an object")
-        if nested.get("model_type") != self.backbone_type:
-            raise CheckpointError(
-                f"config.json: 'backbone_configs.model_type' must be {self.backbone_type!r}, got {nested.get('model_type')!r}"
-            )
-        refuse_quantized(nested, "backbone_configs.")
+        nested = self.nested_backbone(config)
         self.backbone_spec(config)  # a malformed memt_backbone is refused with the rest of config.json
         return dict(nested)
 
