@@ -36,7 +36,8 @@ def main() -> None:
     for piece in llm.stream_chat(history):
         print(piece.delta or "", end="", flush=True)
     print()
-    print(f"session state: {llm.inspect_session()}")
+    state = llm.inspect_session()  # the whole record: llm.inspect_session() holds the proxy's and the core's view
+    print(f"memory: {state['committed_messages']} messages committed, version {state['native']['published_version']}")
     llm.close_session()
 
 

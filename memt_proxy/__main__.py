@@ -14,7 +14,8 @@ from memt_core.checkpoint import read_checkpoint
 from memt_core.errors import CheckpointError
 from memt_proxy.http.route_inputs import DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_REQUEST_BYTES
 from memt_proxy.responses.records import SNAPSHOTS_PER_CHAIN
-from memt_proxy.session.sessions import LEASE_IDLE, MAX_MEMORY_STATES, MAX_SESSIONS
+from memt_proxy.session.sessions import LEASE_IDLE, MAX_SESSIONS
+from memt_proxy.session.state import MEMORY_STATES_BUDGET_MIB, state_bytes, states_within
 
 
 def lease_ttl(text: str) -> int:
@@ -37,6 +38,13 @@ def positive(text: str) -> int:
     return value
 
 
+class DefaultsOnce(argparse.ArgumentDefaultsHelpFormatter):
+    """Adds "(default: …)" to an option's help unless the help already says its default."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        return action.help if "(default" in (action.help or "") else super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m memt_proxy",
@@ -46,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
             "recognised by its transcript (--headerless-memory); completed turns are committed to memory and later "
             "requests only send the model what memory does not hold yet."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsOnce,
     )
     upstream = parser.add_argument_group("the upstream and its model")
     upstream.add_argument("--upstream", default="http://127.0.0.1:30000", help="base URL of the memt_core server (python -m memt_core.launch)")
@@ -73,7 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     state.add_argument("--cluster", action="store_true", help="run as one node behind a router (SMG) over cores sharing a --snapshot-store: the session may come as X-SMG-Routing-Key, sessions restored from the store are adopted, POST /admin/drain hands this node's sessions off (see memt_proxy.http.cluster)")
     limits = parser.add_argument_group("limits and timeouts")
     limits.add_argument("--max-sessions", type=positive, default=MAX_SESSIONS, help="session states kept in memory; beyond it the least recently used idle one is dropped (its native session and memory stay upstream; its next request re-reads its record from --state-directory, or without one counts its history as unknown); when all are busy a new session gets 429")
-    limits.add_argument("--max-memory-states", type=positive, default=MAX_MEMORY_STATES, help="header-less memory states (--headerless-memory) kept at most, each a native session on the upstream; beyond it the least recently used idle one is closed, which only makes its conversation's next prompt longer (its messages are sent again). They are never written to snapshots, so they take no disk; the upstream's --max-sessions-per-rank and --max-sessions bound them too")
+    limits.add_argument("--memory-states-budget", type=positive, default=MEMORY_STATES_BUDGET_MIB, metavar="MIB", help="MiB of the upstream's memory that header-less memory states (--headerless-memory) may hold: each is a native session holding one memory state, an FP32 [heads, key, value] matrix per memory layer (the bundled demo model: 192 KiB, so 2730 states in 512 MiB); the proxy logs the number at start. Past it, or when the upstream has no room for another session, the least recently used idle state is closed, one a later turn has extended before any conversation's latest, which only makes its conversation's next prompt longer (its messages are read as text); closing a conversation's latest state while it is live (used within 10 minutes) is logged. States are never written to snapshots, so they take no disk")
+    limits.add_argument("--max-memory-states", type=positive, default=None, help="header-less memory states kept at most, as a count (default: as many as --memory-states-budget holds)")
     limits.add_argument("--response-snapshots", type=positive, default=SNAPSHOTS_PER_CHAIN, help="Responses API: memory snapshots kept per previous_response_id chain, so that continuing one of its last N responses (not the latest) branches from the right memory; an older one is refused with 409")
     limits.add_argument("--lease-wait", type=float, default=30.0, help="seconds a request waits for another request on the same session before 409")
     limits.add_argument("--lease-ttl", type=lease_ttl, default=30, help="seconds of each native session lease; renewed every third of it while a request runs, so a proxy that dies frees its sessions within this time")
@@ -138,8 +147,12 @@ def build_app(args: argparse.Namespace):
                                        api_key=plan.api_key, timeout=args.timeout)
     else:
         client = AsyncNativeClient(args.upstream, api_key=args.upstream_api_key, timeout=args.timeout)
+    max_memory_states = args.max_memory_states or states_within(args.memory_states_budget, checkpoint.memory)
+    logging.getLogger("memt.proxy").info(
+        "header-less memory states: at most %d (%d KiB each%s)", max_memory_states, state_bytes(checkpoint.memory) // 1024,
+        "; --max-memory-states" if args.max_memory_states else f" within --memory-states-budget {args.memory_states_budget} MiB")
     sessions = Sessions(
-        client, identity=chat_format.identity, served=chat_format.served, records=SessionRecordStore(args.state_directory, args.records_directory), max_sessions=args.max_sessions, max_memory_states=args.max_memory_states,
+        client, identity=chat_format.identity, served=chat_format.served, records=SessionRecordStore(args.state_directory, args.records_directory), max_sessions=args.max_sessions, max_memory_states=max_memory_states,
         lease_wait=args.lease_wait, lease_ttl=args.lease_ttl, lease_idle=args.lease_idle, native_encoding=chat_format.native_encoding,
     )
     runner = TurnRunner(sessions, chat_format)  # one turn, run alike for both surfaces

@@ -235,4 +235,5 @@ async def _copy(sessions: Sessions, tenant: str, parent: str, state: SessionStat
         lease = await sessions.leases.lease_of(source.state)
         async with sessions.placement.state_room(state):
             await sessions.placement.copy(state, source.state, lease)
+        source.state.extended = True  # no longer its conversation's latest state: room is made from such states first
         sessions.memory_tokens.copied(state, source.state)

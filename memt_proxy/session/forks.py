@@ -50,6 +50,7 @@ class NamedForks:
             async with self.hold(state.tenant, new_branch_name()) as held:
                 parent = held.state
                 parent.origin = state.native  # it holds that session's memory: closed with it
+                parent.extended = True  # the session goes on past it: room is made from such states first
                 self.placement.move_head(parent, link)  # recorded before it exists upstream (see ``branches._fork``)
                 try:
                     async with self.placement.state_room(parent):

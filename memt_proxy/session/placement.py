@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import Counter
 from dataclasses import asdict
 
@@ -16,7 +17,7 @@ from memt_core.errors import SessionExists, UnknownSession
 from memt_proxy.errors import Conflict, ProxyError, RateLimited
 from memt_proxy.session.leases import Leases
 from memt_proxy.session.prefix_index import PrefixIndex
-from memt_proxy.session.state import OFFLOAD_PREFIX, OFFLOAD_TRIES, PendingTurn, SessionState, SessionTable, native_session_id, offload_file
+from memt_proxy.session.state import LIVE_SECONDS, OFFLOAD_PREFIX, OFFLOAD_TRIES, PendingTurn, SessionState, SessionTable, native_session_id, offload_file
 from memt_proxy.session.store import SessionRecordStore
 from memt_proxy.session.upstream import Upstream
 from memt_proxy.session.writes import Writes
@@ -94,14 +95,23 @@ class Placement:
         raise AssertionError("unreachable")
 
     async def offload_idle(self, keep: SessionState) -> bool:
-        """Offload the least recently used idle session with a native session (never ``keep``); False if none could be.
-        With none in the table (a restarted proxy's is empty while the upstream is full of sessions an earlier
-        one made), one of the sessions the records name (``offload_recorded``)."""
-        for state in self.table:  # least recently used first
+        """Offload the least recently used idle session with a native session (never ``keep``), a header-less state a
+        later turn extended first (``evicted_first``); False if none could be. With none in the table (a restarted
+        proxy's is empty while the upstream is full of sessions an earlier one made), one of the sessions the records
+        name (``offload_recorded``)."""
+        for state in evicted_first(self.table):
             if state is not keep and state.exists and state.users == 0 and not state.lock.locked():
+                self.evicting(state, "the upstream has no room for another session")
                 if await self.offload(state):
                     return True
         return await self.offload_recorded(keep)
+
+    def evicting(self, state: SessionState, why: str) -> None:
+        """Say so where a header-less conversation used within ``LIVE_SECONDS`` loses its latest state: its next turn is
+        then read as text."""
+        if state.branch and not state.extended and state.idle_since is not None and time.monotonic() - state.idle_since < LIVE_SECONDS:
+            log.warning("closing the latest state of a live header-less conversation (used %.0f s ago) to make room (%s): its next "
+                        "turn is read as text", time.monotonic() - state.idle_since, why)
 
     async def offload_recorded(self, keep: SessionState) -> bool:
         """Offload (a header-less branch: close) a native session the records name and the table does not hold,
@@ -290,11 +300,9 @@ class Placement:
                 await self.close_branch(state)  # or closed to make room once the dead proxy's lease lapses
 
     def branch_limit(self) -> int:
-        """Header-less branches kept at most: ``max_memory_states``, and at most half the upstream's session
-        capacity where it says it (our core does), so that they never take the room of sessions named by a header,
-        other proxies or native clients of the same upstream."""
-        if isinstance(self.upstream.capacity, int) and self.upstream.capacity > 0:
-            return max(1, min(self.max_memory_states, self.upstream.capacity // 2))
+        """Header-less branches kept at most: ``max_memory_states`` (sized from memory: ``state.states_within``). The
+        upstream's own session capacity bounds them too: where it is full, making any session closes an idle state
+        first (``offload_idle``)."""
         return self.max_memory_states
 
     @contextlib.asynccontextmanager
@@ -309,9 +317,9 @@ class Placement:
 
     async def make_branch_room(self, keep: SessionState) -> bool:
         """Room for one more kept state (never closing ``keep``): while ``branch_limit()`` or more are kept, close the
-        least recently used idle one of the tenant holding the most (``keep``'s own counted): a tenant pushes out
-        another's states only while it holds fewer, so none takes more than its share. False where the rest are busy
-        or cannot be closed now."""
+        least recently used idle one of the tenant holding the most (``keep``'s own counted), one a later turn extended
+        before a conversation's latest (``evicted_first``): a tenant pushes out another's states only while it holds
+        fewer, so none takes more than its share. False where the rest are busy or cannot be closed now."""
         failed: list[SessionState] = []
         while True:
             kept = [state for state in self.table if state.branch and state.exists and state is not keep]  # least recently used first
@@ -319,11 +327,12 @@ class Placement:
                 return True
             held = Counter(state.tenant for state in kept)
             held[keep.tenant] += 1
-            idle = [state for state in kept if state.users == 0 and not state.lock.locked() and state not in failed]
+            idle = [state for state in evicted_first(kept) if state.users == 0 and not state.lock.locked() and state not in failed]
             if not idle:
                 return False
             most = max(held[state.tenant] for state in idle)
             victim = next(state for state in idle if held[state.tenant] == most)
+            self.evicting(victim, f"{self.branch_limit()} states kept: the most --memory-states-budget holds, or --max-memory-states")
             victim.users += 1
             try:
                 async with victim.lock:
@@ -363,3 +372,9 @@ class Placement:
         self.branches_closed += 1
         return True
 
+
+def evicted_first(states) -> list[SessionState]:
+    """``states`` (least recently used first) in the order room is made: header-less states a later turn extended (kept
+    for a regenerate or an edit), then the rest, each part least recently used first: a live conversation keeps its
+    latest state while any other's older one can go."""
+    return sorted(states, key=lambda state: not (state.branch and state.extended))

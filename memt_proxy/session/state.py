@@ -19,7 +19,9 @@ from memt_core.names import check_snapshot_name
 from memt_proxy.errors import BadRequest, RateLimited
 
 MAX_SESSIONS = 1024  # default --max-sessions: session states kept in memory
-MAX_MEMORY_STATES = 256  # default --max-memory-states: header-less branches kept as native sessions
+MEMORY_STATES_BUDGET_MIB = 512  # default --memory-states-budget: upstream memory header-less states may hold (MiB)
+MAX_MEMORY_STATES = 256  # header-less states kept where no checkpoint sizes them (a Sessions made without a count)
+LIVE_SECONDS = 600.0  # a header-less conversation used this recently is live: closing its latest state is logged
 LEASE_TTL = 30  # default native lease lifetime (seconds); renewed while the session is active
 LEASE_IDLE = 30.0  # default seconds a session's lease is kept after its last request
 SHUTDOWN_COMMIT_WAIT = 30.0  # seconds aclose() gives the commits still under way
@@ -31,6 +33,16 @@ DEPARTED_WAIT = 10.0  # seconds a session is kept from its next request while a 
 OFFLOAD_TRIES = 16
 SNAPSHOT_NAME_LIMIT = 207  # the native snapshot-name grammar's longest name
 BRANCH_PREFIX = "~"  # header-less branches' session names start with it: no X-MemT-Session can
+
+
+def state_bytes(memory) -> int:
+    """What one memory state holds (a ``memt_core.checkpoint.MemoryConfig``): an FP32 ``[H, K, V]`` matrix per memory layer."""
+    return len(memory.memory_layers) * memory.num_heads * memory.key_dim * memory.value_dim * 4
+
+
+def states_within(budget_mib: int, memory) -> int:
+    """How many header-less states ``budget_mib`` MiB of the upstream's memory holds (at least one)."""
+    return max(1, budget_mib * 2**20 // state_bytes(memory))
 
 
 def new_branch_name() -> str:
@@ -93,6 +105,7 @@ class SessionState:
     users: int = 0  # requests holding or waiting for this state, and its commit: while any, it is never dropped
     last_turn: dict | None = None  # the surface's answer to the last committed turn (JSON, with its version), for an identical retry
     origin: str | None = None  # a kept state made before a named session's turn: that session's native id (closed with it)
+    extended: bool = False  # a header-less state a later turn was copied from: no longer its conversation's latest
 
     @property
     def branch(self) -> bool:

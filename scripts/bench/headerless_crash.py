@@ -2,7 +2,8 @@
 """Header-less conversations, a proxy killed mid-load, and the native sessions left on the core (issue 45, item 6).
 
 The target: "after 5,000 conversations and a crash, native sessions on the core <= the documented bound" — the bound
-being ``--max-memory-states``, at most half the core's ``--max-sessions-per-rank`` (``Placement.branch_limit``).
+being the core's own ``--max-sessions-per-rank`` (the proxy's ``--memory-states-budget`` holds far more tiny-model states;
+``--max-memory-states`` sets a smaller count).
 
 Starts a core (``python -m memt_core.launch``, a tiny random Nano checkpoint unless ``--model-path``) and
 ``python -m memt_proxy`` in front of it with a ``--state-directory``, then runs ``--conversations`` conversations
@@ -104,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--kill-at", type=float, default=0.5, help="kill the proxy once this fraction of the conversations finished")
     parser.add_argument("--max-sessions-per-rank", type=int, default=64, help="the core's flag")
-    parser.add_argument("--max-memory-states", type=int, default=None, help="the proxy's flag (default: the proxy's own, so the bound is half the core's sessions)")
+    parser.add_argument("--max-memory-states", type=int, default=None, help="the proxy's flag (default: from its --memory-states-budget, so the bound is the core's sessions)")
     parser.add_argument("--lease-ttl", type=int, default=30, help="the proxy's flag: how long the killed proxy's leases outlive it")
     parser.add_argument("--max-tokens", type=int, default=8)
     parser.add_argument("--after", type=int, default=64, help="conversations run once the killed proxy's leases lapsed")
@@ -127,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.max_memory_states is not None:
         proxy_args += ["--max-memory-states", str(args.max_memory_states)]
     lives = [start(proxy_args, proxy_url, work / "proxy-1.log", "proxy")]
-    bound = min(args.max_memory_states or 256, args.max_sessions_per_rank // 2)
+    bound = min(args.max_memory_states or args.max_sessions_per_rank, args.max_sessions_per_rank)
 
     figures: dict[str, object] = {}
     samples: dict[str, list[int]] = {"first proxy": [], "restarted proxy": []}
@@ -238,8 +239,8 @@ def main(argv: list[str] | None = None) -> int:
     print("answers by status: " + ", ".join(f"{status}: {count}" for status, count in sorted(statuses.items())))
     print(f"the proxy killed (SIGKILL) after {figures['killed after']} conversations finished; requests cut by it and sent again: "
           + (", ".join(f"{kind}: {count}" for kind, count in sorted(cut.items(), key=str)) or "none"))
-    print(f"bound: {bound} native sessions (--max-memory-states {args.max_memory_states or 'default 256'}, core --max-sessions-per-rank "
-          f"{args.max_sessions_per_rank}: half of it)")
+    print(f"bound: {bound} native sessions (--max-memory-states {args.max_memory_states or 'from --memory-states-budget'}, core "
+          f"--max-sessions-per-rank {args.max_sessions_per_rank})")
     print("native sessions on the core (memt_sessions), and of them named by no proxy record (orphans):")
     for name in ("first proxy, largest", "right after the kill", "restarted, before adoption", "restarted, after adoption",
                  "restarted proxy, largest", "at the end", "after the lease ttl and more conversations"):

@@ -5,8 +5,8 @@ OpenAPI documents, the hand-made hostile cases, large chat, Responses and core r
 is timed, the openai SDK's retries reaching a restarted proxy and a Responses conversation, who may drain
 a proxy, kill -9 of the core during commit/publish/export, kill -9 of the proxy mid-conversation and in
 front of a full core, concurrent sessions with the async openai SDK, two tenants with the same names,
-many distinct sessions past the core's capacity, and the core's and the proxy's state directories made full
-or read-only (``disks``).
+many distinct sessions past the core's capacity, many header-less conversations at once, and the core's and
+the proxy's state directories made full or read-only (``disks``).
 Prints each check's figures as it ends and a JSON summary last (also written to ``--report``); exits 1
 when a check fails. ``--quick`` runs every check small (what CI runs through ``tests/reliability``).
 """
@@ -37,8 +37,9 @@ SIZES = {
     "tenant_sessions": (8, 2),
     "distinct_sessions": (2000, 90),  # past the core's 64: offloading is exercised either way
     "large_mb": ((1.0, 2.0, 4.0, 5.0), (1.0,)),
+    "headerless": ((32, 10), (12, 6)),  # conversations x turns, on a core with two sessions per conversation
 }
-NAMES = ["fuzz", "hostile", "large", "tiny", "control", "overflow", "strict", "tenants", "concurrent", "retry", "drain", "kill_proxy", "restart", "distinct", "kill_core", "disk", "cut", "core_crash"]
+NAMES = ["fuzz", "hostile", "large", "tiny", "control", "overflow", "strict", "tenants", "concurrent", "retry", "drain", "kill_proxy", "restart", "distinct", "kill_core", "disk", "cut", "core_crash", "headerless"]
 
 
 def run(*, quick: bool, only: set[str] | None = None, workdir: Path | None = None) -> dict:
@@ -131,6 +132,9 @@ def run(*, quick: bool, only: set[str] | None = None, workdir: Path | None = Non
             check("crash_behind_answers", lambda: conversations.crash_behind_answers(plain, core))
     if wanted("kill_core"):
         check("kill_core", lambda: checks.kill_core(checkpoint, rounds=size["kill_core_rounds"]))
+    if wanted("headerless"):
+        conversations_, turns = size["headerless"]
+        check("headerless_load", lambda: checks.headerless_load(checkpoint, conversations=conversations_, turns=turns))
     if wanted("disk"):  # state directories made full or read-only under live servers (issue 58)
         check("core_disk", lambda: checks.core_disk(checkpoint, workdir=workdir))
         with MemTServer(checkpoint, state_directory=workdir / "disk-core-state") as core:

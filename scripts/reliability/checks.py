@@ -831,3 +831,54 @@ def core_disk(checkpoint: Path, *, workdir: Path) -> dict:
                      and figures["core_export_full"] == [507, "insufficient_storage"] and figures["core_export_after"] == 200
                      and figures["save_after"] == 200 and figures["chat_after"] == 200)
     return figures
+
+
+def headerless_load(checkpoint: Path, *, conversations: int, turns: int, deadline_s: float = 900) -> dict:
+    """``conversations`` header-less conversations at once, ``turns`` turns each, through a proxy with default settings
+    in front of a core with room for two sessions per conversation (the demo model's 64 for 32: issue 58 item 10):
+    from the third turn on every prompt holds only its new message (its conversation's latest state was kept, never
+    evicted for another's), and no line says a live conversation's state was evicted. Figures: the turns sent whole
+    (or from an older state), the states kept and closed."""
+    from openai import AsyncOpenAI
+
+    prompts: dict[int, list[int]] = {}
+    errors: list[str] = []
+
+    async def conversation(client, number: int) -> None:
+        history: list[dict] = []
+        prompts[number] = []
+        for turn in range(turns):
+            history.append({"role": "user", "content": f"My parrot is called Parrot{number}. This is turn {turn}."})
+            try:
+                reply = await client.chat.completions.create(model=MODEL, messages=history, max_tokens=8, temperature=1.0, seed=turn, stop=STOPS)
+            except Exception as exc:  # noqa: BLE001 — every failure is counted and reported
+                errors.append(f"{number}/{turn}: {type(exc).__name__}: {str(exc)[:200]}")
+                return
+            prompts[number].append(reply.usage.prompt_tokens)
+            history.append({"role": "assistant", "content": reply.choices[0].message.content or ""})
+
+    async def main(proxy):
+        async with AsyncOpenAI(base_url=proxy.base_url, api_key="unused", max_retries=0, timeout=300) as client:
+            await asyncio.wait_for(asyncio.gather(*(conversation(client, number) for number in range(conversations))), deadline_s)
+
+    started = time.monotonic()
+    with MemTServer(checkpoint, args=["--max-sessions-per-rank", str(2 * conversations)]) as core, \
+            ProxyServer(core.url, checkpoint, args=["--log-level", "info"]) as proxy:
+        asyncio.run(main(proxy))
+        with proxy.http(None) as http:
+            metrics = http.get("/metrics").text
+        log = proxy.log_path.read_text(errors="replace")
+
+    def figure(name: str) -> float:
+        return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines() if line.startswith(name) and not line.startswith("#"))
+
+    # a turn from the third on reads its new message only: about the first turn's prompt (the numbers' digits differ)
+    whole = [f"{number}/{turn}: {tokens} tokens (turn 0: {seen[0]})" for number, seen in prompts.items()
+             for turn, tokens in enumerate(seen) if turn >= 2 and tokens > seen[0] + 4]
+    live_evicted = [line for line in log.splitlines() if "live header-less conversation" in line]
+    return {
+        "conversations": conversations, "turns": turns, "errors": errors[:10], "turns_sent_whole": len(whole), "first_whole": whole[:10],
+        "states_indexed": figure("memt_proxy_memory_states"), "states_closed": figure("memt_proxy_memory_states_closed_total"),
+        "live_states_evicted": len(live_evicted), "seconds": round(time.monotonic() - started, 1),
+        "ok": not errors and not whole and not live_evicted,
+    }

@@ -61,3 +61,23 @@ def test_a_core_stopped_first_costs_one_line_at_the_proxys_shutdown(nano_checkpo
     assert "Traceback" not in after, after[-3000:]
     unreachable = [line for line in after.splitlines() if "unreachable" in line or "failed" in line]
     assert len(unreachable) == 1, after[-3000:]
+
+
+def test_help_states_each_default_once_and_the_states_budget_as_the_docs_do():
+    """``python -m memt_proxy --help``: no option says its default twice (it printed "(default: $MEMT_API_KEY) (default:
+    None)"), and the header-less states' bound is one number, the same in --help, the code and docs/proxy.md, with the
+    count it gives on the demo model (issue 58 item 10)."""
+    import re
+
+    from memt_core.bundled import BUNDLED_MODEL
+    from memt_core.checkpoint import read_checkpoint
+    from memt_proxy.session.state import MEMORY_STATES_BUDGET_MIB, states_within
+
+    text = subprocess.run([sys.executable, "-m", "memt_proxy", "--help"], capture_output=True, text=True, timeout=120, cwd=REPO_ROOT, check=True).stdout
+    options = re.split(r"\n  (?=-)", " ".join(text.split("\n\n", 1)[1].split(" \n")))
+    assert [option.split()[0] for option in options if option.count("(default") > 1] == []
+    flat = " ".join(text.split())
+    count = states_within(MEMORY_STATES_BUDGET_MIB, read_checkpoint(BUNDLED_MODEL, validate_backbone=False).memory)
+    assert f"so {count} states in {MEMORY_STATES_BUDGET_MIB} MiB" in flat and f"(default: {MEMORY_STATES_BUDGET_MIB})" in flat
+    docs = " ".join((REPO_ROOT / "docs" / "proxy.md").read_text().split())
+    assert f"`--memory-states-budget` ({MEMORY_STATES_BUDGET_MIB} MiB)" in docs and f"so {count:,} states" in docs

@@ -264,3 +264,24 @@ def test_a_streamed_conversation_with_a_tool_round_resumes_from_memory(fresh_pro
         assert sent == len(expected_prompt(proxy_chat_format, history, held)), (turn, sent)  # tool_choice none: no tools in the prompt
         history.append({**answer, "content": answer["content"] or ""})
         assert writes_reach(fresh_proxy, turn + 1) == turn + 1
+
+
+def test_room_is_made_from_extended_states_before_a_live_conversations_latest(proxy_upstream, nano_checkpoint, proxy_chat_format):
+    """--max-memory-states 3 (issue 58 item 10): A keeps one state, B two (its second extends its first); C's state
+    needs room: B's extended state is closed, not A's latest (the least recently used), so A's next turn still reads
+    only its new message. Closing a live conversation's latest state, when nothing else can go, is one log line."""
+    with ProxyServer(proxy_upstream.url, nano_checkpoint, args=["--max-memory-states", "3", "--log-level", "info"]) as server:
+        client = server.openai("unused")
+        a, b, c = [], [], []
+        for name, history, turns, writes in (("A", a, 2, 1), ("B", b, 3, 3), ("C", c, 2, 4)):
+            for turn in range(turns):
+                conversation_turn(client, history, f"Conversation {name}, turn {turn}.", seed=turn)
+            writes_reach(server, writes)  # each state is made behind its answer: in this order
+        assert proxy_metric(server, "memt_proxy_memory_states_closed_total") == 1
+        live = [line for line in server.log_path.read_text().splitlines() if "live header-less conversation" in line]
+        assert live == []  # the state closed was B's extended one
+        sent = conversation_turn(client, a, "A again.", seed=7)
+        assert sent == len(expected_prompt(proxy_chat_format, a[:-1], 4))  # A's latest state was kept: the new message only
+        writes_reach(server, 5)  # A's next state: room made from B's or C's latest, both live
+        live = [line for line in server.log_path.read_text().splitlines() if "live header-less conversation" in line]
+        assert len(live) == 1, live
