@@ -90,7 +90,7 @@ class Leases:
                 except MemTClientError as exc:
                     # a bare 409 (a server that does not name the kind) means the same: the lease is no longer usable
                     if not isinstance(exc.cause, (UnknownSession, LeaseConflict, EpochMismatch)) and type(exc.cause) is not Conflict:
-                        log.warning("renewing the lease of %s failed; retrying", state.native, exc_info=True)
+                        log.warning("renewing the lease of %s failed (%s); retrying", state.native, exc.message)
                         renew_at = time.monotonic() + 1.0  # e.g. the upstream briefly unreachable: the lease is still ours
                         continue
                     if state.lease == lease:  # the session or the lease is gone: the next request acquires a new one
