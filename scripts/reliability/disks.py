@@ -8,7 +8,8 @@ remounts it read-only from inside the namespace (``nsenter``), ``read_only(False
 sees what it would see on a real full or read-only disk: ``ENOSPC`` and ``EROFS`` from the kernel.
 
 Where a mount namespace cannot be made (no root and no unprivileged user namespaces), ``unavailable()`` says
-why and the checks that need it report themselves skipped.
+why: a read-only directory is then made with ``chmod`` (``ChmodDisk``: without root, the permission bits hold), and
+the checks that need a full one report themselves skipped.
 """
 
 from __future__ import annotations
@@ -78,6 +79,24 @@ class SmallDisk:
     def read_only(self, on: bool) -> None:
         enter = ["nsenter", "-t", str(self.pid), "-m"] + ([] if os.geteuid() == 0 else ["-U", "--preserve-credentials"])
         subprocess.run([*enter, "mount", "-o", f"remount,{'ro' if on else 'rw'}", str(self.directory)], check=True, capture_output=True)
+
+
+class ChmodDisk(SmallDisk):
+    """A plain directory made read-only by its permission bits (which only bind a server not running as root)."""
+
+    def wrap(self, command: list[str]) -> list[str]:
+        return command
+
+    @property
+    def seen(self) -> Path:
+        return self.directory
+
+    def fill(self) -> int:
+        raise RuntimeError("a directory is made full only on a tmpfs (SmallDisk)")
+
+    def read_only(self, on: bool) -> None:
+        for path in [self.directory, *(p for p in self.directory.rglob("*") if p.is_dir())]:
+            path.chmod(0o555 if on else 0o755)
 
 
 class DiskMemTServer(MemTServer):
