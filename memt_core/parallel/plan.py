@@ -17,8 +17,8 @@ out_proj, memory o_proj                     then one all-reduce
 routed experts ``[E, …]``                   experts by EP, each expert's intermediate      EP, then TP / EP
                                             size by the rest
 shared expert / dense MLP gate, up | down   column | row                                   TP
-``embed_tokens``, ``lm_head``               vocabulary rows                                TP
-norms, router, everything else             replicated
+``lm_head``                                 vocabulary rows, the logits gathered           TP
+embedding, norms, router, everything else  replicated (a token reads one embedding row)
 ==========================================  =============================================  ====================
 
 This module is pure: no torch, no weights read. ``check`` refuses what cannot be split, one line each, before any
@@ -156,7 +156,7 @@ ATTENTION, DENSE, EXPERTS, VOCAB, KV = "attention", "dense", "experts", "vocab",
 
 #: (pattern over a tensor's name, how it is split): the table in this module's docstring
 RULES: tuple[tuple[re.Pattern, str, int], ...] = tuple((re.compile(pattern), kind, dim) for pattern, kind, dim in (
-    (r"(^|\.)(embed_tokens|lm_head)\.weight$", VOCAB, 0),
+    (r"(^|\.)lm_head\.weight$", VOCAB, 0),
     (r"\.self_attn\.q_proj\.weight$", ATTENTION, 0),
     (r"\.self_attn\.(k_proj|v_proj)\.weight$", KV, 0),
     (r"\.self_attn\.o_proj\.weight$", ATTENTION, 1),

@@ -1,0 +1,77 @@
+"""One rank of the equality tests, run as its own process: ``python tests/parallel/rank_worker.py RANK WORLD ADDRESS
+CHECKPOINT OUT [--tp N] [--ep N]``.
+
+Every rank builds its share of the model (``memt_core.parallel.shard``), joins the gloo group and runs the same
+work: a commit into empty memory (each rank writes its own heads), a query's logits reading that memory, and a
+greedy generation of ``TOKENS`` tokens reading it. Rank 0 saves what it saw, the memory's heads gathered from every
+rank, to ``OUT`` (torch.save) for the test to compare with one device.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+TURN = list(range(20, 60))
+PROMPT = [17, 42, 99, 123, 5, 6]
+TOKENS = 8
+
+
+def run(model, group=None) -> dict:
+    """The work every rank does (and one device does alone), and what rank 0 reports."""
+    from transformers import DynamicCache
+
+    from memt_core.memory.state import MemoryState
+    from memt_core.models.passes import commit_batch, memory_batch
+
+    with torch.no_grad():
+        memory = commit_batch(model, [MemoryState()], [TURN])[0].memory
+        read = memory_batch(model, [memory])
+        logits = model(torch.tensor([PROMPT]), memory=read).logits[0]
+        cache = DynamicCache(config=model.config)
+        out = model(torch.tensor([PROMPT]), memory=read, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        tokens = [int(out.logits[0, -1].argmax())]
+        for _ in range(TOKENS - 1):
+            out = model(torch.tensor([[tokens[-1]]]), memory=read, past_key_values=out.past_key_values, use_cache=True,
+                        logits_to_keep=1)
+            tokens.append(int(out.logits[0, -1].argmax()))
+    states = {layer: memory.get(layer) for layer in memory.layers()}
+    if group is not None:
+        states = {layer: group.gather_dim(state, 1) for layer, state in states.items()}  # [1, H/tp, K, V] → [1, H, K, V]
+    return {"memory": states, "logits": logits, "tokens": tokens}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("rank", type=int)
+    parser.add_argument("world", type=int)
+    parser.add_argument("address")
+    parser.add_argument("checkpoint")
+    parser.add_argument("out")
+    parser.add_argument("--ep", type=int, default=1)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    from memt_core.checkpoint import read_checkpoint
+    from memt_core.parallel.group import RankGroup
+    from memt_core.parallel.plan import Parallel
+    from memt_core.parallel.shard import build_rank_model
+
+    group = RankGroup.join(args.rank, args.world, backend="gloo", address=args.address)
+    try:
+        model = build_rank_model(read_checkpoint(args.checkpoint), Parallel(tp=args.world, ep=args.ep), group)
+        seen = run(model, group)
+        if args.rank == 0:
+            seen["traffic"] = {"collectives": group.traffic.collectives, "bytes": group.traffic.bytes}
+            torch.save(seen, args.out)
+    finally:
+        RankGroup.leave()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
