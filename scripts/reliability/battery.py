@@ -103,6 +103,8 @@ def run(*, quick: bool, only: set[str] | None = None, workdir: Path | None = Non
                 check("responses_retry", lambda: checks.responses_retry(proxy, key=key))
             if wanted("cut"):
                 check("cut_streams", lambda: conversations.cut_streams(proxy, core, key=key, tenant=KEYS[key]))
+            if wanted("tenants"):
+                check("tenant_timing", lambda: conversations.tenant_timing(proxy, core, tuple(KEYS)))
         if wanted("retry"):
             check("restart_retry", lambda: checks.restart_retry(checkpoint, core, state_directory=workdir / "retry-proxy-state"))
         if wanted("kill_proxy"):

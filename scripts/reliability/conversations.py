@@ -7,6 +7,8 @@ leaves, when a process is killed) and poll for state; none decides a verdict.
 
 from __future__ import annotations
 
+import random
+import statistics
 import threading
 import time
 import uuid
@@ -33,8 +35,8 @@ def _leave(http: httpx.Client, path: str, body: dict, headers: dict, frames: int
         return response.status_code
 
 
-def _chat(messages: list[dict], *, seed: int = 0, stream: bool = False, **extra) -> dict:
-    return {"model": MODEL, "messages": messages, "temperature": 1.0, "seed": seed, "stream": stream, **extra}
+def _chat(messages: list[dict], *, seed: int = 0, stream: bool = False, temperature: float = 1.0, **extra) -> dict:
+    return {"model": MODEL, "messages": messages, "temperature": temperature, "seed": seed, "stream": stream, **extra}
 
 
 def _completed(http: httpx.Client, messages: list[dict], headers: dict) -> list[dict]:
@@ -299,3 +301,80 @@ def crash_behind_answers(proxy: ProxyServer, core: MemTServer) -> dict:
         and figures["headerless"]["after"][-1] == 200 and figures["responses"]["after"][-1] == 200
     )
     return figures
+
+
+# ---------------------------------------------------------------------- a timing channel across tenants (item 6)
+
+
+def _metrics(url: str, headers: dict | None = None) -> dict[str, float]:
+    """A server's /metrics counters and gauges by series."""
+    found = {}
+    for line in httpx.get(url + "/metrics", headers=headers or {}, timeout=30).text.splitlines():
+        if line and not line.startswith("#"):
+            series, _, value = line.rpartition(" ")
+            found[series] = float(value)
+    return found
+
+
+UPSTREAM_WORK = ("memt_control_requests_total", "memt_generate_requests_total", "memt_prompt_tokens_total", "memt_generation_tokens_total")
+
+
+KEEPING = ('action="renew"', 'action="release"')  # leases kept and let go by the clock, for any session: not the request's
+
+
+def _work(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """What the core did between two /metrics readings: its requests by kind and action, and its tokens."""
+    return {series: after[series] - before.get(series, 0.0) for series in after
+            if series.startswith(UPSTREAM_WORK) and not any(clock in series for clock in KEEPING) and after[series] != before.get(series, 0.0)}
+
+
+def tenant_timing(proxy: ProxyServer, core: MemTServer, keys: tuple[str, str], *, conversations: int = 4, tokens: int = 12) -> dict:
+    """Tenant A holds header-less conversations; tenant B sends A's exact transcripts and, in one order with them, the
+    same transcripts with one letter of the name changed (as many tokens). Whether another tenant sent a transcript must
+    change nothing B can observe (issue 58 item 6): B's prompt tokens are equal, and the work each request makes the core
+    do (its requests by kind and action, prompt and generated tokens, read from /metrics once its state is written)
+    is the same for both kinds. The latency medians of both kinds are reported beside them, not judged (the machine's
+    noise); ``scripts/bench/tenant_timing.py`` measures them at size."""
+    a, b = ({"Authorization": f"Bearer {key}"} for key in keys)
+    names = [f"Ottilie{index}" for index in range(conversations)]
+    with proxy.http(None) as http:
+        sent = []
+        for name in names:
+            history: list[dict] = []
+            for text in (f"Hi, my name is {name} and I live in Samarkand.", "What do parrots eat?", "And what is my name?"):
+                history.append({"role": "user", "content": text})
+                answer = http.post("/v1/chat/completions", json=_chat(history, max_tokens=tokens, min_tokens=tokens), headers=a)
+                answer.raise_for_status()
+                history.append({"role": "assistant", "content": answer.json()["choices"][0]["message"]["content"]})
+            sent.append((name, history[:-1]))
+        order = [(kind, name, transcript) for name, transcript in sent for kind in ("sent", "changed")]
+        random.Random(58).shuffle(order)
+        seconds: dict[str, list[float]] = {"sent": [], "changed": []}
+        work: dict[str, dict] = {}
+        prompts: dict[str, dict] = {}
+        for kind, name, transcript in order:
+            if kind == "changed":
+                transcript = [{**m, "content": m["content"].replace(name, "O" + name[1].upper() + name[2:])} for m in transcript]
+            writes = _metrics(proxy.url, b).get("memt_proxy_memory_writes_total", 0.0)
+            before = _metrics(core.url)
+            began = time.perf_counter()
+            answer = http.post("/v1/chat/completions", json=_chat(transcript, temperature=0.0, max_tokens=tokens, min_tokens=tokens), headers=b)
+            seconds[kind].append(time.perf_counter() - began)
+            answer.raise_for_status()
+            _await_metric(proxy.url, b, "memt_proxy_memory_writes_total", writes + 1)  # its state kept behind the answer
+            work.setdefault(name, {})[kind] = _work(before, _metrics(core.url))
+            prompts.setdefault(name, {})[kind] = answer.json()["usage"]["prompt_tokens"]
+    differing = [name for name in names if work[name]["sent"] != work[name]["changed"] or prompts[name]["sent"] != prompts[name]["changed"]]
+    return {
+        "median_ms": {kind: round(1000 * statistics.median(values), 1) for kind, values in seconds.items()},
+        "n": conversations, "prompt_tokens": prompts, "differing": differing, "work_of_one": work[names[0]]["sent"],
+        "ok": not differing,
+    }
+
+
+def _await_metric(url: str, headers: dict, name: str, value: float, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while _metrics(url, headers).get(name, 0.0) < value:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{name} never reached {value}")
+        time.sleep(0.02)

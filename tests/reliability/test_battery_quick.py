@@ -27,7 +27,7 @@ pytestmark = pytest.mark.timeout(600)
 CHECKS = [
     "fuzz_proxy", "fuzz_core", "hostile", "large_body", "tiny_messages", "control_tokens", "context_overflow", "spec_strict", "two_tenants", "concurrent_sessions", "responses_retry", "restart_retry",
     "drain_auth", "kill_proxy", "restart_capacity", "distinct_sessions", "kill_core", "core_disk", "proxy_disk", "headerless_load",
-    "cut_streams", "responses_restart", "crash_behind_answers",
+    "cut_streams", "responses_restart", "crash_behind_answers", "tenant_timing",
 ]
 
 
