@@ -5,7 +5,9 @@ written here from the converted backbone (``python -m memt_core.backbones``):
 
 * ``config.json``: the backbone's Llama configuration as ``backbone_configs``, the memory geometry (``memt``), and
   ``memt_backbone`` naming the converted file and its SHA-256, so that a checkpoint is never served on another one;
-* the backbone's tokenizer files, and ``chat_template.jinja``: SmolLM2's ChatML with tools (no thinking).
+* the backbone's tokenizer files, and ``chat_template.jinja``: SmolLM2's ChatML with tools (no thinking);
+* with ``TrainConfig.lora_rank``, ``memt_lora``: LoRA on the backbone's projections from the lowest memory layer up,
+  trained beside the memory (``memt_core.models.lora``; merged into the backbone when served).
 
 :func:`init_model` loads the backbone's weights, gives each memory layer fresh projections and freezes every
 backbone parameter: gradients reach only the memory modules, and nothing below the lowest memory layer is
@@ -15,6 +17,7 @@ differentiated (its activations need no graph). With an empty memory the model's
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -28,7 +31,7 @@ CHECKPOINT_ID = "memt-smol-demo"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
-def smol_config(backbone: str, shape) -> dict:
+def smol_config(backbone: str, shape, *, lora_rank: int = 0, lora_alpha: float = 16.0) -> dict:
     """config.json of a memt-smol checkpoint on the converted ``backbone`` with ``shape``'s memory geometry."""
     from memt_demo.train import memory_config
 
@@ -51,10 +54,11 @@ def smol_config(backbone: str, shape) -> dict:
             "source": f"{source['package']} {source['version']} ({source['file']}), converted by python -m memt_core.backbones",
         },
         **memory_config(shape),
+        **({"memt_lora": {"rank": lora_rank, "alpha": lora_alpha}} if lora_rank else {}),
     }
 
 
-def write_skeleton(directory: str | Path, backbone: str, shape) -> None:
+def write_skeleton(directory: str | Path, backbone: str, shape, *, lora_rank: int = 0, lora_alpha: float = 16.0) -> None:
     """config.json, the backbone's tokenizer and our chat template in ``directory``."""
     from memt_core.templates import template_text
 
@@ -66,7 +70,7 @@ def write_skeleton(directory: str | Path, backbone: str, shape) -> None:
     for name in TOKENIZER_FILES:
         shutil.copyfile(source / "tokenizer" / name, directory / name)
     (directory / "chat_template.jinja").write_text(template_text("smol_chat_template.jinja"), encoding="utf-8")
-    config = smol_config(backbone, shape)
+    config = smol_config(backbone, shape, lora_rank=lora_rank, lora_alpha=lora_alpha)
     (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
 
 
@@ -93,7 +97,22 @@ def init_model(directory: str | Path, config):
             module.A_log.fill_(config.decay_a_log)
             module.dt_bias.fill_(config.decay_dt_bias)
     freeze_backbone(model)
+    if config.lora_rank:
+        from memt_core.models import lora
+
+        lora.inject(model.backbone, lora.LoraConfig(config.lora_rank, config.lora_alpha), lora_paths(model, config.lora_targets))
     return model
+
+
+def lora_paths(model, targets: tuple[str, ...]) -> list[str]:
+    """The backbone's linear layers named ``targets`` in the layers from the lowest memory layer up."""
+    lowest = min(model.memory_layers)
+    paths = []
+    for name, module in model.backbone.named_modules():
+        layer = re.match(r"^model\.layers\.(\d+)\.", name)
+        if isinstance(module, torch.nn.Linear) and layer and int(layer[1]) >= lowest and name.rsplit(".", 1)[-1] in targets:
+            paths.append(name)
+    return paths
 
 
 def freeze_backbone(model) -> int:

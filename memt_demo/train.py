@@ -84,6 +84,11 @@ class TrainConfig:
     #: A converted pretrained backbone (``python -m memt_core.backbones``) to train memory onto, frozen (a memt-smol
     #: checkpoint, :mod:`memt_demo.smol`); only ``shape``'s memory fields apply then. None: the tiny Nano model.
     backbone: str | None = None
+    #: LoRA on the frozen backbone's projections (``memt_core.models.lora``) in the layers from the lowest memory layer
+    #: up (the backward reaches no lower); rank 0: none, only the memory trains.
+    lora_rank: int = 0
+    lora_alpha: float = 16.0
+    lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -223,7 +228,7 @@ def continue_model(source: str | Path, directory: str | Path) -> MemTForCausalLM
         for name in SKELETON_FILES:
             if (source / name).exists():
                 shutil.copyfile(source / name, directory / name)
-    return load_model(source, dtype=torch.float32)
+    return load_model(source, dtype=torch.float32, lora="train")  # a LoRA stays apart, to train further
 
 
 # ------------------------------------------------------------------------------------------------
@@ -393,7 +398,7 @@ def train(
     if init_from is None and config.backbone:
         from memt_demo import smol
 
-        smol.write_skeleton(directory, config.backbone, config.shape)
+        smol.write_skeleton(directory, config.backbone, config.shape, lora_rank=config.lora_rank, lora_alpha=config.lora_alpha)
         model = smol.init_model(directory, config)
     elif init_from is None:
         write_skeleton(directory, config)

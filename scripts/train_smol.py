@@ -60,6 +60,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--memory-heads", type=int, default=4, help="memory heads per memory layer (default: 4)")
     parser.add_argument("--key-dim", type=int, default=64, help="memory key dimension (default: 64)")
     parser.add_argument("--value-dim", type=int, default=64, help="memory value dimension (default: 64)")
+    parser.add_argument("--lora-rank", type=int, default=0,
+                        help="also train LoRA of this rank on the backbone's projections from the lowest memory layer up "
+                             "(0, the default: the memory alone; the backbone then answers as itself with memory off)")
+    parser.add_argument("--lora-alpha", type=float, default=16.0, help="LoRA's alpha (scale alpha / rank; default: 16)")
     parser.add_argument("--mix", nargs="*", default=[], metavar="FIELD=VALUE",
                         help="change a field of the full mix (memt_demo.episodes.Mix) beyond the Smol defaults")
     args = parser.parse_args(argv)
@@ -77,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
                     key_dim=args.key_dim, value_dim=args.value_dim)
     config = replace(defaults, steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed, threads=args.threads,
                      device=args.device, batched=args.batched, log_every=args.log_every, reply_weight=0.0, warmup=20,
-                     memory_init_std=0.02, memory_out_std=0.02, shape=shape, backbone=args.backbone)
+                     memory_init_std=0.02, memory_out_std=0.02, shape=shape, backbone=args.backbone,
+                     lora_rank=args.lora_rank, lora_alpha=args.lora_alpha)
     full = Mix(**overrides)
 
     def mix_for(progress: float) -> Mix:

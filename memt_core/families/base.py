@@ -19,7 +19,7 @@ from pathlib import Path
 from memt_core.errors import CheckpointError
 
 #: Top-level keys of config.json that belong to MemT, not to any backbone.
-MEMT_KEYS = ("memt", "memt_runtime", "memt_checkpoint_id", "memt_backbone")
+MEMT_KEYS = ("memt", "memt_runtime", "memt_checkpoint_id", "memt_backbone", "memt_lora")
 
 
 class Family:

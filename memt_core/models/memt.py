@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from memt_core.checkpoint import Checkpoint
+from memt_core.models.lora import checkpoint_names
 from memt_core.models.memory import MemoryModule, WriteInputs
 
 
@@ -121,11 +122,8 @@ class MemTForCausalLM(nn.Module):
         return (attn_output + memory_module.read(x, state).to(attn_output.dtype), *rest)
 
     def checkpoint_state_dict(self) -> dict[str, torch.Tensor]:
-        """Tensors as a checkpoint stores them: backbone names unchanged, memory under ``memt.layers.``."""
-        tensors = {}
-        for name, tensor in self.state_dict().items():
-            if name.startswith("backbone."):
-                tensors[name[len("backbone."):]] = tensor
-            else:
-                tensors[name] = tensor
-        return tensors
+        """Tensors as a checkpoint stores them: backbone names unchanged, memory under ``memt.layers.``, and LoRA layers
+        being trained as ``lora.<module>.A/B`` (``memt_core.models.lora``)."""
+        state = self.state_dict()
+        backbone = checkpoint_names({name[len("backbone."):]: t for name, t in state.items() if name.startswith("backbone.")})
+        return {**backbone, **{name: t for name, t in state.items() if not name.startswith("backbone.")}}

@@ -21,6 +21,7 @@ from safetensors.torch import save_file
 from memt_core.checkpoint import MEMORY_PREFIX, Checkpoint, read_checkpoint
 from memt_core.errors import CheckpointError
 from memt_core.families.base import resolve
+from memt_core.models import lora as lora_weights
 from memt_core.models.memt import MemTForCausalLM
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -133,11 +134,19 @@ def load_model(
     *,
     device: str | torch.device = "cpu",
     dtype: torch.dtype | None = None,
+    lora: str = "merge",
 ) -> MemTForCausalLM:
-    """Load a checkpoint into a ``MemTForCausalLM``; compute dtype defaults to FP32 on CPU, BF16 on GPU."""
+    """Load a checkpoint into a ``MemTForCausalLM``; compute dtype defaults to FP32 on CPU, BF16 on GPU.
+
+    A checkpoint's LoRA (``memt_core.models.lora``) is merged into the backbone's weights (``lora="merge"``, serving)
+    or kept as trainable peft layers (``lora="train"``, to continue training it)."""
+    if lora not in ("merge", "train"):
+        raise ValueError(f"lora must be 'merge' or 'train', not {lora!r}")
     checkpoint = path if isinstance(path, Checkpoint) else read_checkpoint(path)
     header = scan_weights(checkpoint)
     check_weights(checkpoint, header)
+    lora_config = lora_weights.LoraConfig.from_config(checkpoint.config)
+    adapters = lora_weights.pairs(header, lora_config)
     device = torch.device(device)
     if dtype is None:
         dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
@@ -148,9 +157,15 @@ def load_model(
             model = MemTForCausalLM(checkpoint, build_backbone(checkpoint))
     finally:
         torch.set_default_dtype(previous)
+    if adapters:
+        lora_weights.check_shapes(model.backbone, adapters, {name: header[name][1] for pair in adapters.values() for name in pair}, lora_config)
+        if lora == "train":
+            lora_weights.inject(model.backbone, lora_config, sorted(adapters))
+            model.to(device)
     expected = model.checkpoint_state_dict()
+    merged = {name for pair in adapters.values() for name in pair} - set(expected)  # read aside, merged below
     missing = sorted(set(expected) - set(header))
-    unexpected = sorted(set(header) - set(expected))
+    unexpected = sorted(set(header) - set(expected) - merged)
     if missing:
         raise CheckpointError(f"missing tensor(s): {', '.join(missing[:20])}{' …' if len(missing) > 20 else ''}")
     if unexpected:
@@ -163,12 +178,18 @@ def load_model(
     from tqdm.auto import tqdm
 
     # a progress bar on a terminal (tqdm stays silent when stderr is not one, as in logs and tests)
-    with torch.no_grad(), tqdm(total=len(expected), desc="loading weights", unit="tensor", disable=None, leave=False) as bar:
+    aside: dict[str, torch.Tensor] = {}
+    with torch.no_grad(), tqdm(total=len(expected) + len(merged), desc="loading weights", unit="tensor", disable=None, leave=False) as bar:
         for file in checkpoint_files(checkpoint):
             with safe_open(str(file), framework="pt", device=str(device)) as handle:
                 for name in handle.keys():
-                    expected[name].copy_(handle.get_tensor(name))
+                    if name in merged:
+                        aside[name] = handle.get_tensor(name)
+                    else:
+                        expected[name].copy_(handle.get_tensor(name))
                     bar.update()
+    if merged:
+        lora_weights.merge(model.backbone, aside, adapters, lora_config)
     model.eval()
     return model
 

@@ -86,3 +86,71 @@ def test_repeated_exactly(answer, text, exact):
 ])
 def test_confirms(answer, confirmed):
     assert confirms(answer) is confirmed
+
+
+# --------------------------------------------------------------------------- LoRA beside the memory
+
+
+def lora_config(**kwargs) -> TrainConfig:
+    settings = dict(steps=2, batch_size=2, lr=1e-2, backbone="tiny-llama", lora_rank=4, lora_alpha=8.0,
+                    shape=replace(ModelShape(), memory_layers=(2, 3), memory_heads=2, key_dim=16, value_dim=16, chunk_tokens=32))
+    return replace(TrainConfig(), **{**settings, **kwargs})
+
+
+def MIX(progress: float) -> Mix:
+    return Mix(thinking=0.0, tool_call=0.0, tool_answer=0.0)
+
+
+def test_lora_trains_beside_the_memory_and_is_merged_when_served(tmp_path, tiny_backbone):
+    from memt_core.models.lora import LoraConfig, pairs
+
+    trained = train(lora_config(), tmp_path / "run", log=lambda line: None, mix_for=MIX)
+    with safe_open(str(tmp_path / "run" / SINGLE_FILE), framework="pt") as handle:
+        saved = {key: handle.get_tensor(key) for key in handle.keys()}
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert config["memt_lora"] == {"rank": 4, "alpha": 8.0}
+    found = pairs(saved, LoraConfig.from_config(config))
+    # every projection of the layers from the lowest memory layer up (2 and 3), none below
+    assert sorted({path.split(".")[2] for path in found}) == ["2", "3"] and len(found) == 2 * 7
+    assert all(key.startswith(("memt.", "lora.")) for key in saved)
+    served = load_model(tmp_path / "run")  # merged: a plain backbone with W + (alpha / rank) B A
+    path = "model.layers.2.self_attn.q_proj"
+    a, b = saved[f"lora.{path}.A"].float(), saved[f"lora.{path}.B"].float()
+    base = load_file(str(tiny_backbone / BACKBONE_FILE))[f"{path}.weight"].float()
+    assert torch.count_nonzero(b)  # training moved it away from its zero start
+    assert torch.allclose(served.backbone.get_submodule(path).weight, base + 2.0 * (b @ a), atol=1e-5)
+    ids = torch.randint(3, 100, (1, 16))
+    with torch.no_grad():
+        assert torch.allclose(served(ids).logits, trained.eval()(ids).logits, atol=1e-3)  # merged = peft layers (BF16 saved)
+
+
+def test_a_lora_checkpoint_continues_training_unmerged(tmp_path, tiny_backbone):
+    train(lora_config(), tmp_path / "a", log=lambda line: None, mix_for=MIX)
+    model = train(lora_config(steps=1), tmp_path / "b", log=lambda line: None, mix_for=MIX, init_from=tmp_path / "a")
+    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+    assert trainable and all(".lora_" in name or name.startswith("memt.") for name in trainable)
+    with safe_open(str(tmp_path / "b" / SINGLE_FILE), framework="pt") as handle:
+        assert sum(key.startswith("lora.") for key in handle.keys()) == 2 * 2 * 7
+
+
+def test_lora_tensors_without_their_config_or_pair_are_refused(tmp_path, tiny_backbone):
+    from memt_core.errors import CheckpointError
+
+    train(lora_config(), tmp_path / "run", log=lambda line: None, mix_for=MIX)
+    root = tmp_path / "run"
+    config = json.loads((root / "config.json").read_text())
+    del config["memt_lora"]
+    (root / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match="no 'memt_lora'"):
+        load_model(root)
+    config["memt_lora"] = {"rank": 4, "alpha": 8.0}
+    (root / "config.json").write_text(json.dumps(config))
+    tensors = load_file(str(root / SINGLE_FILE))
+    del tensors["lora.model.layers.2.self_attn.q_proj.B"]
+    save_file(tensors, str(root / SINGLE_FILE), metadata={"format": "pt"})
+    with pytest.raises(CheckpointError, match="needs both"):
+        load_model(root)
+    config["memt_lora"] = {"rank": 0, "alpha": 8.0}
+    (root / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match="memt_lora.rank"):
+        load_model(root)
