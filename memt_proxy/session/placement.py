@@ -167,7 +167,12 @@ class Placement:
                 log.warning("offloading %s without a snapshot: the upstream cannot export (%s); its memory is lost", state.native, exc.message)
             if file is not None:
                 pending = asdict(state.pending) if state.pending is not None else None
-                self.records.save_offload(state.native, file, state.committed if state.history_known else None, pending)
+                try:
+                    self.records.save_offload(state.native, file, state.committed if state.history_known else None, pending)
+                except OSError as exc:  # a full or read-only --state-directory: without its record the snapshot is never found again
+                    log.warning("not offloading %s: its offload record could not be written (%s)", state.native, exc)
+                    await self.leases.release(state, lease)
+                    return False
             await self.client.control("close", state.native, lease=lease)
             if file is None:
                 self.records.delete(state.native)

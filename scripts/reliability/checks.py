@@ -691,12 +691,17 @@ def _native(tenant: str, session: str) -> str:
 # ---------------------------------------------------------------------- a full or read-only disk (issue 58)
 
 
-def proxy_disk(checkpoint: Path, upstream: MemTServer, *, workdir: Path) -> dict:
+DISK_CORE_SESSIONS = 8  # the --max-sessions-per-rank of proxy_disk's core: its sessions fill it during the fault
+
+
+def proxy_disk(checkpoint: Path, *, workdir: Path) -> dict:
     """The proxy's ``--state-directory`` made full, then read-only (issue 58 item 2), under live conversations: every
     request (a new and a continued named session, a header-less one, a new conversation, a turn of one made before,
-    a stored response, streamed or not) answers a 200 or an OpenAI-shaped 507/503, all on one keep-alive connection;
+    a stored response, streamed or not, new sessions past the core's ``DISK_CORE_SESSIONS``, which would offload idle
+    ones) answers a 200 or an OpenAI-shaped 507/503 (429 where no room can be made), all on one keep-alive connection;
     once the disk has room again, everything acknowledged is there (responses, conversations and their items, memory)
-    and the conversations go on. Skipped where no private mount namespace can be made (``disks.unavailable``)."""
+    and the conversations go on. Where no private mount namespace can be made (``disks.unavailable``) the directory is
+    made read-only by its permission bits and the full case is skipped (all of it as root)."""
     import os
 
     from scripts.reliability import disks
@@ -708,7 +713,8 @@ def proxy_disk(checkpoint: Path, upstream: MemTServer, *, workdir: Path) -> dict
     figures: dict = {} if why is None else {"full_skipped": why}
     for fault in faults:
         disk = (disks.SmallDisk if why is None else disks.ChmodDisk)(workdir / f"proxy-disk-{fault}")
-        with disks.DiskProxyServer(upstream.url, checkpoint, disk) as proxy:
+        with MemTServer(checkpoint, state_directory=workdir / f"proxy-disk-core-{fault}", args=["--max-sessions-per-rank", str(DISK_CORE_SESSIONS)]) as upstream, \
+                disks.DiskProxyServer(upstream.url, checkpoint, disk) as proxy:
             figures[fault] = _disk_fault(proxy, disk, fault)
     figures["ok"] = all(part["ok"] for part in figures.values() if isinstance(part, dict))
     return figures
@@ -763,6 +769,9 @@ def _disk_fault(proxy, disk, fault: str) -> dict:
                    headers={"X-MemT-Session": f"disk-new-{fault}"})
             record("chat_continued", "POST", "/v1/chat/completions", json={**chat, "messages": named}, headers={"X-MemT-Session": "disk-before"})
             record("chat_headerless", "POST", "/v1/chat/completions", json={**chat, "messages": [{"role": "user", "content": "hello"}]})
+            for number in range(DISK_CORE_SESSIONS):  # past the core's room: an idle session is offloaded, which needs its record
+                record(f"chat_room_{number}", "POST", "/v1/chat/completions", json={**chat, "messages": [{"role": "user", "content": "hi"}]},
+                       headers={"X-MemT-Session": f"disk-room-{fault}-{number}"})
             made = record("conversation_create", "POST", "/v1/conversations", json={})
             if made:
                 acknowledged["conversation"] = made["id"]
@@ -786,7 +795,8 @@ def _disk_fault(proxy, disk, fault: str) -> dict:
         for kind, made_id in acknowledged.items():
             after[f"acknowledged_{kind}"] = http.get(f"/v1/{'response' if kind == 'streamed' else kind}s/{made_id}").status_code
     refused_well = all((status == 200 and (len(rest) == 0 or rest[0] == "response.completed" or code == "insufficient_storage"))
-                       or (status in (503, 507) and code in ("insufficient_storage", "upstream_unavailable")) for status, code, *rest in answers.values())
+                       or (status in (503, 507) and code in ("insufficient_storage", "upstream_unavailable"))
+                       or (status == 429 and code == "rate_limit_exceeded") for status, code, *rest in answers.values())
     figures.update({
         "answers": answers, "connections": len(ports), "items_before": items_before, "after": after,
         "ok": refused_well and len(ports) == 1 and after["stored_response"] == 200 and after["conversation_items"] >= items_before
