@@ -3,5 +3,5 @@
 # (one process: the proxy with the core inside it; `bash scripts/demo.sh --two-process` runs them as two).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh dev
+MEMT_SETUP_FOR=demo bash scripts/setup.sh dev  # (no notice about Redis, which only the ownership tests use)
 exec .venv/bin/python scripts/demo.py "$@"

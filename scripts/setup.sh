@@ -87,7 +87,7 @@ if [ "$EXTRA" = "dev" ] && ! command -v redis-server >/dev/null 2>&1; then
     else
       say "redis-server not installed: system packages need apt-get and root; the session-ownership tests will skip" >&2
     fi
-  else
+  elif [ "${MEMT_SETUP_FOR:-}" != demo ]; then  # the demo needs no Redis: scripts/demo.sh says so
     say "redis-server not installed (the session-ownership tests will skip);" \
         "bash scripts/setup.sh --system-packages (or MEMT_SYSTEM_PACKAGES=1) installs it with apt-get, as root"
   fi
