@@ -177,14 +177,24 @@ def responses_restart(proxy: ProxyServer, core: MemTServer, *, tries: int = 8) -
     ``memory_version_mismatch`` forever). At most one 409 (the request that finds the restart, which the openai SDK
     retries), then 200 with the conversation's items sent as context; once that turn is committed, the next one is
     trimmed again (memory holds the conversation)."""
+    from openai import OpenAI
+
     with proxy.http(None) as http:
-        conversation = http.post("/v1/conversations", json={}).json()["id"]
+        conversation, agents = (http.post("/v1/conversations", json={}).json()["id"] for _ in range(2))
         for turn in range(2):
             _completed_response(http, conversation, FACTS[turn * 4: turn * 4 + 4])
+            _completed_response(http, agents, FACTS[turn * 4: turn * 4 + 4])
         _written(http, conversation)
+        _written(http, agents)
         fresh = http.post("/v1/conversations", json={}).json()["id"]
         alone = _respond(http, fresh, "What is my parrot called?", tokens=1).json()["usage"]["input_tokens"]
         core.restart(kill=True)
+        # an app on the openai SDK (as the Agents SDK is), its default retries: the conversation goes on without an error
+        sdk = OpenAI(base_url=proxy.base_url, api_key="unused", timeout=120)
+        try:
+            redeployed = sdk.responses.create(model=MODEL, conversation=agents, input="What is my parrot called?", max_output_tokens=1).status
+        except Exception as exc:  # noqa: BLE001 — reported as this check's failure
+            redeployed = f"{type(exc).__name__}: {str(exc)[:200]}"
         statuses, errors, rebuilt = [], [], None
         for _ in range(tries):
             answer = _respond(http, conversation, "What is my parrot called?", tokens=1)
@@ -200,10 +210,10 @@ def responses_restart(proxy: ProxyServer, core: MemTServer, *, tries: int = 8) -
     figures = {
         "statuses": statuses, "errors": errors[:2], "prompt_alone": alone, "prompt_after_restart": rebuilt,
         "later_status": later.status_code, "prompt_later": later.json().get("usage", {}).get("input_tokens") if later.status_code == 200 else None,
-        "items": len(items),
+        "items": len(items), "sdk_after_restart": redeployed,
     }
     figures["ok"] = (
-        rebuilt is not None and statuses.count(409) <= 1 and rebuilt > alone  # the conversation's items went as context
+        redeployed in ("completed", "incomplete") and rebuilt is not None and statuses.count(409) <= 1 and rebuilt > alone  # the conversation's items went as context
         and later.status_code == 200 and figures["prompt_later"] == alone  # memory holds them again
     )
     return figures
