@@ -7,7 +7,7 @@
 # ./memt-state), CUDA_VISIBLE_DEVICES (default 0,1). Extra arguments come last, so they override the
 # values below (the launcher's startup checks still apply). Try --dry-run first.
 # Parallel settings: TP/EP/DP 2/1/1, DP attention off (the seed's); --dry-run prints what each rank holds.
-# Until the engine runs ranks as processes it serves one rank: add --tp-size 1 --ep-size 1 --dp-size 1.
+# Each rank is a process (CUDA: one per visible GPU); --tp-size 1 serves on one device.
 set -eu
 
 if [ "$#" -lt 1 ]; then

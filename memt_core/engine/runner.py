@@ -74,6 +74,9 @@ class ModelRunner:
             from memt_core.engine.graphs import GraphDecode
 
             self.graphs = GraphDecode(self.fused, max_rows=max_rows, max_tokens=cuda_graph_max_tokens)
+        # on several ranks (memt_core.parallel.shard): the collectives, and which of the memory's heads this rank holds
+        self.group = getattr(model, "group", None)
+        self.heads: slice | None = getattr(model, "memory_heads", None)
         self.memories: dict[int, MemoryState] = {}
         self.caches: dict[int, Any] = {}  # request or retained handle → its own KV cache (batch size 1)
         self.reads: dict[int, int | None] = {}  # running request → the memory handle it reads
@@ -85,13 +88,24 @@ class ModelRunner:
     # ------------------------------------------------------------------ memory states
 
     def put_memory(self, handle: int, state: MemoryState) -> None:
+        """Hold ``state`` (a whole memory, every head) as ``handle``: on a rank, its heads only."""
+        if self.heads is not None:
+            state = MemoryState({layer: state.get(layer)[:, self.heads].contiguous() for layer in state.layers()})
         self.memories[handle] = state.to(self.device)
 
     def fork_memory(self, source: int, handle: int) -> None:
         self.memories[handle] = self.memories[source].fork()
 
     def memory(self, handle: int | None) -> MemoryState:
+        """The state ``handle`` names, as this rank holds it."""
         return MemoryState() if handle is None else self.memories[handle]
+
+    def gather_memory(self, handle: int | None) -> MemoryState:
+        """The whole state ``handle`` names, every rank's heads joined (a collective on several ranks)."""
+        state = self.memory(handle)
+        if self.heads is None:
+            return state
+        return MemoryState({layer: self.group.gather_dim(state.get(layer), 1) for layer in state.layers()})
 
     # ------------------------------------------------------------------ one step
 
@@ -321,7 +335,7 @@ def fused_decoder(model: MemTForCausalLM):
     from memt_core.families.base import resolve
 
     reference = model.checkpoint.family.decode_step
-    if reference is None:
+    if reference is None or getattr(model, "group", None) is not None:  # not split over ranks yet (issue 56)
         return None
     step = resolve(reference)
     return step(model) if step.supports(model) else None

@@ -58,6 +58,10 @@ class TorchEngine(Engine):
             )
         if options.extra:
             raise CheckpointError(f"the torch engine takes no engine-specific settings, got {sorted(options.extra)}")
+        if options.parallel.world > 1:
+            for flag, on in (("--enable-torch-compile", options.torch_compile), ("--enable-cuda-graph", options.cuda_graphs)):
+                if on:
+                    raise CheckpointError(f"{flag} is not built for several ranks yet: leave it out, or serve one rank (--tp-size 1)")
         if options.ownership and not options.snapshot_store:
             raise CheckpointError("--ownership needs --snapshot-store: ownership fences writes to the shared snapshot store")
         if options.ownership and not options.ownership.startswith(("redis://", "rediss://", "unix://")):
@@ -91,12 +95,20 @@ class TorchEngine(Engine):
         from memt_core.models.weights import load_model
 
         cls.check_options(options)
-        if options.parallel.world > 1:
-            raise CheckpointError(
-                f"--tp-size {options.parallel.tp}: the torch engine serves on one rank for now (ranks as processes are "
-                "not built yet; --dry-run prints the parallel plan); add --tp-size 1 --ep-size 1 --dp-size 1 to serve on one device"
-            )
-        model = load_model(checkpoint, device=options.device, dtype=DTYPES[options.dtype])
+        runner = None
+        if options.parallel.world > 1 and options.parallel.dp_attention:  # --dry-run still prints the seed's plan
+            raise CheckpointError("--enable-dp-attention is not built yet (its plan is what --dry-run prints): serve Flash on "
+                                  "one rank for now, adding --tp-size 1 --ep-size 1 --dp-size 1")
+        if options.parallel.world > 1:  # ranks as processes: this one serves, every one runs the steps
+            from memt_core.parallel import ranks
+
+            runner_options = {"fused_decode": False, "max_rows": options.max_running_requests}
+            model, group, processes = ranks.start(checkpoint, options.parallel, device=options.device, dtype=options.dtype,
+                                                  runner_options=runner_options, threads=cpu_threads(options),
+                                                  deterministic=options.deterministic_communication)
+            runner = ranks.RankDriver(ModelRunner(model, **runner_options), group, processes)
+        else:
+            model = load_model(checkpoint, device=options.device, dtype=DTYPES[options.dtype])
         durable = None
         if options.snapshot_store:
             from memt_core.memory.durable import DirectorySnapshotStore
@@ -110,7 +122,7 @@ class TorchEngine(Engine):
 
             owned = Owned(RedisOwnership(options.ownership, owner=options.node_id or "memt", ttl=options.ownership_ttl))
         return cls(
-            model, state_directory=options.state_directory, snapshot_store=durable, owned=owned,
+            model, runner=runner, state_directory=options.state_directory, snapshot_store=durable, owned=owned,
             max_running_requests=options.max_running_requests, max_commit_batch=options.max_commit_batch,
             torch_compile=options.torch_compile, threads=cpu_threads(options), fused_decode=options.fused_decode,
             cuda_graphs=options.cuda_graphs, cuda_graph_max_tokens=options.cuda_graph_max_tokens,
@@ -127,7 +139,7 @@ class TorchEngine(Engine):
             "max_running_requests": options.max_running_requests, "max_commit_batch": options.max_commit_batch,
             "context_length": options.context_length, "min_kv_tokens": options.min_kv_tokens,
             "torch_compile": options.torch_compile,
-            "fused_decode": options.fused_decode and not options.torch_compile,
+            "fused_decode": options.fused_decode and not options.torch_compile and options.parallel.world == 1,
             "cuda_graphs": {"max_tokens": options.cuda_graph_max_tokens} if options.cuda_graphs else False,
             "warmup": warmup.described(warmup.plan(
                 options.warmup, torch.device(options.device).type, max_rows=options.max_running_requests,
@@ -136,7 +148,7 @@ class TorchEngine(Engine):
             "inductor_options": inductor_options(options.device) if options.torch_compile else None,
             "torch_threads": cpu_threads(options) or f"torch's default ({torch.get_num_threads()})",
             "kv_cache": "grows per request (transformers DynamicCache)",
-            "ranks_served": 1,
+            "ranks_served": options.parallel.world,
         }
 
     def __init__(
@@ -156,14 +168,15 @@ class TorchEngine(Engine):
         cuda_graphs: bool = False,
         cuda_graph_max_tokens: int = 4096,
         warmup: WarmupPlan | None = None,  # the served shapes run before the engine reports ready
+        runner=None,  # several ranks: memt_core.parallel.ranks.RankDriver over rank 0's share of ``model``
     ):
-        self.runner = ModelRunner(
+        self.runner = runner or ModelRunner(
             model, torch_compile=torch_compile, compile_options=compile_options, module_guards=module_guards,
             fused_decode=fused_decode, cuda_graphs=cuda_graphs, cuda_graph_max_tokens=cuda_graph_max_tokens,
             max_rows=max_running_requests,
         )
         self.threads = threads
-        self.checkpoint = model.checkpoint
+        self.checkpoint = getattr(model.checkpoint, "whole", model.checkpoint)  # a rank's share names the whole
         self.config = model.config
         self.device = self.runner.device
         self.compiled = torch_compile
@@ -209,8 +222,16 @@ class TorchEngine(Engine):
         if self.warmup is not None and self.warmup.compile:
             self._progress({"phase": "compiling"})
             self.runner.compile()
+        watch = getattr(self.runner, "watch", None)
+        if watch is not None:  # several ranks: one that dies stops the server
+            watch(self._rank_died)
         self._thread.start()
         return self
+
+    def _rank_died(self, reason: str) -> None:
+        """A rank's process exited: every request fails with 503 from now on (the server then exits)."""
+        self._failed = WorkerUnavailable(f"the engine lost a rank: {reason}")
+        self._fail_all(self._failed)
 
     def _progress(self, progress: dict) -> None:
         self._warming = progress
@@ -226,6 +247,9 @@ class TorchEngine(Engine):
         self._stopping = True
         self._inbox.put(None)
         self._thread.join(timeout=30)
+        stop_ranks = getattr(self.runner, "stop", None)
+        if stop_ranks is not None:
+            stop_ranks()
 
     @property
     def alive(self) -> bool:

@@ -47,8 +47,12 @@ class RankGroup:
         return cls(rank, world, deterministic=deterministic)
 
     @staticmethod
-    def leave() -> None:
+    def leave(*, together: bool = True) -> None:
+        """Leave the group; ``together``: first wait for every rank to be leaving too (tearing gloo down while a peer
+        still talks to it aborts the process), which a rank that lost a peer must not do."""
         if dist.is_initialized():
+            if together:
+                dist.barrier()
             dist.destroy_process_group()
 
     def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:

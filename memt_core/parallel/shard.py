@@ -101,7 +101,10 @@ def build_rank_model(checkpoint: Checkpoint, parallel: Parallel, group: RankGrou
                 backbone=checkpoint.backbone)
     if parallel.world > 1:
         join_partial_sums(model, group)
-    model.group = group
+        heads = rank.memory.num_heads
+        start = (group.rank % parallel.attention_tp) * heads
+        model.memory_heads = slice(start, start + heads)  # which of a whole memory's heads this rank holds
+        model.group = group
     return model.eval()
 
 

@@ -68,8 +68,10 @@ def main() -> int:
         if args.rank == 0:
             seen["traffic"] = {"collectives": group.traffic.collectives, "bytes": group.traffic.bytes}
             torch.save(seen, args.out)
-    finally:
-        RankGroup.leave()
+    except BaseException:
+        RankGroup.leave(together=False)
+        raise
+    RankGroup.leave()
     return 0
 
 

@@ -1,0 +1,49 @@
+"""``python -m memt_core.parallel.worker RANK SPEC``: one rank of a multi-rank engine (ranks 1 … N-1).
+
+Started by rank 0 (``memt_core.parallel.ranks.start``) with a JSON ``SPEC``: the checkpoint, the parallel settings,
+device and dtype, the runner's options, the group's address and backend. It joins the group, builds its share of
+the model (``memt_core.parallel.shard``) and replays rank 0's runner calls (``ranks.serve``) until told to stop. It
+exits non-zero when anything fails; rank 0 notices and stops the server.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    rank, spec = int(argv[0]), json.loads(argv[1])
+    logging.basicConfig(level="WARNING", format=f"%(asctime)s rank {rank} %(levelname)s %(name)s: %(message)s")
+    import torch
+
+    from memt_core.checkpoint import read_checkpoint
+    from memt_core.engine.runner import ModelRunner
+    from memt_core.parallel import ranks
+    from memt_core.parallel.group import RankGroup
+    from memt_core.parallel.plan import Parallel
+    from memt_core.parallel.shard import build_rank_model
+
+    torch.set_num_threads(spec["threads"] or 1)
+    torch.set_grad_enabled(False)
+    parallel = Parallel(**spec["parallel"])
+    device = parallel.device_of(rank, spec["device"])
+    if device.startswith("cuda"):
+        torch.cuda.set_device(device)
+    group = RankGroup.join(rank, parallel.world, backend=spec["backend"], address=spec["address"],
+                           deterministic=spec["deterministic"])
+    try:
+        model = build_rank_model(read_checkpoint(spec["checkpoint"]), parallel, group, device=device,
+                                 dtype=ranks._dtype(spec["dtype"]))
+        ranks.serve(ModelRunner(model, **spec["runner"]))
+    except BaseException:
+        RankGroup.leave(together=False)
+        raise
+    RankGroup.leave()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
