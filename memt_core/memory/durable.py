@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Sequence
 
 from memt_core.errors import OwnershipConflict, SnapshotError
-from memt_core.memory.snapshot import load_snapshot, save_content_addressed, write_atomic
+from memt_core.memory.snapshot import content_name, load_snapshot, snapshot_bytes, write_atomic
 from memt_core.memory.state import MemoryState
 from memt_core.names import check_name
 
@@ -99,7 +99,11 @@ class DirectorySnapshotStore(SnapshotStore):
             raise SnapshotError(
                 f"the snapshot store already holds version {current.version} of {session!r}; refusing to write version {version} over it"
             )
-        blob = save_content_addressed(self.root / "blobs", state, identity=self.identity)
+        data = snapshot_bytes(state, identity=self.identity)
+        blob = self.root / "blobs" / content_name(data)
+        # written even when another session's equal memory is there already (the same bytes, atomically): how long a
+        # publish takes never tells a session that another one, of any tenant, holds this memory
+        write_atomic(blob, data, overwrite=True)
         record = {"session": session, "version": version, "file": blob.name, "identity": self.identity, "fence": fence}
         write_atomic(self._manifest(session), json.dumps(record, sort_keys=True).encode(), overwrite=True)
         return StoredVersion(session=session, version=version, file=blob.name, fence=fence)

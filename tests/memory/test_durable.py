@@ -34,6 +34,18 @@ def test_latest_version_round_trip(store):
     assert not [name for name in os.listdir(store.root / "sessions") if name.startswith(".tmp-")]
 
 
+def test_equal_memory_is_written_again_whatever_another_session_stored(store):
+    """Equal memories share one blob, but a publish writes it whether or not another session (of any tenant) stored the
+    same bytes before: its cost is no timing channel across sessions (issue 58 item 6; it used to skip the write)."""
+    first = store.save("a", 1, state(store, 7))
+    path = store.root / "blobs" / first.file
+    before = path.stat().st_ino
+    second = store.save("b", 1, state(store, 7))
+    assert second.file == first.file  # one blob
+    assert path.stat().st_ino != before  # written again (a new file renamed over it), not skipped
+    assert store.load(second).equal(state(store, 7))
+
+
 def test_a_version_is_never_written_over_a_newer_one(store):
     store.save("s", 3, state(store, 3))
     for stale in (3, 2):
