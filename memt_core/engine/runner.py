@@ -335,7 +335,7 @@ def fused_decoder(model: MemTForCausalLM):
     from memt_core.families.base import resolve
 
     reference = model.checkpoint.family.decode_step
-    if reference is None or getattr(model, "group", None) is not None:  # not split over ranks yet (issue 56)
+    if reference is None:
         return None
     step = resolve(reference)
     return step(model) if step.supports(model) else None

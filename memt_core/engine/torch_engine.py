@@ -102,7 +102,7 @@ class TorchEngine(Engine):
         if options.parallel.world > 1:  # ranks as processes: this one serves, every one runs the steps
             from memt_core.parallel import ranks
 
-            runner_options = {"fused_decode": False, "max_rows": options.max_running_requests}
+            runner_options = {"fused_decode": options.fused_decode, "max_rows": options.max_running_requests}
             model, group, processes = ranks.start(checkpoint, options.parallel, device=options.device, dtype=options.dtype,
                                                   runner_options=runner_options, threads=cpu_threads(options),
                                                   deterministic=options.deterministic_communication)
@@ -139,7 +139,7 @@ class TorchEngine(Engine):
             "max_running_requests": options.max_running_requests, "max_commit_batch": options.max_commit_batch,
             "context_length": options.context_length, "min_kv_tokens": options.min_kv_tokens,
             "torch_compile": options.torch_compile,
-            "fused_decode": options.fused_decode and not options.torch_compile and options.parallel.world == 1,
+            "fused_decode": options.fused_decode and not options.torch_compile and options.parallel.ep == 1,
             "cuda_graphs": {"max_tokens": options.cuda_graph_max_tokens} if options.cuda_graphs else False,
             "warmup": warmup.described(warmup.plan(
                 options.warmup, torch.device(options.device).type, max_rows=options.max_running_requests,

@@ -18,6 +18,12 @@ runs the same step, over the same cache objects and parameters, with:
   product and a sum; the gated delta rule's one step as two batched products and an in-place rank-one update of
   the state; grouped-query attention without repeating keys (the query heads of one key head as its query rows).
 
+On several ranks (``memt_core.parallel``: the model a rank's share, ``model.group`` its collectives) each block's
+output product is this rank's partial sum: the residual is then added after one all-reduce of the block's parts
+(``reduce``) instead of being folded into the product (``addmm``/``baddbmm``), and in a memory layer the memory read's
+part joins attention's before that all-reduce. The routed experts split by EP are not supported here
+(``supports``): such a model decodes with its modules.
+
 It is the reference's arithmetic, reordered: in FP32 the two agree to rounding (tests/models/test_decode.py holds
 them together, layer by layer and over whole generations); the reference stays the path of prefill, commits,
 compiled steps and every cache the fused step does not know. ``scripts/bench/launches.py`` counts what it saves.
@@ -140,6 +146,8 @@ class FusedDecode:
             prepared = self._prepare(model)
             setattr(model, FUSED_ATTRIBUTE, prepared)
         self.layers: list[_Layer] = prepared
+        group = getattr(model, "group", None)  # a rank's share: its partial sums are joined by an all-reduce
+        self.reduce = group.all_reduce if group is not None and group.world > 1 else None
         self.conv_kernel, self.delta_kernel = linear_attention_kernels(next(model.parameters()).device)
         self.embed = text.embed_tokens
         self.final_norm = zero_centred(text.norm)
@@ -164,6 +172,9 @@ class FusedDecode:
     def supports(model: MemTForCausalLM) -> bool:
         """Whether ``model``'s backbone is one this step knows (Qwen3.5-MoE's text model, SDPA attention)."""
         backbone = model.backbone
+        parallel = getattr(model, "parallel", None)
+        if parallel is not None and parallel.ep > 1:  # its experts module routes to this rank's experts only
+            return False
         return type(backbone).__name__ == "Qwen3_5MoeForCausalLM" and backbone.config._attn_implementation == "sdpa"
 
     # ------------------------------------------------------------------ preparation
@@ -283,7 +294,7 @@ class FusedDecode:
                         mask = attention_mask.to(dtype).sub_(1).mul_(-torch.finfo(dtype).min)[:, None, None, :]
                 read = memory.get(layer.index) if memory else None
                 h = self._full_attention(layer.mixer, x, h, cache.layers[layer.index], rotary, mask, read)
-            h = self._moe(layer.moe, self._norm(h, layer.post_norm, layer.eps), h)
+            h = self._moe(layer.moe, self._norm(h, layer.post_norm, layer.eps), h, self.reduce)
         h = self._norm(h, self.final_norm, self.final_eps)
         logits = self.lm_head(h)
         return MemTOutput(logits=logits[:, None, :], past_key_values=cache)
@@ -338,8 +349,10 @@ class FusedDecode:
 
         # gated RMSNorm (FP32), then the output projection added to the residual
         o = F.rms_norm(o.reshape(rows, heads, p.value_dim).to(x.dtype).float(), (p.value_dim,), p.norm_weight, p.norm_eps)
-        o = (o.to(x.dtype) * F.silu(z.reshape(rows, heads, p.value_dim).float())).to(x.dtype)
-        return torch.addmm(residual, o.reshape(rows, values), p.out.t())
+        o = (o.to(x.dtype) * F.silu(z.reshape(rows, heads, p.value_dim).float())).to(x.dtype).reshape(rows, values)
+        if self.reduce is None:
+            return torch.addmm(residual, o, p.out.t())
+        return residual + self.reduce(o @ p.out.t())  # several ranks: the parts summed, then the residual
 
     @staticmethod
     def _delta_step(p: _LinearAttention, conv: torch.Tensor, beta_decay: torch.Tensor, recurrent: torch.Tensor) -> torch.Tensor:
@@ -386,7 +399,8 @@ class FusedDecode:
         keys, values = cached.update(qk[:, p.heads :, None, :], v)
         attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=d ** -0.5)  # [B, Hkv, group, d]
         attn = (attn.reshape(rows, p.heads, d) * torch.sigmoid(q_and_gate[:, :, d:])).reshape(rows, p.heads * d)
-        h = torch.addmm(residual, attn, p.out.t())
+        fold = self.reduce is None  # one rank: the residual folded into the products
+        h = torch.addmm(residual, attn, p.out.t()) if fold else attn @ p.out.t()
 
         if p.memory is not None and read is not None:
             memory = p.memory
@@ -398,11 +412,12 @@ class FusedDecode:
             gate = torch.sigmoid(proj[:, start + heads * key_dim :].reshape(rows * heads, 1, value_dim).float())
             y = gate * torch.bmm(mq, read.reshape(rows * heads, key_dim, value_dim).float())
             h = torch.addmm(h, y.reshape(rows, heads * value_dim).to(x.dtype), memory.o_proj.weight.t())
-        return h
+        return h if fold else residual + self.reduce(h)  # attention's part and the memory's: one all-reduce
 
     @staticmethod
-    def _moe(p: _Moe, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        """A sparse MoE block's step; returns ``residual`` plus its output."""
+    def _moe(p: _Moe, x: torch.Tensor, residual: torch.Tensor, reduce=None) -> torch.Tensor:
+        """A sparse MoE block's step; returns ``residual`` plus its output (on several ranks, plus the sum of every
+        rank's part: ``reduce``)."""
         from transformers.integrations.moe import _grouped_mm
 
         rows, experts, k = x.shape[0], p.num_experts, p.top_k
@@ -418,9 +433,13 @@ class FusedDecode:
         gate, up = up.chunk(2, dim=-1)
         down = _grouped_mm(p.experts.act_fn(gate) * up, p.experts.down_proj.transpose(-2, -1), ends)
         down = torch.empty_like(down).index_copy_(0, order, down).view(rows, k, -1)
-        h = torch.baddbmm(residual[:, None, :], weights[:, None, :], down)[:, 0]  # residual + Σ_j w_j · expert_j(x)
+        if reduce is None:
+            h = torch.baddbmm(residual[:, None, :], weights[:, None, :], down)[:, 0]  # residual + Σ_j w_j · expert_j(x)
+        else:
+            h = torch.bmm(weights[:, None, :], down)[:, 0]
 
         # the shared expert, its sigmoid gate (a number per row) taken before the down projection
         gate = torch.sigmoid(proj[:, experts : experts + 1])
         shared = F.silu(proj[:, experts + 1 : experts + 1 + p.shared]) * (proj[:, experts + 1 + p.shared :] * gate)
-        return torch.addmm(h, shared, p.shared_down.t())
+        h = torch.addmm(h, shared, p.shared_down.t())
+        return h if reduce is None else residual + reduce(h)

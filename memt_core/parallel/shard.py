@@ -14,9 +14,11 @@ too) is added to attention's partial output before that all-reduce: one collecti
 vocabulary-parallel, its logits gathered on every rank. The embedding stays whole on every rank (a token reads one
 row of it). A commit writes each rank's memory heads in place: no communication.
 
-Where this departs from transformers' own ``base_model_tp_plan``: its gated-delta projections are
-``colwise_gather_output`` (every rank keeps every head's recurrent state); here, as in SGLang, the heads are split and
-each rank keeps its own heads' states. So are the memory heads, whose states are the sessions' memory.
+Where this departs from transformers' own ``base_model_tp_plan`` (``from_pretrained(..., tp_plan="auto")``): that
+loads through DTensor on a device mesh, and its gated-delta projections are ``colwise_gather_output`` (every rank keeps
+every head's recurrent state); here, as in SGLang, the heads are split and each rank keeps its own heads' states. So
+are the memory heads, whose states are the sessions' memory, which transformers knows nothing of. Building the
+modules at the shard's sizes also means a rank never allocates, nor reads, more than its share.
 """
 
 from __future__ import annotations
@@ -105,6 +107,7 @@ def build_rank_model(checkpoint: Checkpoint, parallel: Parallel, group: RankGrou
         start = (group.rank % parallel.attention_tp) * heads
         model.memory_heads = slice(start, start + heads)  # which of a whole memory's heads this rank holds
         model.group = group
+        model.parallel = parallel
     return model.eval()
 
 

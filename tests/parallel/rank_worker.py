@@ -1,5 +1,5 @@
 """One rank of the equality tests, run as its own process: ``python tests/parallel/rank_worker.py RANK WORLD ADDRESS
-CHECKPOINT OUT [--tp N] [--ep N]``.
+CHECKPOINT OUT [--ep N] [--deterministic]``.
 
 Every rank builds its share of the model (``memt_core.parallel.shard``), joins the gloo group and runs the same
 work: a commit into empty memory (each rank writes its own heads), a query's logits reading that memory, and a
@@ -54,6 +54,7 @@ def main() -> int:
     parser.add_argument("checkpoint")
     parser.add_argument("out")
     parser.add_argument("--ep", type=int, default=1)
+    parser.add_argument("--deterministic", action="store_true", help="sums in rank order (--deterministic-communication)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     from memt_core.checkpoint import read_checkpoint
@@ -61,7 +62,7 @@ def main() -> int:
     from memt_core.parallel.plan import Parallel
     from memt_core.parallel.shard import build_rank_model
 
-    group = RankGroup.join(args.rank, args.world, backend="gloo", address=args.address)
+    group = RankGroup.join(args.rank, args.world, backend="gloo", address=args.address, deterministic=args.deterministic)
     try:
         model = build_rank_model(read_checkpoint(args.checkpoint), Parallel(tp=args.world, ep=args.ep), group)
         seen = run(model, group)

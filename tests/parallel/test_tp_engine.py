@@ -1,5 +1,5 @@
 """The torch engine on 2 CPU ranks (rank 1 a process of its own, gloo) answers as on one device: concurrent greedy
-queries batched together, with and without memory, after a commit; its snapshots import at TP 1 (and TP 1's at TP
+queries batched together and decoded by the fused step (its residuals added after the all-reduce), with and without memory, after a commit; its snapshots import at TP 1 (and TP 1's at TP
 2) with the same identity and the same answers; stopping it ends every rank."""
 
 from __future__ import annotations
@@ -58,6 +58,7 @@ def test_two_ranks_answer_as_one_device_and_snapshots_move_between_them(nano_che
     processes = list(two.runner.processes)
     try:
         assert two.runner.group.world == 2 and len(processes) == 1 and processes[0].poll() is None
+        assert two.runner.fused is not None and two.runner.fused.reduce is not None  # the fused step, reduce-then-add
         expected, one_file = asyncio.run(answers(one))
         seen, two_file = asyncio.run(answers(two))
         assert seen == expected

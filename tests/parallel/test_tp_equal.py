@@ -1,5 +1,6 @@
 """A model split over 2 CPU ranks (gloo) computes what one device does: the memory after a commit (each rank's heads),
-the logits of a query reading it, and greedy tokens, for tensor parallelism and for experts split by EP.
+the logits of a query reading it, and greedy tokens, for tensor parallelism, for experts split by EP, and with
+``--deterministic-communication`` (sums in rank order).
 
 Each rank is its own process (``rank_worker.py``), as in serving; the reference runs here on one device.
 """
@@ -45,7 +46,7 @@ def one_device(nano_model):
     return run(nano_model)
 
 
-@pytest.mark.parametrize("extra", [(), ("--ep", "2")], ids=["tp2", "tp2-ep2"])
+@pytest.mark.parametrize("extra", [(), ("--ep", "2"), ("--deterministic",)], ids=["tp2", "tp2-ep2", "tp2-deterministic"])
 def test_two_ranks_equal_one_device(nano_checkpoint, one_device, tmp_path, extra):
     seen = run_ranks(nano_checkpoint, tmp_path / "rank0.pt", 2, *extra)
     assert seen["tokens"] == one_device["tokens"]

@@ -255,7 +255,7 @@ def test_dry_run_prints_the_parallel_plan(runs):
     assert plan["world_size"] == 2 and plan["dist_backend"] == "gloo" and plan["tp_size"] == 2
     assert [r["rank"] for r in plan["ranks"]] == [0, 1] and [r["holds"]["vocabulary rows"] for r in plan["ranks"]] == ["0-255 of 512", "256-511 of 512"]
     assert 0.5 < plan["ranks"][0]["weights_gb"] / plan["ranks"][0]["of_gb"] < 0.6  # the embedding and norms stay whole
-    assert two["engine_args"]["ranks_served"] == 2 and two["engine_args"]["fused_decode"] is False  # not split over ranks yet
+    assert two["engine_args"]["ranks_served"] == 2 and two["engine_args"]["fused_decode"] is True  # reduce-then-add on ranks
     unread = runs["no weights"].json()["parallel"]
     assert unread["ranks"] is None and "weights_unread" in unread
 
