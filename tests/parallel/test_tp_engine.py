@@ -1,5 +1,6 @@
 """The torch engine on 2 CPU ranks (rank 1 a process of its own, gloo) answers as on one device: concurrent greedy
-queries batched together and decoded by the fused step (its residuals added after the all-reduce), with and without memory, after a commit; its snapshots import at TP 1 (and TP 1's at TP
+queries batched together and decoded by the fused step (its residuals added after the all-reduce; with the experts
+split by EP, by the model's modules), with and without memory, after a commit; its snapshots import at TP 1 (and TP 1's at TP
 2) with the same identity and the same answers; stopping it ends every rank."""
 
 from __future__ import annotations
@@ -49,16 +50,20 @@ async def imported(engine, file: str) -> list[int]:
     return [e.token async for e in engine.query("after-import", PROMPTS[0], greedy(10), session="i") if e.token is not None]
 
 
-def test_two_ranks_answer_as_one_device_and_snapshots_move_between_them(nano_checkpoint, tmp_path):
+@pytest.mark.parametrize("ep", [1, 2], ids=["tp2", "tp2-ep2"])
+def test_two_ranks_answer_as_one_device_and_snapshots_move_between_them(nano_checkpoint, tmp_path, ep):
     checkpoint = read_checkpoint(nano_checkpoint)
     one_dir, two_dir = tmp_path / "tp1", tmp_path / "tp2"
     base = EngineOptions(device="cpu", max_running_requests=8, max_commit_batch=2, threads=1)
     one = TorchEngine.load(checkpoint, dataclasses.replace(base, state_directory=str(one_dir))).start()
-    two = TorchEngine.load(checkpoint, dataclasses.replace(base, state_directory=str(two_dir), parallel=Parallel(tp=2))).start()
+    two = TorchEngine.load(checkpoint, dataclasses.replace(base, state_directory=str(two_dir), parallel=Parallel(tp=2, ep=ep))).start()
     processes = list(two.runner.processes)
     try:
         assert two.runner.group.world == 2 and len(processes) == 1 and processes[0].poll() is None
-        assert two.runner.fused is not None and two.runner.fused.reduce is not None  # the fused step, reduce-then-add
+        if ep == 1:  # the fused step, its residuals added after the all-reduce
+            assert two.runner.fused is not None and two.runner.fused.reduce is not None
+        else:  # experts split by EP: the model's own modules decode
+            assert two.runner.fused is None
         expected, one_file = asyncio.run(answers(one))
         seen, two_file = asyncio.run(answers(two))
         assert seen == expected

@@ -4,7 +4,7 @@ re-collected here with its ``nano_server`` a server of two CPU ranks."""
 from __future__ import annotations
 
 import pytest
-from e2e.servers import MemTServer, flash_server  # noqa: F401 (a fixture one battery test uses)
+from e2e.servers import MemTServer
 from e2e.test_native_http import *  # noqa: F401,F403 (the battery's tests and fixtures)
 
 
