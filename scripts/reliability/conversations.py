@@ -146,15 +146,20 @@ def _await_in_flight(core: MemTServer, native: str, timeout: float = 60) -> None
 # ---------------------------------------------------------------------- a core restarted under a conversation (item 3)
 
 
-def _respond(http: httpx.Client, conversation: str, text: str, *, tokens: int = 64, temperature: float = 1.0) -> httpx.Response:
-    body = {"model": MODEL, "conversation": conversation, "input": text, "max_output_tokens": tokens, "temperature": temperature}
+#: a short structured answer: the grammar closes it within a few tokens, so the random model's answer completes
+SHORT = {"format": {"type": "json_schema", "name": "answer", "strict": True,
+                    "schema": {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"], "additionalProperties": False}}}
+
+
+def _respond(http: httpx.Client, conversation: str, said: str, *, tokens: int = 64, temperature: float = 1.0, **extra) -> httpx.Response:
+    body = {"model": MODEL, "conversation": conversation, "input": said, "max_output_tokens": tokens, "temperature": temperature, **extra}
     return http.post("/v1/responses", json=body)
 
 
 def _completed_response(http: httpx.Client, conversation: str, texts: list[str]) -> dict:
-    """The first of ``texts`` whose answer completes (a completed turn is committed behind it); its body."""
-    for text in texts * 4:  # sampled: most of the tiny model's answers end within the limit
-        answer = _respond(http, conversation, text)
+    """A completed answer to the first of ``texts`` (a completed turn is committed behind it); its body."""
+    for text in texts:
+        answer = _respond(http, conversation, text, text=SHORT)
         answer.raise_for_status()
         if answer.json()["status"] == "completed":
             return answer.json()
