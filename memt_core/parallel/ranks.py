@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 import torch.distributed as dist
 
+from memt_core.errors import CheckpointError
 from memt_core.parallel.group import RankGroup, free_address
 from memt_core.parallel.plan import Parallel
 
@@ -147,7 +148,12 @@ def start(checkpoint, parallel: Parallel, *, device: str, dtype: str, runner_opt
     processes = [subprocess.Popen([sys.executable, "-m", "memt_core.parallel.worker", str(rank), spec])
                  for rank in range(1, parallel.world)]
     try:
-        group = RankGroup.join(0, parallel.world, backend=backend, address=address, deterministic=deterministic)
+        try:
+            group = RankGroup.join(0, parallel.world, backend=backend, address=address, deterministic=deterministic)
+        except Exception as exc:  # torch.distributed's errors, mapped where they enter
+            dead = [f"rank {rank}: status {p.poll()}" for rank, p in enumerate(processes, start=1) if p.poll() is not None]
+            raise CheckpointError(f"the {parallel.world} ranks could not meet over {backend} at {address} "
+                                  f"({'; '.join(dead) or type(exc).__name__})") from exc
         model = build_rank_model(checkpoint, parallel, group, device=parallel.device_of(0, device), dtype=_dtype(dtype))
     except BaseException:
         for process in processes:
