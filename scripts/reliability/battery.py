@@ -103,8 +103,6 @@ def run(*, quick: bool, only: set[str] | None = None, workdir: Path | None = Non
                 check("responses_retry", lambda: checks.responses_retry(proxy, key=key))
             if wanted("cut"):
                 check("cut_streams", lambda: conversations.cut_streams(proxy, core, key=key, tenant=KEYS[key]))
-            if wanted("tenants"):
-                check("tenant_timing", lambda: conversations.tenant_timing(proxy, core, tuple(KEYS)))
         if wanted("retry"):
             check("restart_retry", lambda: checks.restart_retry(checkpoint, core, state_directory=workdir / "retry-proxy-state"))
         if wanted("kill_proxy"):
@@ -128,6 +126,10 @@ def run(*, quick: bool, only: set[str] | None = None, workdir: Path | None = Non
         with MemTServer(checkpoint, state_directory=workdir / "distinct-state", args=["--max-sessions-per-rank", "64"]) as core, \
                 ProxyServer(core.url, checkpoint) as plain:
             check("distinct_sessions", lambda: checks.distinct_sessions(plain, core, sessions=size["distinct_sessions"]))
+    if wanted("tenants"):  # servers of its own: the core's work per request is compared, nothing else may run there
+        with MemTServer(checkpoint, state_directory=workdir / "timing-core-state") as core, \
+                ProxyServer(core.url, checkpoint, args=["--api-keys-file", str(keys_file)]) as keyed:
+            check("tenant_timing", lambda: conversations.tenant_timing(keyed, core, tuple(KEYS)))
     if wanted("core_crash"):  # a core killed -9 under conversations and restarted without a snapshot store (issue 58)
         with MemTServer(checkpoint, state_directory=workdir / "crash-core-state") as core, ProxyServer(core.url, checkpoint) as plain:
             check("responses_restart", lambda: conversations.responses_restart(plain, core))
