@@ -6,7 +6,9 @@ is timed, the openai SDK's retries reaching a restarted proxy and a Responses co
 a proxy, kill -9 of the core during commit/publish/export, kill -9 of the proxy mid-conversation and in
 front of a full core, concurrent sessions with the async openai SDK, two tenants with the same names,
 many distinct sessions past the core's capacity, many header-less conversations at once, and the core's and
-the proxy's state directories made full or read-only (``disks``).
+the proxy's state directories made full or read-only (``disks``); and (``conversations``) a conversation's next
+request after its stream was cut, conversations across a core killed -9 and restarted, and whether another
+tenant's transcripts change what a request costs.
 Prints each check's figures as it ends and a JSON summary last (also written to ``--report``); exits 1
 when a check fails. ``--quick`` runs every check small (what CI runs through ``tests/reliability``).
 """
