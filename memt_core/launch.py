@@ -197,8 +197,13 @@ class LaunchPlan:
             header = scan_weights(checkpoint)
         except Exception as exc:  # a dry run still prints the plan without the sizes
             return {**described, "ranks": None, "weights_unread": f"{type(exc).__name__}: {exc}"}
+        split = checkpoint.family.tensor_split
+        if split is None:
+            return {**described, "ranks": None}
+        from memt_core.families.base import resolve
+
         described["ranks"] = parallel.rank_shares(header, p, backbone=checkpoint.backbone, memory_heads=_memory_heads(checkpoint),
-                                                  device=self.device)
+                                                  device=self.device, split_of=resolve(split))
         return described
 
 

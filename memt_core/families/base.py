@@ -45,6 +45,10 @@ class Family:
     #: "module:Class" of a decode step in fewer kernel launches than the backbone's own modules (``Class(model)``,
     #: ``Class.supports(model)``; see ``memt_core.models.decode``), or None: the engine decodes with the model.
     decode_step: str | None = None
+    #: "module:function" saying how each checkpoint tensor is split over ranks (``split(name) -> (kind, dim) | None``,
+    #: see ``memt_core.parallel.plan``): the sharded loader reads each rank's slices by it, ``--dry-run`` sizes the
+    #: ranks' shares by it. None: the family is served on one rank only.
+    tensor_split: str | None = None
     #: Named width presets of random checkpoints besides the tiny one (``widths_config``), e.g. "nano".
     widths: tuple[str, ...] = ()
     #: Parallel serving (``memt_core.parallel``): whether the family is served with ``--enable-dp-attention`` (the

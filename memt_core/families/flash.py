@@ -37,6 +37,7 @@ class Flash(Family):
     parser_class = "memt_core.client.parsers:FlashParser"
     dp_attention = True  # the seed serves Flash at TP 8 with DP attention 8: attention TP 1, experts shared
     shards_attention = False  # its attention (DeepSeek-V4's) is not split: attention TP stays 1
+    tensor_split = "memt_core.parallel.plan:split_of"  # the same rules for its experts, lm_head and memory
     special_tokens = (
         "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>", "<think>", "</think>",
     )

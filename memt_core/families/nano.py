@@ -49,6 +49,7 @@ class Nano(Family):
     parser_class = "memt_core.client.parsers:NanoParser"
     kernels = ("memt_core.models.kernels:route_qwen3_5_moe", *Family.kernels)  # FLA / causal-conv1d kernels for CUDA tensors only
     decode_step = "memt_core.models.decode:FusedDecode"
+    tensor_split = "memt_core.parallel.plan:split_of"  # the Qwen3.5-MoE rules, as SGLang and vLLM split it
     widths = ("nano",)
     special_tokens = (
         "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>",

@@ -103,6 +103,8 @@ def check(parallel: Parallel, *, backbone: Mapping, memory_heads: int, family, d
         raise CheckpointError(f"--dist-backend must be one of {', '.join(BACKENDS)}, got {p.backend!r}")
     if p.backend == "nccl" and not device.startswith("cuda"):
         raise CheckpointError("--dist-backend nccl needs CUDA devices; on the CPU ranks talk over gloo (--dist-backend gloo or auto)")
+    if p.world > 1 and getattr(family, "tensor_split", None) is None:
+        raise CheckpointError(f"{family.name} is served on one rank only (its family names no tensor split): leave out --tp-size")
     if deterministic_communication and p.world == 1:
         raise CheckpointError("--deterministic-communication is for multi-rank engines (--tp-size above 1): one rank has no collective to fix")
     if p.dp > 1 and not p.dp_attention:
@@ -180,8 +182,8 @@ def split_of(name: str) -> tuple[str, int] | None:
     return None
 
 
-def share(name: str, parallel: Parallel, kv_heads: int | None = None) -> float:
-    """The fraction of tensor ``name`` one rank holds."""
+def share(name: str, parallel: Parallel, kv_heads: int | None = None, split_of=split_of) -> float:
+    """The fraction of tensor ``name`` one rank holds, by the rules ``split_of`` (a family's ``tensor_split``)."""
     split = split_of(name)
     if split is None:
         return 1.0
@@ -196,7 +198,7 @@ def share(name: str, parallel: Parallel, kv_heads: int | None = None) -> float:
 
 
 def rank_shares(header: Mapping[str, tuple[str, tuple[int, ...]]], parallel: Parallel, *, backbone: Mapping,
-                memory_heads: int, device: str) -> list[dict]:
+                memory_heads: int, device: str, split_of=split_of) -> list[dict]:
     """Per rank: its device, what it holds (ranges of heads, experts and vocabulary rows) and its weights in GB, from
     the safetensors headers (name → (dtype, shape))."""
     p = parallel
@@ -207,7 +209,7 @@ def rank_shares(header: Mapping[str, tuple[str, tuple[int, ...]]], parallel: Par
         for extent in shape:
             size *= extent
         total += size
-        held += size * share(name, p, kv_heads)
+        held += size * share(name, p, kv_heads, split_of)
     experts = next((int(backbone[key]) for key in EXPERT_KEYS if backbone.get(key)), None)
     ranks = []
     for rank in range(p.world):

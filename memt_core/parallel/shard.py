@@ -4,7 +4,8 @@ A rank's model is the same transformers backbone and memory modules, built from 
 and intermediate sizes are the rank's share (``RankCheckpoint``): attention, linear-attention and latent-memory heads
 divided by attention TP (KV heads replicated when fewer than the ranks), experts' and shared experts' intermediate
 sizes by TP / EP and TP. Each parameter is then read from its slice of the safetensors files
-(``safe_open(...).get_slice``; never the whole tensor, then a cut), by the rules of ``memt_core.parallel.plan``, with
+(``safe_open(...).get_slice``; never the whole tensor, then a cut), by its family's rules (``Family.tensor_split``, a
+hook beside ``decode_step`` and ``kernels``: for Nano and Flash ``memt_core.parallel.plan.split_of``), with
 the layouts that are not one contiguous block: the linear attention's ``in_proj_qkv`` and conv1d (q, k and v blocks,
 each sliced), the experts' ``gate_up_proj`` (gate and up halves, each sliced).
 
@@ -99,8 +100,12 @@ def build_rank_model(checkpoint: Checkpoint, parallel: Parallel, group: RankGrou
             localize_experts(model, parallel, group.rank)
     finally:
         torch.set_default_dtype(previous)
+    from memt_core.families.base import resolve
+
+    if checkpoint.family.tensor_split is None:
+        raise CheckpointError(f"{checkpoint.family.name} is served on one rank only (its family names no tensor split)")
     load_shards(model, checkpoint_files(checkpoint), parallel, group.rank, kv_heads=checkpoint.backbone.get(KV_HEADS),
-                backbone=checkpoint.backbone)
+                backbone=checkpoint.backbone, split=resolve(checkpoint.family.tensor_split))
     if parallel.world > 1:
         join_partial_sums(model, group)
         heads = rank.memory.num_heads
@@ -154,8 +159,9 @@ def join_partial_sums(model, group: RankGroup) -> None:
 # ---------------------------------------------------------------------- loading slices
 
 
-def load_shards(model, files, parallel: Parallel, rank: int, *, kv_heads: int | None, backbone: dict) -> None:
-    """Copy into each of ``model``'s tensors its slice of the safetensors ``files``."""
+def load_shards(model, files, parallel: Parallel, rank: int, *, kv_heads: int | None, backbone: dict, split=split_of) -> None:
+    """Copy into each of ``model``'s tensors its slice of the safetensors ``files``, split by the family's rules
+    (``split``: its ``tensor_split``)."""
     expected = model.checkpoint_state_dict()
     seen = set()
     with torch.no_grad():
@@ -164,7 +170,8 @@ def load_shards(model, files, parallel: Parallel, rank: int, *, kv_heads: int | 
                 for name in handle.keys():
                     if name not in expected:
                         raise CheckpointError(f"unexpected tensor {name!r} in {file.name}")
-                    piece = _read_slice(handle.get_slice(name), name, parallel, rank, kv_heads=kv_heads, backbone=backbone)
+                    piece = _read_slice(handle.get_slice(name), name, parallel, rank, kv_heads=kv_heads, backbone=backbone,
+                                        split=split(name))
                     target = expected[name]
                     if tuple(piece.shape) != tuple(target.shape):
                         raise CheckpointError(f"tensor {name!r}: rank {rank}'s slice is {list(piece.shape)}, its shard "
@@ -186,10 +193,9 @@ def _cut(piece, dim: int, start: int, stop: int) -> torch.Tensor:
     return piece[index]
 
 
-def _read_slice(piece, name: str, p: Parallel, rank: int, *, kv_heads: int | None, backbone: dict) -> torch.Tensor:
-    """Rank ``rank``'s part of one tensor, read from its safetensors slice."""
+def _read_slice(piece, name: str, p: Parallel, rank: int, *, kv_heads: int | None, backbone: dict, split) -> torch.Tensor:
+    """Rank ``rank``'s part of one tensor (split ``split``: its kind and dimension, or None), read from its slice."""
     shape = piece.get_shape()
-    split = split_of(name)
     if split is None or p.world == 1:
         return piece[:]
     kind, dim = split

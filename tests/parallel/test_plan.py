@@ -118,3 +118,18 @@ def test_the_plan_and_the_step_record_import_no_torch():
             "assert 'torch' not in sys.modules, 'torch was imported'")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_each_family_names_its_split_and_one_without_is_served_on_one_rank():
+    """``Family.tensor_split`` (beside ``decode_step`` and ``kernels``): the rules its sharded loader reads by."""
+    from memt_core.families.base import Family, resolve
+
+    assert resolve(NANO.tensor_split) is split_of and resolve(FLASH.tensor_split) is split_of
+    assert Family.tensor_split is None  # a family must name its split to be served on several ranks
+
+    class OneRank:
+        name, dp_attention, shards_attention, tensor_split = "one-rank", False, True, None
+
+    checked(Parallel(), OneRank)
+    with pytest.raises(CheckpointError, match="one-rank is served on one rank only"):
+        checked(Parallel(tp=2), OneRank)
