@@ -35,7 +35,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from memt_core.client.parsers import DSML
+from memt_core.client.parsers import DSML, Delta
 from memt_proxy.errors import BadRequest
 
 #: JSON as the chat templates render it (``json.dumps``): what the model saw in tool calls.
@@ -373,3 +373,16 @@ def _token(tokenizer, text: str) -> str:
 
 def _lark_string(text: str) -> str:
     return json.dumps(text)
+
+
+class RawStream:
+    """The stream parser's interface for a structured answer: all of it is content, nothing is parsed."""
+
+    def __init__(self):
+        self.sent = 0
+
+    def feed(self, text: str) -> list[Delta]:
+        new, self.sent = text[self.sent:], max(self.sent, len(text))
+        return [Delta("content", new)] if new else []
+
+    finish = feed

@@ -17,7 +17,7 @@ from memt_proxy.session.branches import resume
 from memt_proxy.session.sessions import HeldSession, Sessions
 from memt_proxy.session.transcript import as_dict
 from memt_proxy.session.turn import Turn, TurnRunner
-from memt_proxy.turn_plan import off_loop
+from memt_proxy.worker import off_loop
 
 
 class ChatMemory:

@@ -14,7 +14,8 @@ from memt_proxy.session.state import SessionState
 from memt_proxy.session.turn import Turn
 from memt_proxy.structured import structure
 from memt_proxy.session.transcript import as_dict, check_turn, matches, split_transcript
-from memt_proxy.turn_plan import check_prefill, check_text_fits, continued_turn_ids, encode, fit_output, forced_prefix, prompt_ids
+from memt_proxy.prompt import check_prefill, check_text_fits, encode, fit_output, forced_prefix, prompt_ids
+from memt_proxy.session.transcript import continued_turn_ids
 
 SEED_MODULUS = 1 << 63  # native seeds are in [0, 2**63); OpenAI's may be negative
 

@@ -32,7 +32,9 @@ from memt_proxy.errors import BadRequest, NotFound
 from memt_proxy.protocol import ChatCompletionRequest, Usage, choice, chunk_body, completion_id, logprobs_content, response_body
 from memt_proxy.session.turn import Turn, TurnRunner
 from memt_proxy.session.sessions import HeldSession, Sessions
-from memt_proxy.turn_plan import RawStream, off_loop, request_digest
+from memt_proxy.session.retries import request_digest
+from memt_proxy.structured import RawStream
+from memt_proxy.worker import off_loop
 
 log = logging.getLogger("memt.proxy")
 

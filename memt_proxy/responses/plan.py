@@ -11,7 +11,8 @@ from memt_proxy.responses.records import Thread
 from memt_proxy.session.state import PendingTurn
 from memt_proxy.session.turn import Turn
 from memt_proxy.structured import structure
-from memt_proxy.turn_plan import check_prefill, check_text_fits, continued_turn_ids, encode, fit_output, forced_prefix, prompt_ids
+from memt_proxy.prompt import check_prefill, check_text_fits, encode, fit_output, forced_prefix, prompt_ids
+from memt_proxy.session.transcript import continued_turn_ids
 
 
 class ResponsesPlanner:

@@ -46,7 +46,9 @@ from memt_proxy.responses.threads import Threads
 from memt_proxy.session.branches import resume
 from memt_proxy.session.sessions import HeldSession, Sessions
 from memt_proxy.session.turn import Turn, TurnRunner
-from memt_proxy.turn_plan import RawStream, off_loop, request_digest
+from memt_proxy.session.retries import request_digest
+from memt_proxy.structured import RawStream
+from memt_proxy.worker import off_loop
 
 log = logging.getLogger("memt.proxy")
 
@@ -88,7 +90,7 @@ class ResponsesService:
         if request.model not in self.accepted:
             raise NotFound(f"model {request.model!r} does not exist; this proxy serves {', '.join(self.model_names)}", param="model", code="model_not_found")
         dumped = request.model_dump_json()
-        request._size = len(dumped)  # decides where its prompt is prepared (``turn_plan.off_loop``)
+        request._size = len(dumped)  # decides where its prompt is prepared (``worker.off_loop``)
         request._digest = request_digest(dumped)  # an identical retry is answered again, not run twice
         request._retry, request._key = retry, key
         # the memory policy (X-MemT-Memory, else --memory): "read" reads memory and commits nothing (the turn stays
@@ -111,7 +113,7 @@ class ResponsesService:
         return self._stream(plan, None, None) if request.stream else await self._run(plan, None)
 
     async def _planned(self, request: ResponseRequest, *args, **kwargs) -> Turn:
-        """``ResponsesPlanner.plan``, off the event loop for a large request (``turn_plan.off_loop``)."""
+        """``ResponsesPlanner.plan``, off the event loop for a large request (``worker.off_loop``)."""
         return await off_loop(request._size, self.plans.plan, request, *args, **kwargs)
 
     async def _headerless(self, request: ResponseRequest, items: list[dict], tenant: str):

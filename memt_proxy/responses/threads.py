@@ -20,7 +20,8 @@ from memt_proxy.responses.records import ResponseRecord, ResponseRecords, Thread
 from memt_proxy.responses.stream import replayed
 from memt_proxy.session.sessions import HeldSession, Sessions
 from memt_proxy.session.turn import Turn
-from memt_proxy.turn_plan import off_loop, retried
+from memt_proxy.session.retries import retried
+from memt_proxy.worker import off_loop
 
 log = logging.getLogger("memt.proxy")
 

@@ -40,7 +40,7 @@ from memt_proxy.protocol import Message
 from memt_proxy.session.state import new_branch_name
 from memt_proxy.session.sessions import HeldSession, Sessions, SessionState
 from memt_proxy.session.transcript import message_hash
-from memt_proxy.turn_plan import off_loop
+from memt_proxy.worker import off_loop
 
 log = logging.getLogger("memt.proxy")
 

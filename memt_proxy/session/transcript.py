@@ -46,8 +46,10 @@ import json
 from json.encoder import encode_basestring as _string  # a JSON string literal, as json.dumps(ensure_ascii=False) writes it
 from dataclasses import dataclass, field
 
+from memt_core.client.chat_format import ChatFormat
 from memt_proxy.errors import BadRequest, Conflict
 from memt_proxy.protocol import Message, text_of
+from memt_proxy.session.state import PendingTurn
 
 
 def as_dict(message: Message) -> dict:
@@ -237,3 +239,18 @@ def check_tool_rounds(conversation: list[Message]) -> None:
                 param="messages",
                 code="tool_results_missing",
             )
+
+
+def continued_turn_ids(chat_format: ChatFormat, pending: PendingTurn | None, turn: list[dict]) -> list[int] | None:
+    """The ids of ``turn`` when it continues ``pending`` (its messages so far, then the tool results answering
+    it): the model's exact tokens and the results after them; None when it does not continue it."""
+    if pending is None:
+        return None
+    last = max((i for i, m in enumerate(turn) if m["role"] == "assistant"), default=None)
+    if last is None or len(pending.hashes) != last + 1 or not all(map(matches, pending.hashes, turn[: last + 1])):
+        return None  # (a pending turn of a scheme-1 record is matched by its scheme: ``transcript.matches``)
+    results = turn[last + 1:]
+    if not results or any(m["role"] != "tool" for m in results):
+        return None
+    answers = [{"tool_call_id": m.get("tool_call_id"), "content": m["content"]} for m in results]
+    return pending.ids + chat_format.tool_results_ids(answers, enable_thinking=pending.thinking)

@@ -12,7 +12,7 @@ here, once, so both surfaces follow the same rules:
   ``keep_parent``; a session that forked follows the state it read, ``follower``), any other ends the turn as
   context; a header-less turn forks the conversation's next state instead (``memt_proxy.session.branches``), a cut answer
   included (closed with the end token, as the app's transcript closes it);
-* **retry**: every answer on memory is kept for a client's retry (``retried``; the rule is ``turn_plan.retried``);
+* **retry**: every answer on memory is kept for a client's retry (``retried``; the rule is ``retries.retried``);
 * **usage**: ``on_usage`` once per finished answer (``usage``), with the prompt tokens memory spared.
 """
 
@@ -29,11 +29,15 @@ from memt_proxy.session.branches import HeaderlessPlan, after_answer, closed, pl
 from memt_proxy.errors import ProxyError, Unavailable
 from memt_proxy.session.sessions import HeldSession, MemoryFound, PendingTurn, Sessions, SessionState
 from memt_proxy.session.transcript import message_hash, overlap
-from memt_proxy.turn_plan import KeptAnswers, no_usage, retried
+from memt_proxy.session.retries import KeptAnswers, retried
 
 log = logging.getLogger("memt.proxy")
 
 STREAM_START_TIMEOUT = 60.0  # seconds a held session waits for its stream to be consumed
+
+
+def no_usage(**usage) -> None:
+    """The default ``on_usage``: nobody is counting."""
 
 
 @dataclass
@@ -56,7 +60,7 @@ class Turn:
     raw: bool = False  # the answer is structured JSON, returned as it is (no markup to parse)
     state: SessionState | None = None  # the memory the prompt reads (None: none)
     saved: int = 0  # prompt tokens memory spared (``MemoryTokens``)
-    digest: str = ""  # the request's digest (``turn_plan.request_digest``): set, its answer is kept for a retry
+    digest: str = ""  # the request's digest (``retries.request_digest``): set, its answer is kept for a retry
     key: str | None = None  # the request's Idempotency-Key
     kept: str | None = None  # the answer as the app received it (set by the surface before ``after``)
     headerless: HeaderlessPlan | None = None  # a conversation identified by its transcript (``memt_proxy.session.branches``)
@@ -308,5 +312,5 @@ class TurnRunner:
             log.exception("on_usage failed")
 
     def retried(self, tenant: str, digest: str, retry: bool, key: str | None):
-        """The answer kept for this request when it is a client's retry (``turn_plan.retried``), else None."""
+        """The answer kept for this request when it is a client's retry (``retries.retried``), else None."""
         return self.answers.retried(tenant, digest, retry, key)

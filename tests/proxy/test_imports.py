@@ -40,6 +40,12 @@ def test_no_import_circle_and_the_responses_surface_imports_nothing_of_the_chat_
             assert not {m for m in imports[name] if m.startswith("memt_proxy.http")}, name
         if name.startswith("memt_proxy.session"):
             assert not {m for m in imports[name] if m.startswith(("memt_proxy.chat", "memt_proxy.responses"))}, name
+    # issue 59: below the session layer, the shared pieces (errors, wire models, prompt, structured output, the
+    # worker thread) import nothing of the layers above them
+    shared = {name for name in modules if name.count(".") == 1 and name != "memt_proxy.__main__"}
+    assert {"memt_proxy.protocol", "memt_proxy.prompt", "memt_proxy.worker", "memt_proxy.errors"} <= shared
+    for name in shared:
+        assert not {m for m in imports[name] if m not in shared and m != "memt_proxy"}, (name, imports[name] - shared)
 
     def circle(start: str, node: str, path: list[str]) -> list[str] | None:
         for following in sorted(imports[node]):

@@ -16,7 +16,7 @@ from memt_proxy.responses.service import ResponsesService
 from memt_proxy.responses.protocol import InputItems, ResponseRequest
 from memt_proxy.session.sessions import PendingTurn, Sessions, SessionState
 from memt_proxy.session.transcript import message_hash
-from memt_proxy.turn_plan import encode
+from memt_proxy.prompt import encode
 
 TOOL = {"type": "function", "name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
 CHAT_TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": TOOL["parameters"]}}

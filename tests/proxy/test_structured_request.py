@@ -22,7 +22,7 @@ from memt_proxy.responses.service import ResponsesService
 from memt_proxy.responses.protocol import InputItems, ResponseRequest, message_item
 from memt_proxy.chat.service import ChatService
 from memt_proxy.session.turn import Turn
-from memt_proxy.turn_plan import RawStream
+from memt_proxy.structured import RawStream
 from memt_proxy.session.state import MemoryTokens
 from memt_proxy.session.sessions import Sessions, SessionState
 from memt_proxy.structured import check_schema, structure

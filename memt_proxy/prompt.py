@@ -1,43 +1,19 @@
-"""What the model reads for one turn on a session, for every surface (Chat Completions, Responses).
+"""What the model reads for one turn, for every surface (Chat Completions, Responses): pure functions over a ``ChatFormat``.
 
-Pure functions over a ``ChatFormat``: the forced start of a tool call (``tool_choice`` required or named), a
-turn that continues one waiting for tool results from the model's exact tokens, the prompt (BOS, system block,
-the context memory lacks, the open turn, the forced start) and the check that it fits the upstream's prefill.
-Each surface reads its own request shape into these and keeps only what is its own.
+The forced start of a tool call (``tool_choice`` required or named), the prompt (BOS, system block, the context memory
+lacks, the open turn, the forced start), the checks that it fits the upstream's prefill and context, and the least a
+template costs. No I/O and nothing of the session layer: each surface reads its own request shape into these and keeps
+only what is its own; a turn that continues one waiting for tool results is ``session.transcript.continued_turn_ids``.
 """
 
 from __future__ import annotations
 
-import asyncio
-import functools
-import hashlib
-from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from memt_core.client.chat_format import ChatFormat
-from memt_core.client.parsers import Delta
 from memt_core.client.control_text import ControlGuard
 from memt_core.sampling_params import DEFAULT_MAX_NEW_TOKENS
 from memt_proxy.errors import BadRequest
-from memt_proxy.session.state import PendingTurn
-from memt_proxy.session.transcript import matches
-
-RETRIES_KEPT = 1024  # answers kept for a client's retry where no session keeps them (header-less chat, Responses)
-
-
-#: requests with more text than this are templated and tokenized in a worker thread, off the event loop
-OFF_LOOP_CHARS = 64 * 1024
-# one thread for both surfaces: tokenizers and templates are used from one worker at a time
-_WORKER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memt-prepare")
-
-
-async def off_loop(size: int, work, *args, **kwargs):
-    """``work(*args, **kwargs)``: in the worker thread when the request (``size`` characters of JSON) is large,
-    so that preparing it slows only itself, never ``/health`` or the other requests."""
-    if size <= OFF_LOOP_CHARS:
-        return work(*args, **kwargs)
-    return await asyncio.get_running_loop().run_in_executor(_WORKER, functools.partial(work, *args, **kwargs))
 
 
 def encode(chat_format: ChatFormat, text: str) -> list[int]:
@@ -52,21 +28,6 @@ def forced_prefix(chat_format: ChatFormat, tools: list[dict] | None, *, required
     if required:
         return chat_format.tool_call_prefix()
     return chat_format.tool_call_prefix(named) if named is not None else ""
-
-
-def continued_turn_ids(chat_format: ChatFormat, pending: PendingTurn | None, turn: list[dict]) -> list[int] | None:
-    """The ids of ``turn`` when it continues ``pending`` (its messages so far, then the tool results answering
-    it): the model's exact tokens and the results after them; None when it does not continue it."""
-    if pending is None:
-        return None
-    last = max((i for i, m in enumerate(turn) if m["role"] == "assistant"), default=None)
-    if last is None or len(pending.hashes) != last + 1 or not all(map(matches, pending.hashes, turn[: last + 1])):
-        return None  # (a pending turn of a scheme-1 record is matched by its scheme: ``transcript.matches``)
-    results = turn[last + 1:]
-    if not results or any(m["role"] != "tool" for m in results):
-        return None
-    answers = [{"tool_call_id": m.get("tool_call_id"), "content": m["content"]} for m in results]
-    return pending.ids + chat_format.tool_results_ids(answers, enable_thinking=pending.thinking)
 
 
 def prompt_ids(chat_format: ChatFormat, instructions: str | None, tools: list[dict] | None, context_ids: list[int], turn_ids: list[int]) -> list[int]:
@@ -171,50 +132,3 @@ def check_prefill(prompt: list[int], limit: int | None, param: str) -> None:
     """Refuse (400 ``context_length_exceeded``) a prompt longer than the upstream's ``max_prefill_tokens``."""
     if limit and len(prompt) > limit:
         raise BadRequest(f"the prompt has {len(prompt)} tokens; the upstream accepts at most {limit}", param=param, code="context_length_exceeded")
-
-
-def retried(retry: bool, key: str | None, kept_key: str | None) -> bool:
-    """Whether a request repeating an answered one is a client's retry: it says so (``retry``: the OpenAI SDKs'
-    ``x-stainless-retry-count`` > 0), or repeats the ``Idempotency-Key`` the kept answer was given under."""
-    return retry or key is not None and key == kept_key
-
-
-class KeptAnswers:
-    """Answers kept for a client's retry, the newest ``limit``: (tenant, request digest) → (its Idempotency-Key, answer)."""
-
-    def __init__(self, limit: int = RETRIES_KEPT):
-        self.limit = limit
-        self._kept: OrderedDict[tuple[str, str], tuple[str | None, object]] = OrderedDict()
-
-    def keep(self, tenant: str, digest: str, key: str | None, answer) -> None:
-        self._kept[(tenant, digest)] = (key, answer)
-        self._kept.move_to_end((tenant, digest))
-        while len(self._kept) > self.limit:
-            self._kept.popitem(last=False)
-
-    def retried(self, tenant: str, digest: str, retry: bool, key: str | None):
-        """The answer kept for this request when it is a client's retry (``retried``), else None."""
-        kept = self._kept.get((tenant, digest))
-        return kept[1] if kept is not None and retried(retry, key, kept[0]) else None
-
-
-def no_usage(**usage) -> None:
-    """The default ``on_usage``: nobody is counting."""
-
-
-def request_digest(dumped: str) -> str:
-    """SHA-256 of the whole request as received (its JSON dump): a client's retry of the same request has the same digest."""
-    return hashlib.sha256(dumped.encode()).hexdigest()
-
-
-class RawStream:
-    """The stream parser's interface for a structured answer: all of it is content, nothing is parsed."""
-
-    def __init__(self):
-        self.sent = 0
-
-    def feed(self, text: str) -> list[Delta]:
-        new, self.sent = text[self.sent:], max(self.sent, len(text))
-        return [Delta("content", new)] if new else []
-
-    finish = feed

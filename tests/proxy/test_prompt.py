@@ -1,4 +1,4 @@
-"""The turn planning both surfaces share (``memt_proxy.turn_plan``), on the tiny Nano checkpoint's chat format."""
+"""The prompt both surfaces build (``memt_proxy.prompt``, ``memt_proxy.worker``, ``session.transcript.continued_turn_ids``), on the tiny Nano checkpoint's chat format."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from memt_core.client.chat_format import load_chat_format, load_tokenizer
 from memt_proxy.errors import ProxyError
 from memt_proxy.session.sessions import PendingTurn
 from memt_proxy.session.transcript import message_hash
-from memt_proxy.turn_plan import check_prefill, continued_turn_ids, forced_prefix, prompt_ids
+from memt_proxy.prompt import check_prefill, forced_prefix, prompt_ids
+from memt_proxy.session.transcript import continued_turn_ids
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {}}}}]
 QUESTION = {"role": "user", "content": "Weather in Oslo?"}
@@ -51,7 +52,7 @@ def test_a_large_request_is_prepared_in_the_worker_thread_a_small_one_in_place()
     import asyncio
     import threading
 
-    from memt_proxy.turn_plan import OFF_LOOP_CHARS, off_loop
+    from memt_proxy.worker import OFF_LOOP_CHARS, off_loop
 
     def where(tag: str) -> tuple[str, str]:
         return tag, threading.current_thread().name
@@ -67,7 +68,7 @@ def test_a_large_request_is_prepared_in_the_worker_thread_a_small_one_in_place()
 def test_text_that_cannot_fit_is_refused_before_tokenizing(chat_format):
     """The bound never refuses what fits (the real count is at least chars / longest entry), and refuses a text
     far too long for the limit from its length alone."""
-    from memt_proxy.turn_plan import check_text_fits
+    from memt_proxy.prompt import check_text_fits
 
     longest = max(map(len, chat_format.tokenizer.get_vocab()))
     text = "lorem ipsum dolor sit amet " * 400
@@ -95,7 +96,7 @@ def test_the_template_cost_never_exceeds_a_real_prompt(family, nano_checkpoint, 
     """``check_text_fits``'s bound counts the template's tokens per message (issue 48: 90,000 one-character
     messages were templated and tokenized whole, 4 s and 440 MB, before a refusal) and never refuses a prompt
     that fits: on every conversation of a grid, of both families, the bound is at most the real prompt."""
-    from memt_proxy.turn_plan import check_text_fits, template_cost
+    from memt_proxy.prompt import check_text_fits, template_cost
 
     path = nano_checkpoint if family == "nano" else flash_checkpoint
     chat_format = load_chat_format(path, tokenizer=load_tokenizer(path))[0]
@@ -120,7 +121,7 @@ def test_the_output_limit_fits_the_context_beside_the_prompt():
     """No limit asked: the default, or what the context leaves beside the prompt; a limit asked that cannot fit, or a
     prompt that leaves no room: 400 context_length_exceeded naming both counts and the field."""
     from memt_core.sampling_params import DEFAULT_MAX_NEW_TOKENS
-    from memt_proxy.turn_plan import fit_output
+    from memt_proxy.prompt import fit_output
 
     def fitted(prompt: int, requested, context, **sampling) -> dict:
         fit_output(sampling, [0] * prompt, requested, context, param="max_tokens", prompt_param="messages")
