@@ -37,7 +37,7 @@ from memt_core.memory.gated_delta import gated_delta_write
 from memt_core.models.memory import WriteInputs
 from memt_core.models.memt import MemTForCausalLM
 from memt_demo.format import Segment, TokenEpisode
-from memt_demo.train import StepStats, _HiddenStates
+from memt_demo.loss import HiddenStates, StepStats
 
 #: Commits of one index are padded in groups whose longest is at most this many times the shortest (+ 16
 #: tokens): at batch 16 of the full mix, 1.15× the real tokens in ~1.7 forwards per commit index, where one
@@ -157,7 +157,7 @@ def batched_episode_loss(model: MemTForCausalLM, batch: list[TokenEpisode], *, s
         start = torch.zeros(len(layers) * len(rows), *shape, device=device) if before is None else before.flatten(0, 1)
         return _write(writes, start, chunk).unflatten(0, (len(layers), len(rows)))
 
-    with _HiddenStates(model) as head:
+    with HiddenStates(model) as head:
         for depth in range(max((len(e.commits) for e in batch), default=0)):
             active = [i for i, e in enumerate(batch) if len(e.commits) > depth]
             groups = [[active[g] for g in group] for group in _length_groups([len(batch[i].commits[depth]) for i in active], slack)]

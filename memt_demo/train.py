@@ -25,11 +25,11 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 
 from memt_core.checkpoint import read_checkpoint
 from memt_demo.episodes import EpisodeSampler, Mix, corpus
-from memt_demo.format import DemoChatFormat, Segment, TokenEpisode
+from memt_demo.format import DemoChatFormat, TokenEpisode
+from memt_demo.loss import HiddenStates, StepStats, weighted_loss
 from memt_core.inference import commit_batch, memory_batch
 from memt_core.memory.state import MemoryState
 from memt_core.models.memt import MemTForCausalLM
@@ -247,47 +247,6 @@ def _groups(lengths: list[int], slack: float = 1.5) -> list[list[int]]:
     return groups
 
 
-class _HiddenStates:
-    """Within this context the backbone's ``lm_head`` is the identity, so ``logits`` are final hidden states.
-
-    Training needs the output projection only where the loss looks (answer and reply tokens), not at every
-    position of every commit and prompt; everything before the head is the unchanged forward pass.
-    """
-
-    def __init__(self, model: MemTForCausalLM):
-        self.model = model
-
-    def __enter__(self) -> torch.Tensor:
-        self.head = self.model.backbone.lm_head
-        self.model.backbone.lm_head = torch.nn.Identity()
-        return self.head.weight
-
-    def __exit__(self, *exc) -> None:
-        self.model.backbone.lm_head = self.head
-
-
-def _weighted_loss(hidden: torch.Tensor, head: torch.Tensor, segment: Segment):
-    """Σ w·CE over a row's weighted tokens, Σ w, argmax correctness of every weighted token and of the stressed ones."""
-    weights = torch.tensor(segment.weights[1:])
-    keep = weights > 0
-    if not keep.any():
-        empty = torch.ones(0, dtype=torch.bool)
-        return hidden.sum() * 0.0, torch.tensor(0.0, device=hidden.device), empty, empty
-    positions = keep.nonzero().squeeze(1)
-    target, w = torch.tensor(segment.ids[1:])[positions].to(hidden.device), weights[positions].to(hidden.device)
-    logits = F.linear(hidden[positions.to(hidden.device)], head)  # hidden state at t predicts token t+1
-    correct = logits.argmax(-1) == target
-    return (F.cross_entropy(logits.float(), target, reduction="none") * w).sum(), w.sum(), correct, correct[w > 1.0]
-
-
-@dataclass
-class StepStats:
-    loss: float
-    tokens: int
-    exact: dict[str, list[bool]]  # kind → per episode: every answer token argmax-correct (teacher forced)
-    values: dict[str, list[bool]]  # kind → per stressed answer token (recalled values, copied arguments)
-
-
 def episode_loss(model: MemTForCausalLM, batch: list[TokenEpisode]) -> tuple[torch.Tensor, StepStats]:
     """Run a batch of episodes through commit → write → query-reads-memory; the weighted mean CE."""
     device = next(model.parameters()).device
@@ -295,7 +254,7 @@ def episode_loss(model: MemTForCausalLM, batch: list[TokenEpisode]) -> tuple[tor
     total, weight_sum, tokens = torch.zeros((), device=device), torch.zeros((), device=device), 0
     exact: dict[str, list[bool]] = defaultdict(list)
     values: dict[str, list[bool]] = defaultdict(list)
-    with _HiddenStates(model) as head:
+    with HiddenStates(model) as head:
         for depth in range(max(len(e.commits) for e in batch)):
             rows = [i for i, e in enumerate(batch) if len(e.commits) > depth]
             lengths = [len(batch[i].commits[depth]) for i in rows]
@@ -308,7 +267,7 @@ def episode_loss(model: MemTForCausalLM, batch: list[TokenEpisode]) -> tuple[tor
                     memories[i] = result.memory
                     tokens += len(segment)
                     if keep:
-                        loss, weight, _, _ = _weighted_loss(result.logits, head, segment)
+                        loss, weight, _, _ = weighted_loss(result.logits, head, segment)
                         total, weight_sum = total + loss, weight_sum + weight
         lengths = [len(e.query) for e in batch]
         pad = model.config.pad_token_id or 0
@@ -321,7 +280,7 @@ def episode_loss(model: MemTForCausalLM, batch: list[TokenEpisode]) -> tuple[tor
             mask = (torch.arange(longest)[None, :] < torch.tensor([lengths[i] for i in group])[:, None]).to(device)
             hidden = out.logits[mask].split([lengths[i] for i in group])  # one gather: backward stays linear
             for row, i in zip(hidden, group):
-                loss, weight, correct, stressed = _weighted_loss(row, head, batch[i].query)
+                loss, weight, correct, stressed = weighted_loss(row, head, batch[i].query)
                 total, weight_sum = total + loss, weight_sum + weight
                 exact[batch[i].kind].append(bool(correct.all()))
                 values[batch[i].kind] += stressed.tolist()

@@ -25,13 +25,14 @@ from typing import Any, Callable
 
 from memt_core.errors import (
     CapacityExceeded, EpochMismatch, InvalidRequest, LeaseConflict, NonceReused, SessionBusy, SessionExists,
-    TransactionConflict, UncertainSession, UnknownSession,
+    TransactionConflict, UnknownSession,
 )
 from memt_core.protocol import effects as fx
 from memt_core.protocol.events import (
     Abort, Acquire, Action, Begin, Cancel, Close, Commit, Create, DeleteSnapshot, Export, Import, Inspect, KvReset,
     MemoryRead, Publish, Query, Recover, Release, Renew, Reset, Status, Unload, check_snapshot_name,
 )
+from memt_core.protocol.guards import open_transaction, require_certain, require_idle, resolve_unknown
 from memt_core.protocol.state import (  # noqa: F401 (PENDING and the dataclasses are re-exported)
     APPLIED, FAILED, PENDING, UNKNOWN, CommitReceipt, Lease, Limits, Plan, Session, Ticket, Transaction, _same_token,
 )
@@ -110,27 +111,6 @@ class MemTProtocol:
             raise LeaseConflict(f"the lease on session {action.session!r} expired; acquire a new one")
         return session
 
-    @staticmethod
-    def _idle(session: Session, what: str) -> None:
-        if session.in_flight:
-            raise SessionBusy(f"session {session.id!r} has a request in flight; {what} waits until it finishes or is cancelled")
-
-    @staticmethod
-    def _open(session: Session, name: str) -> Transaction:
-        txn = session.transaction
-        if txn is None:
-            raise TransactionConflict(f"session {session.id!r} has no open transaction (named {name!r})")
-        if txn.name != name:
-            raise TransactionConflict(f"session {session.id!r} has open transaction {txn.name!r}, not {name!r}")
-        return txn
-
-    @staticmethod
-    def _certain(session: Session) -> None:
-        if session.uncertain:
-            raise UncertainSession(
-                f"session {session.id!r} has work of unknown outcome; call status and recover before further writes"
-            )
-
     def _abandon_open(self, session: Session, txn: Transaction | None) -> str | None:
         """Abandon the open transaction as the lease ends; returns the one the lease left open, whether it is
         abandoned now or the reaper already did (so the answer does not depend on when the reaper ran)."""
@@ -177,7 +157,7 @@ class MemTProtocol:
 
     def _acquire(self, a: Acquire, now: float) -> Plan:
         session = self._session(a.session)
-        self._idle(session, "acquire")
+        require_idle(session, "acquire")
         if session.lease is not None and session.lease.valid(now):
             raise LeaseConflict(f"session {a.session!r} is leased by another client for {session.lease.expires_at - now:.0f} more seconds")
         txn = session.transaction
@@ -216,7 +196,7 @@ class MemTProtocol:
 
         def apply(results, now):
             if session.uncertain:
-                self._resolve_unknown(session, txn, set(results[len(queries)]) if reconcile else None)
+                resolve_unknown(session, txn, set(results[len(queries)]) if reconcile else None)
             abandoned = self._abandon_open(session, txn)
             session.lease, session.released_at = None, now
             return {
@@ -226,22 +206,9 @@ class MemTProtocol:
 
         return self._plan(a, session.id, effects, apply)
 
-    @staticmethod
-    def _resolve_unknown(session: Session, txn: Transaction | None, landed: set[str] | None) -> None:
-        """Settle receipts of unknown outcome: from the engine's answer for the open transaction
-        (``landed``), as failed for transactions that ended (nothing of them can publish)."""
-        for receipt in txn.commits if (txn and landed is not None) else ():
-            if receipt.status == UNKNOWN:
-                receipt.status = APPLIED if receipt.nonce in landed else FAILED
-        for old in session.history.values():
-            for receipt in old.commits:
-                if receipt.status == UNKNOWN:
-                    receipt.status = FAILED
-        session.uncertain = False
-
     def _begin(self, a: Begin, now: float) -> Plan:
         session = self._leased(a, now)
-        self._certain(session)
+        require_certain(session)
         if session.transaction is not None:
             raise TransactionConflict(f"session {session.id!r} already has open transaction {session.transaction.name!r}")
         if a.transaction in session.history:
@@ -257,8 +224,8 @@ class MemTProtocol:
 
     def _abort(self, a: Abort, now: float) -> Plan:
         session = self._leased(a, now)
-        self._idle(session, "abort")
-        txn = self._open(session, a.transaction)
+        require_idle(session, "abort")
+        txn = open_transaction(session, a.transaction)
 
         def apply(results, now):
             self._archive(session, txn, "aborted")
@@ -268,9 +235,9 @@ class MemTProtocol:
 
     def _publish(self, a: Publish, now: float) -> Plan:
         session = self._leased(a, now)
-        self._idle(session, "publish")
-        self._certain(session)
-        txn = self._open(session, a.transaction)
+        require_idle(session, "publish")
+        require_certain(session)
+        txn = open_transaction(session, a.transaction)
 
         def apply(results, now):
             self._archive(session, txn, "published")
@@ -286,7 +253,7 @@ class MemTProtocol:
 
     def _memory_read(self, a: MemoryRead, now: float) -> Plan:
         session = self._leased(a, now)
-        self._idle(session, "memory_read")
+        require_idle(session, "memory_read")
 
         def apply(results, now):
             session.memory_read = a.enabled
@@ -300,11 +267,11 @@ class MemTProtocol:
 
     def _export(self, a: Export, now: float) -> Plan:
         session = self._leased(a, now)
-        self._idle(session, "export")
+        require_idle(session, "export")
         self._encoding(a.encoding)
         if a.transaction is not None:
-            self._open(session, a.transaction)
-            self._certain(session)
+            open_transaction(session, a.transaction)
+            require_certain(session)
         if a.file is not None:
             check_snapshot_name(a.file)
 
@@ -315,10 +282,10 @@ class MemTProtocol:
 
     def _import(self, a: Import, now: float) -> Plan:
         session = self._leased(a, now)
-        self._idle(session, "import")
-        self._certain(session)
+        require_idle(session, "import")
+        require_certain(session)
         self._encoding(a.encoding)
-        txn = self._open(session, a.transaction)
+        txn = open_transaction(session, a.transaction)
         check_snapshot_name(a.file)
 
         def apply(results, now):
@@ -369,7 +336,7 @@ class MemTProtocol:
 
     def _recover(self, a: Recover, now: float) -> Plan:
         session = self._leased(a, now, allow_expired=True)
-        self._idle(session, "recover")
+        require_idle(session, "recover")
         txn = session.transaction
         effects = (fx.ReconcileCommits(session.id, transaction=txn.name),) if (txn and session.uncertain) else ()
 
@@ -409,14 +376,14 @@ class MemTProtocol:
 
     def _kv_reset(self, a: KvReset, now: float) -> Plan:
         session = self._leased(a, now)
-        self._idle(session, "kv_reset")
+        require_idle(session, "kv_reset")
         if not session.retain_kv:
             raise InvalidRequest(f"session {session.id!r} was not created with retain_kv")
         return self._plan(a, session.id, (fx.DropRetainedKV(session.id),), lambda results, now: {"session": session.id, "kv_reset": True})
 
     def _reset(self, a: Reset, now: float) -> Plan:
         session = self._leased(a, now)
-        self._idle(session, "reset")
+        require_idle(session, "reset")
         txn = session.transaction
         effects = ((fx.DropCandidate(session.id, transaction=txn.name),) if txn else ()) + (fx.ClearMemory(session.id),)
 
@@ -430,7 +397,7 @@ class MemTProtocol:
 
     def _close(self, a: Close, now: float) -> Plan:
         session = self._leased(a, now)
-        self._idle(session, "close")
+        require_idle(session, "close")
 
         def apply(results, now):
             del self.sessions[session.id]
@@ -441,8 +408,8 @@ class MemTProtocol:
 
     def _unload(self, a: Unload, now: float) -> Plan:
         session = self._leased(a, now)
-        self._idle(session, "unload")
-        self._certain(session)
+        require_idle(session, "unload")
+        require_certain(session)
         if not self.limits.durable:
             raise InvalidRequest("unload needs a snapshot store (--snapshot-store): without one it would lose the session's memory")
         if session.transaction is not None:
@@ -477,7 +444,7 @@ class MemTProtocol:
             raise LeaseConflict(f"the lease on session {session_name!r} expired; acquire a new one")
         if nonce in session.nonces:
             raise NonceReused(f"nonce {nonce!r} was already used on session {session_name!r}; use a new nonce per request")
-        self._idle(session, "a new request")
+        require_idle(session, "a new request")
         return session
 
     def start_query(self, query: Query, now: float) -> Ticket:
@@ -506,8 +473,8 @@ class MemTProtocol:
 
     def start_commit(self, commit: Commit, now: float) -> Ticket:
         session = self._admit(commit.rid.session, commit.lease, commit.epoch, commit.rid.nonce, now)
-        self._certain(session)
-        txn = self._open(session, commit.transaction)
+        require_certain(session)
+        txn = open_transaction(session, commit.transaction)
         if self.inflight_commits >= self.limits.max_inflight_commits:
             raise CapacityExceeded(
                 f"in-flight commit capacity reached ({self.limits.max_inflight_commits} per rank); retry later"

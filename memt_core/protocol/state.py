@@ -1,6 +1,6 @@
 """The protocol's state: sessions with their lease, transactions and receipts; limits; plans and tickets.
 
-Plain data, no rules: ``memt_core.protocol.machine`` decides every change.
+Plain data, no rules: ``memt_core.protocol.machine`` (with the per-session ``guards``) decides every change.
 """
 
 from __future__ import annotations

@@ -146,7 +146,7 @@ def slack_value(text: str) -> float | None | str:
 def _bound_seconds(model, tokens: int, repeats: int, device: str) -> float:
     """Median time of one forward + backward over ``tokens`` tokens in rows of 128, reading a zero memory and
     collecting the writes (everything a step computes per token, none of its sequence)."""
-    from memt_demo.train import _HiddenStates
+    from memt_demo.loss import HiddenStates
 
     rows = max(1, tokens // 128)
     ids = torch.randint(0, model.config.vocab_size, (rows, 128), device=device)
@@ -156,7 +156,7 @@ def _bound_seconds(model, tokens: int, repeats: int, device: str) -> float:
     for _ in range(repeats):
         _sync(device)
         start = time.perf_counter()
-        with _HiddenStates(model):
+        with HiddenStates(model):
             out = model(ids, memory=memory, collect_writes=True)
         total = out.logits.square().mean() + sum(w.k.sum() + w.v.sum() + w.g.sum() + w.beta.sum() for w in out.writes.values())
         model.zero_grad(set_to_none=True)
