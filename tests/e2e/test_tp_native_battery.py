@@ -13,3 +13,10 @@ def nano_server(nano_checkpoint, tmp_path_factory):  # overrides the session's o
     server = MemTServer(nano_checkpoint, state_directory=tmp_path_factory.mktemp("tp2-state"), args=["--tp-size", "2"]).start()
     yield server
     server.close()
+
+
+@pytest.fixture(scope="module")
+def flash_server(flash_checkpoint, tmp_path_factory):  # its own: a battery test exports a fixed file name into it
+    server = MemTServer(flash_checkpoint, state_directory=tmp_path_factory.mktemp("tp2-flash-state")).start()
+    yield server
+    server.close()
