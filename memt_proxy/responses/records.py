@@ -78,6 +78,40 @@ class Thread:
     def conversation(self) -> bool:
         return self.id.startswith("conv_")
 
+    # ---- the thread's transitions, as session/state.py names a session's: every change of a thread is one of these
+
+    def rebuilt(self, messages: list[dict]) -> None:
+        """Its memory was found empty upstream though writes were recorded: all of ``messages`` (its items) go with the
+        next input as context, committed with its turn."""
+        self.uncommitted, self.version, self.snapshot_of = messages, 0, None
+
+    def missed_commit(self, version: int) -> None:
+        """The turn committed behind the head's answer did not land (memory at ``version``): it goes in with the next one."""
+        self.uncommitted = self.behind + self.uncommitted
+        self.version, self.behind, self.snapshot_of = version, [], None
+
+    def confirmed(self) -> None:
+        """The memory upstream is the one recorded: nothing waits behind the head any longer."""
+        self.behind = []
+
+    def answered_by(self, response_id: str, *, messages: list[dict], calls: list[str], version: int | None, base_version: int, items: list[dict]) -> None:
+        """``response_id`` is the new head: its turn (``messages``) committed behind the answer (``version``: the one that
+        publishes), or, with ``version`` None, left pending on ``calls`` (or open: cut by max_output_tokens) at
+        ``base_version``; a conversation records the turn's ``items``."""
+        if version is not None:  # the thread's next request waits for the commit, then confirms it (``Threads.confirm``)
+            self.uncommitted, self.calls, self.behind = [], [], messages
+            self.snapshot_of = None if self.conversation else response_id  # a chain exports it before its next write
+        else:
+            self.uncommitted, self.calls = messages, calls
+            version = base_version
+        self.head, self.version = response_id, version
+        if self.conversation:
+            self.items += items
+
+    def remember_answer(self, digest: str, key: str | None, response_id: str, body: dict) -> None:
+        """The head's request and answer, for a client's identical retry."""
+        self.answered = {"digest": digest, "key": key, "id": response_id, "body": body}
+
     def next_snapshot(self, limit: int) -> str:
         """The upstream file for the next snapshot: slot ``saved % limit``, whose previous holder (the
         ``limit``-th most recent) is forgotten by ``keep_snapshot``. A name apart from any tenant-chosen

@@ -212,7 +212,7 @@ class ResponsesService:
         if thread is None:
             uncommitted, version, snapshot_of = messages, 0, None
         else:
-            thread.answered = {"digest": request._digest, "key": request._key, "id": response_id, "body": body}
+            thread.remember_answer(request._digest, request._key, response_id, body)
             self.threads.advance(plan, thread, response_id, messages, [] if incomplete else calls, output, version)
             uncommitted, version, snapshot_of = list(thread.uncommitted), thread.version, thread.snapshot_of
         if request.stored:

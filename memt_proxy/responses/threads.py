@@ -141,18 +141,16 @@ class Threads:
         version = held.state.version
         if thread.conversation and thread.version > 0 and version == 0 and not held.state.committed:
             log.warning("the memory of %s is empty upstream (it restarted): its %d items go with the next turn and are committed again", thread.id, len(thread.items))
-            thread.uncommitted = item_messages(thread.items)
-            thread.version, thread.snapshot_of = 0, None
+            thread.rebuilt(item_messages(thread.items))
         elif thread.behind and version == thread.version - 1:
             log.warning("the last turn of %s was not committed; it goes in with the next one", thread.id)
-            thread.uncommitted = thread.behind + thread.uncommitted
-            thread.version, thread.behind, thread.snapshot_of = version, [], None
+            thread.missed_commit(version)
         elif version != thread.version:
             raise Conflict(
                 f"the memory of {thread.id!r} is at version {version} upstream but this proxy recorded version {thread.version}: "
                 "it was changed outside the proxy; start a new conversation", code="memory_version_mismatch",
             )
-        thread.behind = []
+        thread.confirmed()
         if thread.snapshot_of is not None and thread.snapshot(thread.snapshot_of) is None:
             file = thread.next_snapshot(self.snapshots_per_chain)
             await held.save(file, overwrite=True, name=file)
@@ -162,13 +160,5 @@ class Threads:
     def advance(self, plan: Turn, thread: Thread, response_id: str, messages: list[dict], calls: list[str], output: list[dict], version: int | None) -> None:
         """The thread after this response: its turn committed behind the answer (``version``: the one that publishes),
         left pending (``calls``: the function calls it waits for), or left open (cut by max_output_tokens)."""
-        if version is not None:  # the thread's next request waits for the commit, then confirms it (``confirm``)
-            thread.uncommitted, thread.calls, thread.behind = [], [], messages
-            thread.snapshot_of = None if thread.conversation else response_id  # a chain exports it before its next write
-        else:
-            thread.uncommitted, thread.calls = messages, calls
-            version = plan.base_version
-        thread.head, thread.version = response_id, version
-        if thread.conversation:
-            thread.items += plan.items + output
+        thread.answered_by(response_id, messages=messages, calls=calls, version=version, base_version=plan.base_version, items=plan.items + output)
         self.records.save(thread)

@@ -66,6 +66,15 @@ class Leases:
         state.keeper = asyncio.get_running_loop().create_task(self._keep(state, lease))
         return lease
 
+    async def one_shot(self, state: SessionState) -> str:
+        """A lease for one last action on the session (offload, close, unload): its kept lease, no longer kept, or a new one,
+        never renewed; the action ends it (or ``release_once``). Raises the client's error: the caller decides."""
+        return state.drop_lease() or (await self.client.control("acquire", state.native, ttl=self.lease_ttl))["lease"]
+
+    async def release_once(self, state: SessionState, lease: str) -> None:
+        """Release a ``one_shot`` lease whose action did not run, once; raises the client's error."""
+        await self.client.control("release", state.native, lease=lease)
+
     async def _keep(self, state: SessionState, lease: str) -> None:
         """Renew the lease every third of its lifetime while the session is in use or was used within
         ``lease_idle`` seconds, then release it: long generations and active conversations keep it, and a
@@ -75,14 +84,11 @@ class Leases:
             now = time.monotonic()
             idle_at = state.idle_since + self.lease_idle if state.idle_since is not None else renew_at
             if state.users == 0 and state.idle_since is not None and now >= idle_at and not state.lock.locked():
-                state.users += 1  # not dropped from the table while it releases
-                async with state.lock:  # free: taken at once; a request arriving now waits for the release
-                    try:
+                with state.in_use():  # not dropped from the table while it releases
+                    async with state.lock:  # free: taken at once; a request arriving now waits for the release
                         if state.lease == lease:
                             state.lease, state.keeper = None, None
                             await self.release(state, lease)
-                    finally:
-                        state.users -= 1
                 return
             if now >= renew_at:
                 try:

@@ -146,11 +146,18 @@ class Placement:
         module docstring); False, changing nothing, if it is busy or the upstream refuses."""
         if state.users or state.lock.locked() or not state.exists:
             return False
-        state.users += 1
-        await state.lock.acquire()  # free: taken at once
+        with state.in_use():
+            await state.lock.acquire()  # free: taken at once
+            try:
+                return await self._offload(state)
+            finally:
+                state.lock.release()
+
+    async def _offload(self, state: SessionState) -> bool:
+        """``offload`` with the state in use and its lock held."""
         try:
             try:
-                lease = state.drop_lease() or (await self.client.control("acquire", state.native, ttl=self.leases.lease_ttl))["lease"]
+                lease = await self.leases.one_shot(state)
             except MemTClientError:
                 return False  # leased by another client, or gone: not ours to offload now
             if state.branch:
@@ -161,7 +168,7 @@ class Placement:
                 file = exported["file"]
             except MemTClientError as exc:
                 if getattr(exc, "status", None) != 400:
-                    await self.client.control("release", state.native, lease=lease)
+                    await self.leases.release_once(state, lease)
                     return False
                 file = None  # the upstream cannot export (no state directory): close it all the same, losing its memory
                 log.warning("offloading %s without a snapshot: the upstream cannot export (%s); its memory is lost", state.native, exc.message)
@@ -184,9 +191,6 @@ class Placement:
         except MemTClientError as exc:
             log.warning("offloading %s failed: %s", state.native, exc.message)
             return False
-        finally:
-            state.lock.release()
-            state.users -= 1
 
     async def _restore(self, state: SessionState, offloaded: dict) -> None:
         """Load an offloaded session's snapshot into its new native session (begin → import → publish)."""
@@ -254,16 +258,14 @@ class Placement:
         """Hand the session off: the upstream frees it and gives up its ownership, keeping its memory in the
         snapshot store, so that the server a router sends it to next takes it over (``POST /admin/drain``).
         False (and only the lease released) where the upstream cannot: no snapshot store, or not this server."""
-        lease = state.drop_lease()
-        if lease is None:
-            try:
-                lease = (await self.client.control("acquire", state.native, ttl=self.leases.lease_ttl))["lease"]
-            except MemTClientError as exc:
-                if isinstance(exc.cause, UnknownSession):
-                    state.let_go()  # its upstream let it go already (idle): nothing left to hand off
-                    return True
-                log.info("%s not unloaded (%s)", state.native, exc.message)
-                return False
+        try:
+            lease = await self.leases.one_shot(state)
+        except MemTClientError as exc:
+            if isinstance(exc.cause, UnknownSession):
+                state.let_go()  # its upstream let it go already (idle): nothing left to hand off
+                return True
+            log.info("%s not unloaded (%s)", state.native, exc.message)
+            return False
         try:
             await self.client.control("unload", state.native, lease=lease)
         except MemTClientError as exc:
@@ -338,24 +340,18 @@ class Placement:
             most = max(held[state.tenant] for state in idle)
             victim = next(state for state in idle if held[state.tenant] == most)
             self.evicting(victim, f"{self.branch_limit()} states kept: the most --memory-states-budget holds, or --max-memory-states")
-            victim.users += 1
-            try:
+            with victim.in_use():
                 async with victim.lock:
                     if not await self.close_branch(victim):
                         failed.append(victim)
-            finally:
-                victim.users -= 1
 
     async def close_kept_of(self, state: SessionState) -> None:
         """Close the states kept before a named session's turns (``keep_parent``), which hold copies of its memory, as
         the session is closed or its memory reset: what a client deletes is gone, not kept elsewhere."""
         for kept in [other for other in self.table if other.branch and other.exists and other.origin == state.native]:
-            kept.users += 1
-            try:
+            with kept.in_use():
                 async with kept.lock:
                     await self.close_branch(kept)
-            finally:
-                kept.users -= 1
 
     async def close_branch(self, state: SessionState, lease: str | None = None) -> bool:
         """Close a kept state nobody holds (its lease, or ``lease``, taken if need be): a closed state costs only a
@@ -366,7 +362,7 @@ class Placement:
         lease = state.drop_lease() or lease
         try:
             if lease is None:
-                lease = (await self.client.control("acquire", state.native, ttl=self.leases.lease_ttl))["lease"]
+                lease = await self.leases.one_shot(state)
             await self.client.control("close", state.native, lease=lease)
         except MemTClientError as exc:
             if not isinstance(exc.cause, UnknownSession):

@@ -235,7 +235,7 @@ class Sessions:
     def _commit_behind(self, state: SessionState, later: Later) -> None:
         """Write a turn's commits in a task of the session's own, which holds the lock (taken over from the
         request) and a use of the state until the write ends, so its next request waits for it."""
-        state.users += 1
+        self.table.hold(state)
         task = asyncio.get_running_loop().create_task(self._write_behind(state, later))
         state.committing = task
         self.behind.add(task)

@@ -8,6 +8,7 @@ dropped to make room), ``MemoryTokens`` (the prompt tokens each session's memory
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import secrets
 from collections import OrderedDict
@@ -106,6 +107,17 @@ class SessionState:
     last_turn: dict | None = None  # the surface's answer to the last committed turn (JSON, with its version), for an identical retry
     origin: str | None = None  # a kept state made before a named session's turn: that session's native id (closed with it)
     extended: bool = False  # a header-less state a later turn was copied from: no longer its conversation's latest
+
+    @contextlib.contextmanager
+    def in_use(self) -> Iterator[SessionState]:
+        """The state in use for the block (``users``): never dropped from the table, never let go idle, while it lasts.
+        A use that outlives its caller's block (a request's, a commit's behind its answer) is the table's ``take``,
+        ``hold`` and ``give_back``."""
+        self.users += 1
+        try:
+            yield self
+        finally:
+            self.users -= 1
 
     @property
     def branch(self) -> bool:
@@ -248,6 +260,10 @@ class SessionTable:
         state = self.entry(tenant, session)
         state.users += 1
         return state
+
+    def hold(self, state: SessionState) -> None:
+        """One more use of a state already taken (its commit behind the answer, in a task of its own), until ``give_back``."""
+        state.users += 1
 
     def give_back(self, state: SessionState) -> None:
         state.users -= 1

@@ -94,3 +94,35 @@ def test_the_session_layer_is_composed_of_parts_not_mixins():
     layer = Sessions(AsyncNativeClient("http://127.0.0.1:9"), identity=None)
     assert layer.placement.leases is layer.leases and layer.writes.leases is layer.leases
     assert layer.placement.writes is layer.writes and layer.forks.placement is layer.placement
+
+
+def test_leases_own_every_acquire_and_release_and_occupancy_is_counted_in_one_place():
+    """Issue 59: no part of the proxy but ``session/leases.py`` acquires, renews or releases a native lease (the others
+    ask ``Leases``, a ``one_shot`` lease for an offload, a close or an unload), and a state's ``users`` is counted only
+    by ``session/state.py`` (``SessionState.in_use``, the table's ``take``/``hold``/``give_back``)."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "memt_proxy"
+    lease_calls, counted = [], []
+    for path in root.rglob("*.py"):
+        text, name = path.read_text(), str(path.relative_to(root))
+        if name != "session/leases.py" and re.search(r"""control\(\s*["'](acquire|renew|release)["']""", text):
+            lease_calls.append(name)
+        if name != "session/state.py" and re.search(r"\.users\s*[-+]=", text):
+            counted.append(name)
+    assert lease_calls == [] and counted == []
+
+
+def test_a_state_in_use_is_given_back_when_its_block_raises():
+    from memt_proxy.session.state import SessionTable
+
+    table = SessionTable(capacity=1)
+    state = table.entry("t", "a")
+    try:
+        with state.in_use():
+            assert state.users == 1 and table.room() == 0
+            raise RuntimeError("the block failed")
+    except RuntimeError:
+        pass
+    assert state.users == 0 and table.room() == 1
