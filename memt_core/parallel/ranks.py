@@ -3,8 +3,10 @@
 As in nano-vllm, rank 0 calls a model-runner method and the other ranks replay it: ``RankDriver`` stands where the
 engine's ``ModelRunner`` stands, and each call (the method's name and its arguments: a step record, a memory handle,
 a whole memory state to split) is broadcast once (``broadcast_object_list``) and then run on rank 0's own runner;
-``serve`` is the other ranks' loop. One lock orders the calls of the engine's worker thread (steps) and of the
-server's event loop (memory effects), so every rank sees them in the same order and their collectives meet.
+``serve`` is the other ranks' loop. One lock orders the calls, so every rank sees them in the same order and their
+collectives meet. The memory effects the server's event loop makes (a fork pinning a query's memory, a state put
+in place) need no collective: rank 0 makes them at once and the other ranks with the next call, before it (a step
+that reads them, a gather), so the event loop never waits for a step in flight.
 
 ``start`` launches ranks 1 … N-1 as ``python -m memt_core.parallel.worker`` processes (CUDA: device ``cuda:r``; CPU:
 all on this machine, gloo), joins the group as rank 0 and builds rank 0's share. ``RankDriver.watch`` polls them:
@@ -43,25 +45,39 @@ class RankDriver:
 
     def __init__(self, runner, group: RankGroup, processes: list[subprocess.Popen]):
         self.runner, self.group, self.processes = runner, group, processes
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # one call at a time reaches the ranks
+        self._pending_lock = threading.Lock()
+        self._pending: list[tuple[str, tuple]] = []  # memory operations made here, sent with the next call
         self._stopped = False
 
     def __getattr__(self, name: str) -> Any:  # what the scheduler reads (device, model, graphs, compile_done, …)
         return getattr(self.runner, name)
 
+    def _send(self, name: str, args: tuple) -> None:
+        """Broadcast one call, the memory operations made since the last one first (``self._lock`` held)."""
+        with self._pending_lock:
+            operations, self._pending = self._pending, []
+        dist.broadcast_object_list([(operations, name, args)], src=0)
+
     def _call(self, name: str, *args):
         with self._lock:
-            dist.broadcast_object_list([(name, args)], src=0)
+            self._send(name, args)
             return getattr(self.runner, name)(*args)
+
+    def _defer(self, name: str, *args) -> None:
+        """A memory operation made here now (rank 0 reads it at once) and on the other ranks before the next call."""
+        with self._pending_lock:
+            getattr(self.runner, name)(*args)
+            self._pending.append((name, args))
 
     def execute(self, step):
         return self._call("execute", step)
 
     def put_memory(self, handle: int, state) -> None:
-        self._call("put_memory", handle, state.to("cpu"))
+        self._defer("put_memory", handle, state.to("cpu"))
 
     def fork_memory(self, source: int, handle: int) -> None:
-        self._call("fork_memory", source, handle)
+        self._defer("fork_memory", source, handle)
 
     def memory(self, handle):
         """The whole state (every rank's heads gathered)."""
@@ -72,7 +88,7 @@ class RankDriver:
 
     def warm(self, plan, progress: Callable[[dict], None], stopping: Callable[[], bool]) -> None:
         with self._lock:  # every rank runs the whole plan: a warm-up stopped on one rank alone would leave collectives unmet
-            dist.broadcast_object_list([("warm", (plan,))], src=0)
+            self._send("warm", (plan,))
             self.runner.warm(plan, progress, lambda: False)
 
     def watch(self, on_death: Callable[[str], None]) -> None:
@@ -103,7 +119,7 @@ class RankDriver:
         told = True
         try:
             with self._lock:
-                dist.broadcast_object_list([("stop", ())], src=0)
+                self._send("stop", ())
         except Exception:  # a rank already gone: the processes are ended below
             log.warning("could not tell every rank to stop", exc_info=True)
             told = False
@@ -124,7 +140,9 @@ def serve(runner) -> None:
     while True:
         call = [None]
         dist.broadcast_object_list(call, src=0)
-        name, args = call[0]
+        operations, name, args = call[0]
+        for operation, operation_args in operations:  # rank 0's memory operations since its last call, in order
+            getattr(runner, operation)(*operation_args)
         if name == "stop":
             return
         if name == "warm":
