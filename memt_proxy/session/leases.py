@@ -4,9 +4,7 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import time
 from typing import Awaitable, Callable
 
 from memt_core.client.errors import MemTClientError
@@ -17,6 +15,7 @@ from memt_core.errors import (
     SessionBusy,
     UnknownSession,
 )
+from memt_proxy.session.clock import Clock
 from memt_proxy.session.state import RELEASE_WAIT, LeaseTaken, SessionState
 from memt_proxy.session.upstream import Upstream
 
@@ -26,8 +25,10 @@ log = logging.getLogger("memt.proxy")
 class Leases:
     """Leases kept across requests, on ``upstream``; ``reload`` brings back a session the upstream let go (``Placement.reload``)."""
 
-    def __init__(self, upstream: Upstream, *, lease_wait: float, lease_ttl: int, lease_idle: float, reload: Callable[[SessionState], Awaitable[None]]):
+    def __init__(self, upstream: Upstream, *, lease_wait: float, lease_ttl: int, lease_idle: float, reload: Callable[[SessionState], Awaitable[None]],
+                 clock: Clock | None = None):
         self.upstream = upstream
+        self.clock = clock or Clock()  # every wait, renewal and idle time here is on it
         self.client = upstream.client
         self.lease_wait = lease_wait  # seconds a request waits for a lease another client holds
         self.lease_ttl = lease_ttl
@@ -46,7 +47,7 @@ class Leases:
         for ``lease_idle`` seconds. A session the upstream no longer holds (a server with a snapshot store unloads idle
         ones) is brought back first."""
         state.drop_lease()
-        deadline = time.monotonic() + self.lease_wait
+        deadline = self.clock.now() + self.lease_wait
         reloaded = False
         while True:
             try:
@@ -59,9 +60,9 @@ class Leases:
                     continue
                 if isinstance(exc.cause, LeaseConflict) and not wait:
                     raise LeaseTaken(exc.message) from None
-                if not isinstance(exc.cause, LeaseConflict) or time.monotonic() > deadline:
+                if not isinstance(exc.cause, LeaseConflict) or self.clock.now() > deadline:
                     raise self.upstream.error(exc) from None
-            await asyncio.sleep(0.2)
+            await self.clock.sleep(0.2)
         state.lease = lease
         state.keeper = asyncio.get_running_loop().create_task(self._keep(state, lease))
         return lease
@@ -79,9 +80,9 @@ class Leases:
         """Renew the lease every third of its lifetime while the session is in use or was used within
         ``lease_idle`` seconds, then release it: long generations and active conversations keep it, and a
         proxy that dies leaves its sessions leased for at most ``lease_ttl`` seconds."""
-        renew_at = time.monotonic() + self.lease_ttl / 3
+        renew_at = self.clock.now() + self.lease_ttl / 3
         while state.lease == lease:
-            now = time.monotonic()
+            now = self.clock.now()
             idle_at = state.idle_since + self.lease_idle if state.idle_since is not None else renew_at
             if state.users == 0 and state.idle_since is not None and now >= idle_at and not state.lock.locked():
                 with state.in_use():  # not dropped from the table while it releases
@@ -97,16 +98,15 @@ class Leases:
                     # a bare 409 (a server that does not name the kind) means the same: the lease is no longer usable
                     if not isinstance(exc.cause, (UnknownSession, LeaseConflict, EpochMismatch)) and type(exc.cause) is not Conflict:
                         log.warning("renewing the lease of %s failed (%s); retrying", state.native, exc.message)
-                        renew_at = time.monotonic() + 1.0  # e.g. the upstream briefly unreachable: the lease is still ours
+                        renew_at = self.clock.now() + 1.0  # e.g. the upstream briefly unreachable: the lease is still ours
                         continue
                     if state.lease == lease:  # the session or the lease is gone: the next request acquires a new one
                         state.lease, state.keeper = None, None
                     return
-                renew_at = time.monotonic() + self.lease_ttl / 3
+                renew_at = self.clock.now() + self.lease_ttl / 3
                 continue
             state.nudge.clear()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(state.nudge.wait(), max(0.0, min(renew_at, idle_at) - now))
+            await self.clock.wait(state.nudge, min(renew_at, idle_at))
 
     async def release(self, state: SessionState, lease: str, *, at_shutdown: bool = False) -> MemTClientError | None:
         """Release ``lease`` (an open transaction upstream is abandoned with it); stop keeping it if it is the session's.
@@ -114,15 +114,15 @@ class Leases:
         for the caller to say once for all its sessions (the lease expires upstream within its ttl)."""
         if state.lease == lease:
             state.drop_lease()
-        deadline = time.monotonic() + RELEASE_WAIT
+        deadline = self.clock.now() + RELEASE_WAIT
         while True:
             try:
                 await self.client.control("release", state.native, lease=lease)
                 return
             except MemTClientError as exc:
                 # after a client disconnect the cancelled upstream query may still be in flight for a moment
-                if (isinstance(exc.cause, SessionBusy) or type(exc.cause) is Conflict) and time.monotonic() < deadline:
-                    await asyncio.sleep(0.05)
+                if (isinstance(exc.cause, SessionBusy) or type(exc.cause) is Conflict) and self.clock.now() < deadline:
+                    await self.clock.sleep(0.05)
                     continue
                 if at_shutdown and exc.cause is None:
                     return exc

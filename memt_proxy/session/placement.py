@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections import Counter
 from dataclasses import asdict
 
@@ -109,9 +108,9 @@ class Placement:
     def evicting(self, state: SessionState, why: str) -> None:
         """Say so where a header-less conversation used within ``LIVE_SECONDS`` loses its latest state: its next turn is
         then read as text."""
-        if state.branch and not state.extended and state.idle_since is not None and time.monotonic() - state.idle_since < LIVE_SECONDS:
+        if state.branch and not state.extended and state.idle_since is not None and self.leases.clock.now() - state.idle_since < LIVE_SECONDS:
             log.warning("closing the latest state of a live header-less conversation (used %.0f s ago) to make room (%s): its next "
-                        "turn is read as text", time.monotonic() - state.idle_since, why)
+                        "turn is read as text", self.leases.clock.now() - state.idle_since, why)
 
     async def offload_recorded(self, keep: SessionState) -> bool:
         """Offload (a header-less branch: close) a native session the records name and the table does not hold,

@@ -71,11 +71,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from typing import AsyncIterator
 
 from memt_core.client.native import AsyncNativeClient, new_nonce
 from memt_proxy.errors import Conflict, ProxyError
+from memt_proxy.session.clock import Clock
 from memt_proxy.session.forks import NamedForks
 from memt_proxy.session.held import HeldSession
 from memt_proxy.session.leases import Leases
@@ -126,6 +126,7 @@ class Sessions:
         lease_ttl: int = LEASE_TTL,
         lease_idle: float = LEASE_IDLE,
         native_encoding: str | None = None,
+        clock: Clock | None = None,
     ):
         self.records = records or SessionRecordStore(None)
         self.table = SessionTable(max_sessions)
@@ -133,7 +134,8 @@ class Sessions:
         self.memory_tokens = MemoryTokens()  # the prompt tokens each session's memory spares, for every surface
         self.behind: set[asyncio.Task] = set()  # commits and forks under way behind their answers
         self.upstream = Upstream(client, identity=identity, served=served, restarted=self._forget_all)
-        self.leases = Leases(self.upstream, lease_wait=lease_wait, lease_ttl=lease_ttl, lease_idle=lease_idle, reload=self._reload)
+        self.clock = clock or Clock()  # the leases' time, and a state's idle time (``SessionState.idle_since``)
+        self.leases = Leases(self.upstream, lease_wait=lease_wait, lease_ttl=lease_ttl, lease_idle=lease_idle, reload=self._reload, clock=self.clock)
         self.writes = Writes(self.upstream, self.leases, self.records, native_encoding=native_encoding)
         self.placement = Placement(self.upstream, self.leases, self.writes, self.records, self.table, self.prefixes, max_memory_states=max_memory_states)
         self.forks = NamedForks(self.turn, self.upstream, self.leases, self.writes, self.placement, self.memory_tokens)
@@ -218,7 +220,7 @@ class Sessions:
     def _rest(self, state: SessionState) -> None:
         """A user let go of the state: once none is left, the keeper counts the session's idle time from now."""
         if state.users == 0 and state.idle_since is None:
-            state.idle_since = time.monotonic()
+            state.idle_since = self.clock.now()
             state.nudge.set()
 
     async def release_evicted(self) -> None:

@@ -100,7 +100,7 @@ class SessionState:
     version: int = 0  # the upstream's published_version of the memory that ``committed`` describes
     lease: str | None = None  # the native lease, kept across requests while the session is active
     keeper: asyncio.Task | None = None  # renews the lease, and releases it once the session is idle
-    idle_since: float | None = None  # monotonic time the last user let go (None: in use)
+    idle_since: float | None = None  # when the last user let go, on the layer's clock (``Sessions.clock``; None: in use)
     nudge: asyncio.Event = field(default_factory=asyncio.Event)  # wakes the keeper when the session goes idle
     committing: asyncio.Task | None = None  # the commit of the previous turn, while under way
     users: int = 0  # requests holding or waiting for this state, and its commit: while any, it is never dropped

@@ -22,6 +22,7 @@ from fake_engine import FakeEngine  # noqa: E402
 from memt_core.client.native import new_transaction  # noqa: E402
 from memt_core.launch import assemble, build_parser, plan_launch  # noqa: E402
 from memt_proxy.http.embedded import InProcessNativeClient  # noqa: E402
+from memt_proxy.session.clock import Clock  # noqa: E402
 from memt_proxy.session.prefix_index import chain  # noqa: E402
 from memt_proxy.session.sessions import Sessions  # noqa: E402
 from memt_proxy.session.state import new_branch_name  # noqa: E402
@@ -68,6 +69,55 @@ class RecordingClient(InProcessNativeClient):
         return sum(1 for a, s in self.calls if a == action and (session is None or s == session))
 
 
+class StoppedClock(Clock):
+    """Time that moves only when a test moves it (``advance``), or a part sleeps on it (``sleep``: that time has passed).
+    Given to ``run`` (``clock=``), it is both the proxy's (``Sessions.clock``) and the core's (``MemTService.clock``), so
+    a lease test waits for no second of real time and what it sees does not depend on the machine's speed."""
+
+    def __init__(self, start: float = 1000.0):
+        self.time = start
+        self._waiting: dict[asyncio.Task, float] = {}  # a task waiting on the clock → until when
+        self._moved = asyncio.Event()
+
+    def now(self) -> float:
+        return self.time
+
+    def _move(self, seconds: float) -> list[asyncio.Task]:
+        """Time on by ``seconds``; every waiter wakes to look; those due are returned (no longer counted as waiting)."""
+        self.time += seconds
+        due = [task for task, until in self._waiting.items() if until <= self.time]
+        for task in due:
+            del self._waiting[task]
+        self._moved.set()
+        self._moved = asyncio.Event()
+        return due
+
+    async def sleep(self, seconds: float) -> None:
+        self._move(seconds)
+        await asyncio.sleep(0)
+
+    async def wait(self, event: asyncio.Event, until: float) -> None:
+        task = asyncio.current_task()
+        while not event.is_set() and self.time < until:
+            self._waiting[task] = until
+            either = [asyncio.ensure_future(event.wait()), asyncio.ensure_future(self._moved.wait())]
+            try:
+                await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for waiter in either:
+                    waiter.cancel()
+                self._waiting.pop(task, None)
+
+    async def advance(self, seconds: float, *, step: float = 0.05) -> None:
+        """Move time on by ``seconds``, ``step`` at a time; after each step the waiters that came due run until they
+        wait on the clock again or end (a keeper renews or releases its lease, then waits for its next moment)."""
+        end = self.time + seconds
+        while self.time < end - 1e-9:
+            await asyncio.sleep(0)  # a task just started (a keeper of a lease just taken) reaches its wait first
+            due = self._move(min(step, end - self.time))
+            await until(lambda: all(task.done() or task in self._waiting for task in due), what="the waiters the clock woke")
+
+
 @dataclass
 class Harness:
     app: Any
@@ -79,6 +129,11 @@ class Harness:
     options: dict
     identity: str
     lives: list[Sessions] = field(default_factory=list)
+
+    @property
+    def clock(self):
+        """The clock the proxy and the core run on (``run(clock=...)``)."""
+        return self.sessions.clock
 
     @property
     def protocol(self):
@@ -123,14 +178,18 @@ def _plan(flags: tuple[str, ...]):
 
 
 def run(body: Callable[[Harness], Awaitable[Any]], *, core: tuple[str, ...] = (), state: Path | None = None, records: bool = True,
-        check: bool = True, timeout: float = 30.0, **options) -> Any:
+        check: bool = True, timeout: float = 30.0, clock: Clock | None = None, **options) -> Any:
     """``await body(harness)`` in a fresh event loop, over a fresh in-process core (``core``: launcher flags; ``state``:
     its --state-directory, also the proxy's records directory unless ``records`` is False); ``options``: the
-    ``Sessions``' (``lease_wait`` 5 s unless given). ``check``: the upstream checked first (``check_upstream``)."""
+    ``Sessions``' (``lease_wait`` 5 s unless given). ``check``: the upstream checked first (``check_upstream``). ``clock``:
+    the proxy's and the core's (a ``StoppedClock``: ``harness.clock``), else the wall clock."""
     flags = tuple(core) + (("--state-directory", str(state)) if state is not None else ())
     plan = _plan(flags)
     engine = FakeEngine.load(plan.checkpoint, plan.engine_options())
     app, service = assemble(plan, engine)
+    if clock is not None:
+        service.clock = clock.now
+        options["clock"] = clock
     options.setdefault("lease_wait", 5.0)
     options.setdefault("native_encoding", plan.checkpoint.native_encoding()["name"])  # as the proxy's chat format says
     records_directory = state / "records" if state is not None and records else None

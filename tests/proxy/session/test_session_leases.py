@@ -1,18 +1,16 @@
 """``memt_proxy.session.leases`` on the in-process harness: a session's native lease is kept across requests, renewed
 while it is active, released once it has been idle ``lease_idle`` seconds; a kept lease that lapsed is retaken once
-(``HeldSession._lapsed``); another client's lease is waited for, ``lease_wait`` at most, then 409."""
+(``HeldSession._lapsed``); another client's lease is waited for, ``lease_wait`` at most, then 409. Time is a
+``StoppedClock`` the tests move (the proxy's and the core's): no test waits for real seconds."""
 
 from __future__ import annotations
-
-import asyncio
-import time
 
 import pytest
 
 from memt_core.client.errors import MemTClientError
 from memt_core.errors import LeaseConflict
 from memt_proxy.errors import ProxyError
-from session_harness import run, until
+from session_harness import StoppedClock, run, until
 
 ONE = {"max_new_tokens": 1}
 
@@ -44,17 +42,18 @@ def test_an_active_sessions_lease_is_renewed_past_its_ttl():
         async with sessions.turn("t", "a") as held:
             await held.start()
             lease = held.lease
-            await asyncio.sleep(1.5)  # past the ttl
+            await h.clock.advance(1.5)  # past the ttl
             await held.query([1], ONE)  # a first request's lease (not kept): a lapse here would be a 409
             renewed_in_use = h.client.count("renew", held.state.native)
-        await asyncio.sleep(1.2)
+        await h.clock.advance(1.2)
         state = held.state
         return lease, state.lease, renewed_in_use, h.client.count("renew", state.native), h.native(state.native).lease.token
 
-    lease, kept, renewed_in_use, renewed, upstream = run(body, lease_ttl=1, lease_idle=30.0)
+    lease, kept, renewed_in_use, renewed, upstream = run(body, lease_ttl=1, lease_idle=30.0, clock=StoppedClock())
     assert kept == lease == upstream
-    assert renewed_in_use >= 3  # every ~0.33 s over 1.5 s
-    assert renewed >= renewed_in_use + 2
+    # every third of the ttl, at the clock's first step (0.05 s) past it: at 0.35, 0.7, 1.05 and 1.4 s in use,
+    assert renewed_in_use == 4
+    assert renewed == renewed_in_use + 3  # and on while idle (within lease_idle): at 1.75, 2.1 and 2.45 s
 
 
 def test_an_idle_sessions_lease_is_released_after_lease_idle():
@@ -63,17 +62,18 @@ def test_an_idle_sessions_lease_is_released_after_lease_idle():
         async with sessions.turn("t", "a") as held:
             await held.start()
             lease = held.lease
-        state, let_go = held.state, time.monotonic()
+        state, let_go = held.state, h.clock.now()
         assert state.lease == lease and h.client.count("release") == 0  # not at once
-        await until(lambda: state.lease is None, what="the idle lease's release")
-        idle = time.monotonic() - let_go
+        while state.lease is not None and h.clock.now() - let_go < 3.0:
+            await h.clock.advance(0.05)
+        idle = h.clock.now() - let_go
         assert state.keeper is None and h.client.count("release", state.native) == 1
         assert h.native(state.native).lease is None  # released upstream: another client may take it now
         other = await h.other_client().control("acquire", state.native, ttl=5)
         return idle, other["lease"] != lease
 
-    idle, another = run(body, lease_idle=0.3)
-    assert 0.3 <= idle < 3.0 and another
+    idle, another = run(body, lease_idle=0.3, clock=StoppedClock())
+    assert 0.3 <= idle < 0.35 and another  # released in the first step past lease_idle
 
 
 def test_a_request_keeps_the_lease_from_being_released_while_it_runs():
@@ -81,13 +81,14 @@ def test_a_request_keeps_the_lease_from_being_released_while_it_runs():
     async def body(h):
         async with h.sessions.turn("t", "a") as held:
             await held.start()
-            await asyncio.sleep(0.5)  # > lease_idle, but in use
-            assert held.state.lease == held.lease
+            await h.clock.advance(0.5)  # > lease_idle, but in use
+            assert held.state.lease == held.lease and h.client.count("release") == 0
             await held.query([3], ONE)
-        await until(lambda: held.state.lease is None, what="the release once idle")
+        await h.clock.advance(0.15)
+        assert held.state.lease is None
         return h.client.count("release")
 
-    assert run(body, lease_idle=0.1) == 1
+    assert run(body, lease_idle=0.1, clock=StoppedClock()) == 1
 
 
 async def _lapse(h, state, lease: str) -> None:
@@ -170,17 +171,17 @@ def test_another_clients_lease_is_waited_for_lease_wait_then_409():
         other = h.other_client()
         await other.control("create", native, memory_read=True)
         await other.control("acquire", native, ttl=60)
-        began = time.monotonic()
+        began = h.clock.now()
         async with sessions.turn("t", "a") as held:
             with pytest.raises(ProxyError) as busy:
                 await held.start()
-        waited = time.monotonic() - began
+        waited = h.clock.now() - began
         return busy.value, waited, h.client.count("acquire", native), held.state.lease
 
-    busy, waited, tries, lease = run(body, lease_wait=0.6)
+    busy, waited, tries, lease = run(body, lease_wait=0.6, clock=StoppedClock())
     assert busy.status == 409
-    assert 0.6 <= waited < 3.0
-    assert tries >= 3  # tried again while waiting (every 0.2 s), not refused at once
+    assert 0.6 <= waited < 0.9
+    assert 4 <= tries <= 5  # tried again while waiting (every 0.2 s: at 0, 0.2, 0.4, 0.6 s and, float sums permitting, 0.8), not refused at once
     assert lease is None
 
 
@@ -192,17 +193,16 @@ def test_a_lease_let_go_during_the_wait_is_taken():
         await other.control("create", native, memory_read=True)
         theirs = (await other.control("acquire", native, ttl=60))["lease"]
 
-        async def let_go():
-            await asyncio.sleep(0.5)
-            await other.control("release", native, lease=theirs)
+        async def let_go(action, session, fields):  # the other client lets go as the proxy's third try is sent
+            if session == native and h.client.count("acquire", native) == 3:
+                await other.control("release", native, lease=theirs)
 
-        releasing = asyncio.create_task(let_go())
+        h.client.hooks["acquire"] = let_go
         async with sessions.turn("t", "a") as held:
             await held.start()
             await held.query([1], ONE)
             ours = held.lease
-        await releasing
-        return ours, theirs, h.native(native).lease.token
+        return ours, theirs, h.native(native).lease.token, h.client.count("acquire", native)
 
-    ours, theirs, upstream = run(body, lease_wait=5.0)
-    assert ours not in (None, theirs) and upstream == ours
+    ours, theirs, upstream, tries = run(body, lease_wait=5.0, clock=StoppedClock())
+    assert ours not in (None, theirs) and upstream == ours and tries == 3
