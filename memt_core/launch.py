@@ -28,6 +28,7 @@ from memt_core.bundled import BUNDLED_MODEL
 from memt_core.checkpoint import Checkpoint, RuntimeConfig, parse_override_args, read_checkpoint
 from memt_core.engine import ENGINES, Engine, EngineOptions, engine_class
 from memt_core.errors import CheckpointError
+from memt_core.help_format import DefaultsOnce
 from memt_core.parallel import plan as parallel
 from memt_core.tokenizer import load_tokenizer
 
@@ -38,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m memt_core.launch",
         description="Serve a MemT checkpoint (Nano or Flash, identified from config.json) over the native memt-http-v1 protocol.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsOnce,
     )
     model = parser.add_argument_group("model")
     model.add_argument("--model-path", default=None, help="local checkpoint directory (config.json, BF16 safetensors, tokenizer); without it the bundled tiny demo model is served, with a warning")

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from memt_core.checkpoint import read_checkpoint
 from memt_core.errors import CheckpointError
+from memt_core.help_format import DefaultsOnce
 from memt_proxy.http.route_inputs import DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_REQUEST_BYTES
 from memt_proxy.responses.records import SNAPSHOTS_PER_CHAIN
 from memt_proxy.session.sessions import LEASE_IDLE, MAX_SESSIONS
@@ -36,13 +37,6 @@ def positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
-
-
-class DefaultsOnce(argparse.ArgumentDefaultsHelpFormatter):
-    """Adds "(default: …)" to an option's help unless the help already says its default."""
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        return action.help if "(default" in (action.help or "") else super()._get_help_string(action)
 
 
 def build_parser() -> argparse.ArgumentParser:

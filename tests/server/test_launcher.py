@@ -370,3 +370,15 @@ def test_start_script_environment_and_extra_arguments(runs):
     assert engine["max_running_requests"] == 3
     usage = runs["script without checkpoint"]
     assert usage.returncode == 2 and "usage" in usage.stderr
+
+
+def test_help_states_each_default_once():
+    """An option whose help already says its default gets no second "(default: …)" from argparse (issue 58)."""
+    import re
+
+    from memt_core.launch import build_parser
+
+    text = build_parser().format_help()
+    doubled = [block.split()[0] for block in re.split(r"\n  (?=-)", text) if block.count("(default") > 1]
+    assert doubled == []
+    assert "(default: 30000)" in text  # options that do not say it still get it
