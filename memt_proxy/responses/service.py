@@ -42,7 +42,7 @@ from memt_proxy.responses.protocol import (
 from memt_proxy.responses.records import SNAPSHOTS_PER_CHAIN, ResponseRecord, ResponseRecords
 from memt_proxy.responses.stored import StoredResponses
 from memt_proxy.responses.stream import StreamedItems, replayed
-from memt_proxy.responses.threads import Threads
+from memt_proxy.responses.threads import Threads, ThreadTurn
 from memt_proxy.session.branches import resume
 from memt_proxy.session.sessions import HeldSession, Sessions
 from memt_proxy.session.turn import Turn, TurnRunner
@@ -73,7 +73,7 @@ class ResponsesService:
         self.runner = runner or TurnRunner(sessions, chat_format)  # the turn runner both surfaces share
         self.memory_tokens = sessions.memory_tokens
         # conversations and chains of responses: which session, confirmed how, advanced after the answer
-        self.threads = Threads(sessions, records, snapshots_per_chain=snapshots_per_chain, plan=self._planned, answer=self._answer)
+        self.threads = Threads(sessions, records, snapshots_per_chain=snapshots_per_chain)
 
     # ------------------------------------------------------------------ POST /v1/responses
 
@@ -103,10 +103,8 @@ class ResponsesService:
             return replayed(kept) if request.stream else kept
         items = await off_loop(request._size, lambda: InputItems.of(request.input).items)
         await self.sessions.check_upstream()
-        if request.conversation_id is not None:
-            return await self.threads.in_conversation(request, items, tenant)
-        if request.previous_response_id is not None:
-            return await self.threads.continued(request, items, tenant)
+        if request.conversation_id is not None or request.previous_response_id is not None:
+            return await self._on_thread(request, items, tenant, await self.threads.hold(request, tenant))
         if self.headerless and request._policy != "off":
             return await self._headerless(request, items, tenant)
         plan = await self._planned(request, tenant, items, None, [], [], None)
@@ -115,6 +113,36 @@ class ResponsesService:
     async def _planned(self, request: ResponseRequest, *args, **kwargs) -> Turn:
         """``ResponsesPlanner.plan``, off the event loop for a large request (``worker.off_loop``)."""
         return await off_loop(request._size, self.plans.plan, request, *args, **kwargs)
+
+    async def _on_thread(self, request: ResponseRequest, items: list[dict], tenant: str, on: ThreadTurn):
+        """Answer on a conversation or chain (``Threads.hold``): its memory confirmed before the prompt is planned on it
+        (a refusal of the plan creates nothing upstream), the held session let go when the answer ends."""
+        if on.replay is not None:
+            return replayed(on.replay) if request.stream else on.replay
+        thread, held, hold = on.thread, on.held, on.hold
+        handed_off = False
+        try:
+            if request._policy == "off":
+                known = await self.threads.known_messages(request, thread)
+                plan = await self._planned(request, tenant, items, thread, known, thread.calls, None)
+                plan.base_version, plan.digest, plan.key, plan.as_text = thread.version, request._digest, request._key, len(known) - len(thread.uncommitted)
+                handed_off = True
+                return await self._answer(plan, None, hold)
+            await self._planned(request, tenant, items, thread, thread.uncommitted, thread.calls, None)  # a refusal creates nothing upstream
+            await held.start(with_answer=True)
+            if on.restore is not None:
+                await held.restore(on.restore, name=on.restore)
+            state = held.state
+            if on.restore is None:
+                await self.threads.confirm(held, thread)
+            plan = await self._planned(request, tenant, items, thread, thread.uncommitted, thread.calls, state.pending)
+            plan.base_version, plan.state, plan.policy = state.version, state, "read" if request._policy == "read" else "auto"
+            plan.saved, plan.digest, plan.key = self.memory_tokens.held(state), request._digest, request._key
+            handed_off = True
+            return await self._answer(plan, held, hold)
+        finally:
+            if not handed_off:
+                await hold.aclose()
 
     async def _headerless(self, request: ResponseRequest, items: list[dict], tenant: str):
         """An input with neither conversation nor previous_response_id, as a header-less chat request: resumed

@@ -5,6 +5,10 @@ confirmed against the thread's record before use, and the thread advanced after 
 A completed answer commits its turn behind the answer, in the session's own task; the thread's next request waits for
 it and confirms it landed (else resends its messages as context), and a chain then exports the previous response's
 snapshot before writing again. The threads and response records themselves are ``memt_proxy.responses.records``.
+
+``Threads`` calls nothing of the service back: ``hold`` returns where a request runs (a ``ThreadTurn``: the thread, its
+session held, the snapshot to restore, or the answer to replay for a client's retry), and the service plans, answers
+and then tells the thread what became of it (``confirm`` before, ``advance`` after).
 """
 
 from __future__ import annotations
@@ -12,12 +16,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from typing import Any, Awaitable, Callable
+from dataclasses import dataclass
 
 from memt_proxy.errors import BadRequest, Conflict, NotFound
 from memt_proxy.responses.protocol import ResponseRequest, item_messages, new_id
 from memt_proxy.responses.records import ResponseRecord, ResponseRecords, Thread, session_name
-from memt_proxy.responses.stream import replayed
 from memt_proxy.session.sessions import HeldSession, Sessions
 from memt_proxy.session.turn import Turn
 from memt_proxy.session.retries import retried
@@ -26,30 +29,42 @@ from memt_proxy.worker import off_loop
 log = logging.getLogger("memt.proxy")
 
 
-class Threads:
-    """Runs requests on conversations and chains of stored responses. ``plan``: the service's request → ``Turn``
-    (``ResponsesPlanner.plan`` off the event loop); ``answer``: the service's answer of a planned turn on a held
-    session, which lets the hold go when the answer ends."""
+@dataclass(frozen=True)
+class ThreadTurn:
+    """Where a Responses request on a thread runs: the thread, its session held (``held``, let go by closing ``hold``),
+    and the snapshot a new chain starts from (``restore``); or, for a client's identical retry of the thread's latest
+    response, only that response (``replay``: its body), the hold already let go."""
 
-    def __init__(
-        self, sessions: Sessions, records: ResponseRecords, *, snapshots_per_chain: int,
-        plan: Callable[..., Awaitable[Turn]], answer: Callable[[Turn, HeldSession | None, contextlib.AsyncExitStack], Awaitable[Any]],
-    ):
+    thread: Thread
+    held: HeldSession | None = None
+    hold: contextlib.AsyncExitStack | None = None
+    restore: str | None = None
+    replay: dict | None = None
+
+
+class Threads:
+    """Conversations and chains of stored responses: which thread and session a request runs on (``hold``), that
+    session's memory confirmed against the thread's record (``confirm``), and the thread after the answer (``advance``)."""
+
+    def __init__(self, sessions: Sessions, records: ResponseRecords, *, snapshots_per_chain: int):
         self.sessions = sessions
         self.records = records
         self.snapshots_per_chain = snapshots_per_chain  # --response-snapshots
-        self.plan = plan
-        self.answer = answer
-        self.memory_tokens = sessions.memory_tokens
 
-    async def in_conversation(self, request: ResponseRequest, items: list[dict], tenant: str):
+    async def hold(self, request: ResponseRequest, tenant: str) -> ThreadTurn:
+        """The thread of a request with ``conversation`` or ``previous_response_id``, its session held."""
+        if request.conversation_id is not None:
+            return await self._in_conversation(request, tenant)
+        return await self._continued(request, tenant)
+
+    async def _in_conversation(self, request: ResponseRequest, tenant: str) -> ThreadTurn:
         """A request with ``conversation``: run on that conversation's session."""
         thread = self.records.thread(tenant, request.conversation_id)
         if thread is None or not thread.conversation:
             raise NotFound(f"conversation {request.conversation_id!r} not found; create one with POST /v1/conversations", param="conversation", code="conversation_not_found")
-        return await self._in_thread(request, items, tenant, thread, None)
+        return await self._in_thread(request, tenant, thread, None)
 
-    async def continued(self, request: ResponseRequest, items: list[dict], tenant: str):
+    async def _continued(self, request: ResponseRequest, tenant: str) -> ThreadTurn:
         """A request with ``previous_response_id``: in that response's thread if it is the latest there, else in a new
         chain (a branch) from its snapshot."""
         previous = self._previous(request, tenant)
@@ -57,11 +72,11 @@ class Threads:
         if previous.thread is not None:
             thread = self.records.thread(tenant, previous.thread)
             if thread is not None and thread.head == previous.id:
-                result = await self._in_thread(request, items, tenant, thread, previous.id)
+                result = await self._in_thread(request, tenant, thread, previous.id)
                 if result is not None:
                     return result
             elif thread is not None and (thread.answered or {}).get("digest") == request._digest and retried(request._retry, request._key, thread.answered.get("key")):
-                result = await self._in_thread(request, items, tenant, thread, thread.head)  # a retry of its latest
+                result = await self._in_thread(request, tenant, thread, thread.head)  # a retry of its latest
                 if result is not None:
                     return result
             restore = thread.snapshot(previous.snapshot_of) if thread is not None else None
@@ -73,7 +88,7 @@ class Threads:
                 )
         branch = Thread(id=new_id("chain"), tenant=tenant, session="", created_at=int(time.time()), uncommitted=list(previous.uncommitted), calls=list(previous.calls))
         branch.session = session_name(branch.id)
-        return await self._in_thread(request, items, tenant, branch, None, restore=restore)
+        return await self._in_thread(request, tenant, branch, None, restore=restore)
 
     def _previous(self, request: ResponseRequest, tenant: str) -> ResponseRecord:
         previous = self.records.response(tenant, request.previous_response_id)
@@ -84,9 +99,9 @@ class Threads:
             raise BadRequest(f"response {previous.id!r} belongs to conversation {thread.id!r}: continue it with 'conversation', not 'previous_response_id'", param="previous_response_id", code="invalid_request")
         return previous
 
-    async def _in_thread(self, request: ResponseRequest, items: list[dict], tenant: str, thread: Thread, head: str | None, *, restore: str | None = None):
-        """Run on the thread's session. With ``head``, only while that response is still the thread's
-        latest (checked under the session's lock); returns None when it no longer is."""
+    async def _in_thread(self, request: ResponseRequest, tenant: str, thread: Thread, head: str | None, *, restore: str | None = None) -> ThreadTurn | None:
+        """The thread's session held. With ``head``, only while that response is still the thread's latest (checked
+        under the session's lock); None, the session let go, when it no longer is."""
         hold = contextlib.AsyncExitStack()
         held = await hold.enter_async_context(self.sessions.turn(tenant, thread.session))
         handed_off = False
@@ -96,40 +111,24 @@ class Threads:
                 # a client's retry of the response that is this thread's latest (its answer lost on the way, or
                 # a timeout): the same response again, streamed if asked so, its turn not committed twice (issue 38)
                 log.info("an identical retry of %s on %s: answered again", answered["id"], thread.id)
-                return replayed(answered["body"]) if request.stream else answered["body"]
+                return ThreadTurn(thread, replay=answered["body"])
             if head is not None and thread.head != head:
                 return None
-            if request._policy == "off":
-                handed_off = True
-                return await self.answer(await self._as_text(request, tenant, items, thread), None, hold)
-            await self.plan(request, tenant, items, thread, thread.uncommitted, thread.calls, None)  # a refusal creates nothing upstream
-            await held.start(with_answer=True)
-            if restore is not None:
-                await held.restore(restore, name=restore)
-            state = held.state
-            if restore is None:
-                await self.confirm(held, thread)
-            plan = await self.plan(request, tenant, items, thread, thread.uncommitted, thread.calls, state.pending)
-            plan.base_version, plan.state, plan.policy = state.version, state, "read" if request._policy == "read" else "auto"
-            plan.saved, plan.digest, plan.key = self.memory_tokens.held(state), request._digest, request._key
             handed_off = True
-            return await self.answer(plan, held, hold)
+            return ThreadTurn(thread, held, hold, restore)
         finally:
             if not handed_off:
                 await hold.aclose()
 
-    async def _as_text(self, request: ResponseRequest, tenant: str, items: list[dict], thread: Thread) -> Turn:
-        """Memory off on a conversation: the input answered from the conversation's items as text, its memory neither read
-        nor written (the turn joins what the conversation's next input sends as context). A chain keeps no transcript."""
+    async def known_messages(self, request: ResponseRequest, thread: Thread) -> list[dict]:
+        """Memory off on a conversation: the messages of its items, answered from as text (its memory neither read nor
+        written; the turn joins what the conversation's next input sends as context). A chain keeps no transcript."""
         if not thread.conversation:
             raise BadRequest(
                 "X-MemT-Memory: off answers without memory, and a chain of responses keeps no transcript to answer from: continue it "
                 "with memory (auto or read), or send the whole input without previous_response_id", param="X-MemT-Memory", code="unsupported_parameter",
             )
-        known = await off_loop(request._size, item_messages, thread.items)
-        plan = await self.plan(request, tenant, items, thread, known, thread.calls, None)
-        plan.base_version, plan.digest, plan.key, plan.as_text = thread.version, request._digest, request._key, len(known) - len(thread.uncommitted)
-        return plan
+        return await off_loop(request._size, item_messages, thread.items)
 
     async def confirm(self, held: HeldSession, thread: Thread) -> None:
         """Check the session's memory against the thread's record before using it: the turn committed behind

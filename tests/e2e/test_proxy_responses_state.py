@@ -10,10 +10,11 @@ from the right memory; a branch past ``--response-snapshots`` is refused with 40
 from __future__ import annotations
 
 import json
+import time
 
 import openai
 import pytest
-from e2e.proxies import DEMO_MODEL, DEMO_PATH, KEY_A, KEY_B, MODEL, ProxyServer, assert_openai_error, demo_chat_format
+from e2e.proxies import DEMO_MODEL, DEMO_PATH, KEY_A, KEY_B, MODEL, ProxyServer, assert_openai_error, demo_chat_format, proxy_metric
 
 from memt_demo.tool_turns import TOOLS
 
@@ -170,6 +171,24 @@ def test_an_identical_retry_is_answered_again_not_committed_twice(proxy):
         first = http.post("/v1/responses", json=chained).json()
         again = http.post("/v1/responses", json=chained, headers=retry).json()
         assert again == first  # not a branch of its own
+
+
+def test_memory_off_on_a_chain_is_refused_and_the_chain_goes_on(proxy):
+    """A chain keeps no transcript to answer from without memory: ``X-MemT-Memory: off`` on it is a 400 naming the header,
+    and its session is let go with the refusal: the chain goes on, and once its last commit lands no session is in use."""
+    with proxy.http(KEY_A) as http:
+        told = http.post("/v1/responses", json={"model": MODEL, "input": "My name is Ann.", "max_output_tokens": 4}).json()
+        first = http.post("/v1/responses", json={"model": MODEL, "input": "Go on.", "previous_response_id": told["id"], "max_output_tokens": 4}).json()
+        chained = {"model": MODEL, "input": "And then?", "previous_response_id": first["id"], "max_output_tokens": 4}  # the chain's latest
+        refused = http.post("/v1/responses", json=chained, headers={"X-MemT-Memory": "off"}, timeout=60)
+        error = assert_openai_error(refused, 400, code="unsupported_parameter", param="X-MemT-Memory")
+        assert "keeps no transcript" in error["message"]
+        answered = http.post("/v1/responses", json=chained, timeout=60)
+        assert answered.status_code == 200 and answered.json()["status"] in ("completed", "incomplete")
+    deadline = time.monotonic() + 30  # the commit behind the last answer holds the session until it lands
+    while (in_use := proxy_metric(proxy, "memt_proxy_sessions_in_use")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert in_use == 0
 
 
 def test_a_streamed_retry_gets_the_kept_response_as_a_stream(proxy):

@@ -126,3 +126,13 @@ def test_a_state_in_use_is_given_back_when_its_block_raises():
     except RuntimeError:
         pass
     assert state.users == 0 and table.room() == 1
+
+
+def test_threads_call_nothing_of_the_responses_service_back():
+    """Issue 59: ``Threads`` is given the session layer and the records, no callable of the service; it returns where
+    a request runs (``ThreadTurn``) and the service plans and answers."""
+    import inspect
+
+    from memt_proxy.responses.threads import Threads
+
+    assert list(inspect.signature(Threads.__init__).parameters) == ["self", "sessions", "records", "snapshots_per_chain"]

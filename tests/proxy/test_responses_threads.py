@@ -13,7 +13,7 @@ OUTPUT = [{"type": "message", "role": "assistant", "content": [{"type": "output_
 
 
 def threads(records: ResponseRecords) -> Threads:
-    return Threads(SimpleNamespace(memory_tokens=None), records, snapshots_per_chain=2, plan=None, answer=None)
+    return Threads(SimpleNamespace(), records, snapshots_per_chain=2)
 
 
 def test_a_committed_turn_goes_behind_and_a_chain_exports_its_snapshot_next():
