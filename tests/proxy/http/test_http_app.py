@@ -20,7 +20,7 @@ from memt_core.protocol.events import check_name
 from memt_proxy.__main__ import build_app, build_parser, load_api_keys
 from memt_proxy.session.sessions import native_session_id
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 GOOD = {"model": "tiny-random-nano", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 
 
