@@ -114,20 +114,6 @@ def test_leases_own_every_acquire_and_release_and_occupancy_is_counted_in_one_pl
     assert lease_calls == [] and counted == []
 
 
-def test_a_state_in_use_is_given_back_when_its_block_raises():
-    from memt_proxy.session.state import SessionTable
-
-    table = SessionTable(capacity=1)
-    state = table.entry("t", "a")
-    try:
-        with state.in_use():
-            assert state.users == 1 and table.room() == 0
-            raise RuntimeError("the block failed")
-    except RuntimeError:
-        pass
-    assert state.users == 0 and table.room() == 1
-
-
 def test_threads_call_nothing_of_the_responses_service_back():
     """Issue 59: ``Threads`` is given the session layer and the records, no callable of the service; it returns where
     a request runs (``ThreadTurn``) and the service plans and answers."""

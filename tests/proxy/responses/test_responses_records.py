@@ -80,3 +80,22 @@ def test_shared_records_see_what_another_node_wrote_and_deleted(tmp_path):
     assert unshared.thread("alpha", "chain_1").version == 2 and stale.version == 2
     there.delete(moved)
     assert here.thread("alpha", "chain_1") is None
+
+
+SAID = [{"role": "user", "content": "I live in Lisbon."}, {"role": "assistant", "content": "Noted."}]
+
+
+def test_a_missed_commit_goes_in_with_the_next_turn_and_an_emptied_memory_takes_every_item_again():
+    """``Thread``'s transitions: the turn committed behind the answer that did not land joins the uncommitted messages
+    (before them) at the version memory holds; a memory found empty upstream takes all the items as context."""
+    chain = Thread(id="chain_1", tenant="t", session="s", version=3, behind=SAID, uncommitted=[{"role": "user", "content": "next"}], snapshot_of="resp_2")
+    chain.missed_commit(2)
+    assert (chain.version, chain.behind, chain.uncommitted, chain.snapshot_of) == (2, [], SAID + [{"role": "user", "content": "next"}], None)
+    conversation = Thread(id="conv_1", tenant="t", session="s", version=5, snapshot_of="resp_4")
+    conversation.rebuilt(SAID)
+    assert (conversation.version, conversation.uncommitted, conversation.snapshot_of) == (0, SAID, None)
+    conversation.behind = SAID
+    conversation.confirmed()
+    assert conversation.behind == []
+    conversation.remember_answer("d", None, "resp_6", {"id": "resp_6"})
+    assert conversation.answered == {"digest": "d", "key": None, "id": "resp_6", "body": {"id": "resp_6"}}

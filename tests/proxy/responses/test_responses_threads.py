@@ -32,19 +32,3 @@ def test_a_pending_or_cut_turn_stays_open_at_the_version_it_read():
     thread = Thread(id="conv_1", tenant="t", session="s", version=4)
     threads(records).advance(SimpleNamespace(base_version=4, items=ITEMS), thread, "resp_5", SAID, ["c1"], OUTPUT, None)
     assert (thread.head, thread.version, thread.uncommitted, thread.calls, thread.behind) == ("resp_5", 4, SAID, ["c1"], [])
-
-
-def test_a_missed_commit_goes_in_with_the_next_turn_and_an_emptied_memory_takes_every_item_again():
-    """``Thread``'s transitions: the turn committed behind the answer that did not land joins the uncommitted messages
-    (before them) at the version memory holds; a memory found empty upstream takes all the items as context."""
-    chain = Thread(id="chain_1", tenant="t", session="s", version=3, behind=SAID, uncommitted=[{"role": "user", "content": "next"}], snapshot_of="resp_2")
-    chain.missed_commit(2)
-    assert (chain.version, chain.behind, chain.uncommitted, chain.snapshot_of) == (2, [], SAID + [{"role": "user", "content": "next"}], None)
-    conversation = Thread(id="conv_1", tenant="t", session="s", version=5, snapshot_of="resp_4")
-    conversation.rebuilt(SAID)
-    assert (conversation.version, conversation.uncommitted, conversation.snapshot_of) == (0, SAID, None)
-    conversation.behind = SAID
-    conversation.confirmed()
-    assert conversation.behind == []
-    conversation.remember_answer("d", None, "resp_6", {"id": "resp_6"})
-    assert conversation.answered == {"digest": "d", "key": None, "id": "resp_6", "body": {"id": "resp_6"}}
