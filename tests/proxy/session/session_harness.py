@@ -82,9 +82,9 @@ class StoppedClock(Clock):
     def now(self) -> float:
         return self.time
 
-    def _move(self, seconds: float) -> list[asyncio.Task]:
-        """Time on by ``seconds``; every waiter wakes to look; those due are returned (no longer counted as waiting)."""
-        self.time += seconds
+    def _move(self, to: float) -> list[asyncio.Task]:
+        """Time on to ``to``; every waiter wakes to look; those due are returned (no longer counted as waiting)."""
+        self.time = max(self.time, to)
         due = [task for task, until in self._waiting.items() if until <= self.time]
         for task in due:
             del self._waiting[task]
@@ -93,7 +93,7 @@ class StoppedClock(Clock):
         return due
 
     async def sleep(self, seconds: float) -> None:
-        self._move(seconds)
+        self._move(self.time + seconds)
         await asyncio.sleep(0)
 
     async def wait(self, event: asyncio.Event, until: float) -> None:
@@ -111,10 +111,10 @@ class StoppedClock(Clock):
     async def advance(self, seconds: float, *, step: float = 0.05) -> None:
         """Move time on by ``seconds``, ``step`` at a time; after each step the waiters that came due run until they
         wait on the clock again or end (a keeper renews or releases its lease, then waits for its next moment)."""
-        end = self.time + seconds
-        while self.time < end - 1e-9:
+        start, end, steps = self.time, self.time + seconds, max(1, round(seconds / step))
+        for taken in range(1, steps + 1):  # each step's time from the start, so that the last one is ``end`` exactly
             await asyncio.sleep(0)  # a task just started (a keeper of a lease just taken) reaches its wait first
-            due = self._move(min(step, end - self.time))
+            due = self._move(end if taken == steps else start + seconds * taken / steps)
             await until(lambda: all(task.done() or task in self._waiting for task in due), what="the waiters the clock woke")
 
 
