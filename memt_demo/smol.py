@@ -25,6 +25,7 @@ import torch
 
 from memt_core.families import SMOL, get
 from memt_core.families.smol import BACKBONE_FILE, backbone_home
+from memt_demo.config import memory_config
 
 CHECKPOINT_ID = "memt-smol-demo"
 #: The backbone's tokenizer files copied into the checkpoint (its own chat template is replaced by ours).
@@ -33,8 +34,6 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 def smol_config(backbone: str, shape, *, lora_rank: int = 0, lora_alpha: float = 16.0) -> dict:
     """config.json of a memt-smol checkpoint on the converted ``backbone`` with ``shape``'s memory geometry."""
-    from memt_demo.train import memory_config
-
     family = get(SMOL)
     directory = backbone_home() / backbone
     source = json.loads((directory / "SOURCE.json").read_text())

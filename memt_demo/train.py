@@ -27,6 +27,7 @@ from typing import Callable
 import torch
 
 from memt_core.checkpoint import read_checkpoint
+from memt_demo.config import memory_config
 from memt_demo.episodes import EpisodeSampler, Mix, corpus
 from memt_demo.format import DemoChatFormat, TokenEpisode
 from memt_demo.loss import HiddenStates, StepStats, weighted_loss
@@ -164,22 +165,6 @@ def demo_config(tokenizer, shape: ModelShape) -> dict:
             },
         },
         **memory_config(shape),
-    }
-
-
-def memory_config(shape: ModelShape) -> dict:
-    """The ``memt`` and ``memt_runtime`` objects of a demo checkpoint with ``shape``'s memory."""
-    return {
-        "memt": {
-            "chunk_tokens": shape.chunk_tokens,
-            "memory_layers": list(shape.memory_layers),
-            "num_heads": shape.memory_heads,
-            "key_dim": shape.key_dim,
-            "value_dim": shape.value_dim,
-            "update_rule": "gated_delta",
-            "state_dtype": "float32",
-        },
-        "memt_runtime": {"max_sessions_per_rank": 64, "max_inflight_commits_per_rank": 4, "min_kv_tokens": 256},
     }
 
 
