@@ -14,8 +14,17 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    rank, spec = int(argv[0]), json.loads(argv[1])
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m memt_core.parallel.worker",
+        description="One rank (1 … N-1) of a multi-rank engine. The server starts these itself (python -m "
+                    "memt_core.launch --tp-size N); there is nothing to run by hand.",
+    )
+    parser.add_argument("rank", type=int, help="this process's rank, 1 … N-1")
+    parser.add_argument("spec", type=json.loads, help="the JSON rank 0 hands over (checkpoint, parallel settings, group address)")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    rank, spec = args.rank, args.spec
     logging.basicConfig(level="WARNING", format=f"%(asctime)s rank {rank} %(levelname)s %(name)s: %(message)s")
     import torch
 
