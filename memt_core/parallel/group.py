@@ -38,8 +38,10 @@ class RankGroup:
 
     @classmethod
     def join(cls, rank: int, world: int, *, backend: str, address: str, deterministic: bool = False,
-             timeout_s: float = 60.0) -> "RankGroup":
-        """Join the process group at ``address`` (``host:port`` of rank 0)."""
+             timeout_s: float = 7 * 24 * 3600.0) -> "RankGroup":
+        """Join the process group at ``address`` (``host:port`` of rank 0). ``timeout_s`` bounds every collective,
+        and the other ranks wait in one for rank 0's next call: a serving group idles for as long as no request
+        comes, so the bound is long (a dead peer is noticed by its exit, not by a timeout)."""
         from datetime import timedelta
 
         dist.init_process_group(backend, init_method=f"tcp://{address}", rank=rank, world_size=world,
