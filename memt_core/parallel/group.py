@@ -29,24 +29,30 @@ class Traffic:
         self.by_kind[kind] = self.by_kind.get(kind, 0) + 1
 
 
+#: how long the other ranks may wait for rank 0's next call: a serving group idles while no request comes
+IDLE_S = 365 * 24 * 3600.0
+
+
 class RankGroup:
     """This process's place among the ranks, and their collectives."""
 
-    def __init__(self, rank: int, world: int, *, deterministic: bool = False):
+    def __init__(self, rank: int, world: int, *, deterministic: bool = False, calls=None):
         self.rank, self.world, self.deterministic = rank, world, deterministic
         self.traffic = Traffic()
+        self.calls = calls  # the process group rank 0's calls travel on (see ``join``)
 
     @classmethod
     def join(cls, rank: int, world: int, *, backend: str, address: str, deterministic: bool = False,
-             timeout_s: float = 7 * 24 * 3600.0) -> "RankGroup":
-        """Join the process group at ``address`` (``host:port`` of rank 0). ``timeout_s`` bounds every collective,
-        and the other ranks wait in one for rank 0's next call: a serving group idles for as long as no request
-        comes, so the bound is long (a dead peer is noticed by its exit, not by a timeout)."""
+             timeout_s: float = 60.0) -> "RankGroup":
+        """Join the process group at ``address`` (``host:port`` of rank 0). ``timeout_s`` bounds the meeting and every
+        collective of a step. Rank 0's calls travel on a group of their own (``calls``) without that bound: the other
+        ranks wait there for the next call for as long as the server idles (a dead peer is noticed by its exit)."""
         from datetime import timedelta
 
         dist.init_process_group(backend, init_method=f"tcp://{address}", rank=rank, world_size=world,
                                 timeout=timedelta(seconds=timeout_s))
-        return cls(rank, world, deterministic=deterministic)
+        calls = dist.new_group(timeout=timedelta(seconds=IDLE_S))
+        return cls(rank, world, deterministic=deterministic, calls=calls)
 
     @staticmethod
     def leave(*, together: bool = True) -> None:

@@ -57,7 +57,7 @@ class RankDriver:
         """Broadcast one call, the memory operations made since the last one first (``self._lock`` held)."""
         with self._pending_lock:
             operations, self._pending = self._pending, []
-        dist.broadcast_object_list([(operations, name, args)], src=0)
+        dist.broadcast_object_list([(operations, name, args)], src=0, group=self.group.calls)
 
     def _call(self, name: str, *args):
         with self._lock:
@@ -135,11 +135,12 @@ class RankDriver:
             RankGroup.leave(together=False)
 
 
-def serve(runner) -> None:
-    """Ranks 1 … N-1: replay rank 0's runner calls until it says stop."""
+def serve(runner, group: RankGroup) -> None:
+    """Ranks 1 … N-1: replay rank 0's runner calls (on ``group.calls``, which waits as long as the server idles)
+    until it says stop."""
     while True:
         call = [None]
-        dist.broadcast_object_list(call, src=0)
+        dist.broadcast_object_list(call, src=0, group=group.calls)
         operations, name, args = call[0]
         for operation, operation_args in operations:  # rank 0's memory operations since its last call, in order
             getattr(runner, operation)(*operation_args)

@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         model = build_rank_model(read_checkpoint(spec["checkpoint"]), parallel, group, device=device,
                                  dtype=ranks._dtype(spec["dtype"]))
-        ranks.serve(ModelRunner(model, **spec["runner"]))
+        ranks.serve(ModelRunner(model, **spec["runner"]), group)
     except BaseException:
         RankGroup.leave(together=False)
         raise
