@@ -20,7 +20,7 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import asdict, fields, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,6 +28,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from memt_demo.episodes import Mix  # noqa: E402
+from scripts.train_tiny import mix_override  # noqa: E402  (FIELD=VALUE of --mix, checked)
 from memt_demo.train import Curve, ModelShape, TrainConfig, chain_entry, run_minutes  # noqa: E402
 
 #: SmolLM2-135M has 30 layers; memory in the upper half keeps the backward short (it stops below the lowest).
@@ -64,16 +65,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="also train LoRA of this rank on the backbone's projections from the lowest memory layer up "
                              "(0, the default: the memory alone; the backbone then answers as itself with memory off)")
     parser.add_argument("--lora-alpha", type=float, default=16.0, help="LoRA's alpha (scale alpha / rank; default: 16)")
-    parser.add_argument("--mix", nargs="*", default=[], metavar="FIELD=VALUE",
+    parser.add_argument("--mix", nargs="*", default=[], metavar="FIELD=VALUE", type=mix_override,
                         help="change a field of the full mix (memt_demo.episodes.Mix) beyond the Smol defaults")
     args = parser.parse_args(argv)
-    mix_fields = {f.name: f for f in fields(Mix)}
-    overrides = dict(SMOL_MIX)
-    for item in args.mix:
-        name, sep, value = item.partition("=")
-        if not sep or name not in mix_fields:
-            parser.error(f"--mix {item!r}: FIELD=VALUE with FIELD one of {', '.join(mix_fields)}")
-        overrides[name] = int(value) if isinstance(getattr(Mix, name), int) else float(value)
+    overrides = {**SMOL_MIX, **dict(args.mix)}
 
     from memt_demo.train import train
 

@@ -26,6 +26,7 @@ from memt_core.client.control_text import ControlGuard
 from memt_core.client.parsers import DSML, OutputParser, parser_for
 from memt_core.detokenize import IncrementalDecoder
 from memt_core.families.base import resolve
+from memt_core.families.smol import DEFAULT_SYSTEM_PROMPT
 from memt_core.tokenizer import load_tokenizer as load_tokenizer  # re-exported: clients load tokenizers from here
 
 
@@ -176,18 +177,23 @@ class NanoChatFormat(ChatFormat):
     """Qwen-style ChatML through the checkpoint's own Hugging Face chat template."""
 
     default_thinking = True  # the template's own default when enable_thinking is not given
+    #: template arguments of a piece that does not start a prompt (a turn, tool results, history); see SmolChatFormat
+    piece_kwargs: dict[str, Any] = {}
 
-    def _render(self, messages: list[dict], *, tools: list | None = None, generation: bool, thinking: bool | None = None) -> str:
+    def _render(self, messages: list[dict], *, tools: list | None = None, generation: bool, thinking: bool | None = None,
+                start: bool = False) -> str:
         kwargs: dict[str, Any] = {k: v for k, v in self.template_kwargs.items() if k != "enable_thinking"}
         if thinking is not None:
             kwargs["enable_thinking"] = thinking
+        if not start:
+            kwargs.update(self.piece_kwargs)
         return self.tokenizer.apply_chat_template(
             messages, tools=tools or None, add_generation_prompt=generation, tokenize=False, **kwargs
         )
 
     def system_text(self, system_prompt, tools):
         messages = [{"role": "system", "content": system_prompt or ""}]
-        return self._render(messages, tools=tools, generation=False)
+        return self._render(messages, tools=tools, generation=False, start=True)
 
     def user_text(self, content, *, thinking):
         return self._render([{"role": "user", "content": content}], generation=True, thinking=thinking)
@@ -203,7 +209,7 @@ class NanoChatFormat(ChatFormat):
         return self._render(messages, generation=True, thinking=thinking)
 
     def conversation_text(self, messages, *, tools, thinking):
-        return self._render(messages, tools=tools, generation=True, thinking=thinking)
+        return self._render(messages, tools=tools, generation=True, thinking=thinking, start=True)
 
     def tool_call_prefix(self, name: str | None = None) -> str:
         """Text that makes the model's output start as a tool call (for tool_choice required/named).
@@ -234,28 +240,16 @@ class SmolChatFormat(NanoChatFormat):
     """
 
     default_thinking = False
+    piece_kwargs = {"omit_default_system": True}
 
     def thinking(self, enable_thinking: bool | None) -> bool:
         return False  # SmolLM2 does not think; enable_thinking is accepted and has no effect
 
-    def _render(self, messages, *, tools=None, generation, thinking=None, start: bool = False) -> str:
-        kwargs: dict[str, Any] = {k: v for k, v in self.template_kwargs.items() if k != "enable_thinking"}
-        return self.tokenizer.apply_chat_template(
-            messages, tools=tools or None, add_generation_prompt=generation, tokenize=False,
-            **kwargs, **({} if start else {"omit_default_system": True}),
-        )
-
     def system_ids(self, system_prompt: str | None, tools: list | None) -> list[int]:
-        return self._encode_rendered(self.system_text, system_prompt, tools)
+        return self._encode_rendered(self.system_text, system_prompt, tools)  # the default's block when none is given
 
     def system_text(self, system_prompt, tools):
-        from memt_core.families.smol import DEFAULT_SYSTEM_PROMPT  # the template's own default, named once in Python
-
-        messages = [{"role": "system", "content": system_prompt or DEFAULT_SYSTEM_PROMPT}]
-        return self._render(messages, tools=tools, generation=False, start=True)
-
-    def conversation_text(self, messages, *, tools, thinking):
-        return self._render(messages, tools=tools, generation=True, start=True)
+        return super().system_text(system_prompt or DEFAULT_SYSTEM_PROMPT, tools)  # the template's own default
 
 
 class FlashChatFormat(ChatFormat):

@@ -154,3 +154,16 @@ def test_lora_tensors_without_their_config_or_pair_are_refused(tmp_path, tiny_ba
     (root / "config.json").write_text(json.dumps(config))
     with pytest.raises(CheckpointError, match="memt_lora.rank"):
         load_model(root)
+
+
+def test_train_smol_refuses_an_unknown_or_negative_mix_field_before_training(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "train_smol.py"
+    for bad, said in (("nope=1", "is not FIELD=VALUE"), ("long=-1", "long must be ≥ 0")):
+        run = subprocess.run([sys.executable, str(script), "--out", str(tmp_path / "x"), "--mix", bad],
+                             capture_output=True, text=True, timeout=120)
+        assert run.returncode == 2 and said in run.stderr, run.stderr
+    assert not (tmp_path / "x").exists()
