@@ -7,7 +7,6 @@ A tiny random Llama is "converted" into a backbone home the way ``python -m memt
 from __future__ import annotations
 
 import json
-import shutil
 from dataclasses import replace
 
 import pytest
@@ -15,7 +14,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from memt_core.families.smol import BACKBONE_FILE, file_sha256
+from backbone_home import convert_tiny
+from memt_core.families.smol import BACKBONE_FILE
 from memt_core.models.weights import SINGLE_FILE, load_model
 from memt_demo.compare import confirms, repeated_exactly
 from memt_demo.episodes import Mix
@@ -24,20 +24,8 @@ from memt_demo.train import ModelShape, TrainConfig, train
 
 @pytest.fixture
 def tiny_backbone(tmp_path, smol_checkpoint, monkeypatch):
-    home = tmp_path / "backbones"
-    directory = home / "tiny-llama"
-    (directory / "tokenizer").mkdir(parents=True)
-    tensors = load_file(str(smol_checkpoint / SINGLE_FILE))
-    save_file({k: v for k, v in tensors.items() if not k.startswith("memt.")}, str(directory / BACKBONE_FILE), metadata={"format": "pt"})
-    config = json.loads((smol_checkpoint / "config.json").read_text())["backbone_configs"]
-    (directory / "config.json").write_text(json.dumps(config))
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copyfile(smol_checkpoint / name, directory / "tokenizer" / name)
-    source = {"name": "tiny-llama", "title": "tiny", "license": "none", "package": "tests", "version": "0", "file": "x",
-              "sha256": file_sha256(directory / BACKBONE_FILE)}
-    (directory / "SOURCE.json").write_text(json.dumps(source))
-    monkeypatch.setenv("MEMT_BACKBONES", str(home))
-    return directory
+    monkeypatch.setenv("MEMT_BACKBONES", str(tmp_path / "backbones"))
+    return convert_tiny(smol_checkpoint, tmp_path / "backbones")
 
 
 def test_training_changes_only_the_memory(tmp_path, tiny_backbone):

@@ -15,6 +15,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from backbone_home import convert_tiny
 from memt_core import families
 from memt_core.checkpoint import read_checkpoint
 from memt_core.client.chat_format import SmolChatFormat, load_chat_format
@@ -91,13 +92,12 @@ def test_the_template_default_is_the_one_python_names(smol_checkpoint):
 def split_backbone(source: Path, root: Path, home: Path, *, name: str = "tiny-llama") -> Path:
     """A copy of ``source`` whose backbone tensors live in ``home/name/model.safetensors`` (named by SHA-256)."""
     shutil.copytree(source, root)
+    backbone = convert_tiny(source, home, name) / BACKBONE_FILE
     with safe_open(str(root / SINGLE_FILE), framework="pt") as handle:
-        tensors = {key: handle.get_tensor(key) for key in handle.keys()}
-    (home / name).mkdir(parents=True)
-    save_file({k: v for k, v in tensors.items() if not k.startswith("memt.")}, str(home / name / BACKBONE_FILE), metadata={"format": "pt"})
-    save_file({k: v for k, v in tensors.items() if k.startswith("memt.")}, str(root / SINGLE_FILE), metadata={"format": "pt"})
+        memory = {key: handle.get_tensor(key) for key in handle.keys() if key.startswith("memt.")}
+    save_file(memory, str(root / SINGLE_FILE), metadata={"format": "pt"})
     config = json.loads((root / "config.json").read_text())
-    config["memt_backbone"] = {"name": name, "sha256": file_sha256(home / name / BACKBONE_FILE)}
+    config["memt_backbone"] = {"name": name, "sha256": file_sha256(backbone)}
     (root / "config.json").write_text(json.dumps(config))
     return root
 
