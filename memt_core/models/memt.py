@@ -112,7 +112,6 @@ class MemTForCausalLM(nn.Module):
             return None
         x = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
         memory_module = self.memory_module(layer)
-        x = x.to(memory_module.q_proj.weight.dtype)  # a no-op unless the memory is kept wider than a (frozen) backbone
         if current.collect:
             current.writes[layer] = memory_module.write_inputs(x)
         state = current.memory.get(layer) if current.memory else None
