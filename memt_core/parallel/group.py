@@ -9,6 +9,7 @@ backend's reduction tree), at the price of a gather instead of a reduce.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -53,6 +54,19 @@ class RankGroup:
                                 timeout=timedelta(seconds=timeout_s))
         calls = dist.new_group(timeout=timedelta(seconds=IDLE_S))
         return cls(rank, world, deterministic=deterministic, calls=calls)
+
+    @classmethod
+    @contextmanager
+    def joined(cls, rank: int, world: int, **join):
+        """``join``, then ``leave`` at the end of the block: together when it ended well, alone when it raised (a rank
+        that lost a peer must not wait for it)."""
+        group = cls.join(rank, world, **join)
+        try:
+            yield group
+        except BaseException:
+            cls.leave(together=False)
+            raise
+        cls.leave()
 
     @staticmethod
     def leave(*, together: bool = True) -> None:

@@ -41,16 +41,11 @@ def main(argv: list[str] | None = None) -> int:
     device = parallel.device_of(rank, spec["device"])
     if device.startswith("cuda"):
         torch.cuda.set_device(device)
-    group = RankGroup.join(rank, parallel.world, backend=spec["backend"], address=spec["address"],
-                           deterministic=spec["deterministic"])
-    try:
+    with RankGroup.joined(rank, parallel.world, backend=spec["backend"], address=spec["address"],
+                          deterministic=spec["deterministic"]) as group:
         model = build_rank_model(read_checkpoint(spec["checkpoint"]), parallel, group, device=device,
                                  dtype=ranks._dtype(spec["dtype"]))
         ranks.serve(ModelRunner(model, **spec["runner"]), group)
-    except BaseException:
-        RankGroup.leave(together=False)
-        raise
-    RankGroup.leave()
     return 0
 
 

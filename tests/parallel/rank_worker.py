@@ -62,17 +62,12 @@ def main() -> int:
     from memt_core.parallel.plan import Parallel
     from memt_core.parallel.shard import build_rank_model
 
-    group = RankGroup.join(args.rank, args.world, backend="gloo", address=args.address, deterministic=args.deterministic)
-    try:
+    with RankGroup.joined(args.rank, args.world, backend="gloo", address=args.address, deterministic=args.deterministic) as group:
         model = build_rank_model(read_checkpoint(args.checkpoint), Parallel(tp=args.world, ep=args.ep), group)
         seen = run(model, group)
         if args.rank == 0:
             seen["traffic"] = {"collectives": group.traffic.collectives, "bytes": group.traffic.bytes}
             torch.save(seen, args.out)
-    except BaseException:
-        RankGroup.leave(together=False)
-        raise
-    RankGroup.leave()
     return 0
 
 
