@@ -25,9 +25,9 @@ from typing import AsyncIterator
 
 from memt_core.client.chat_format import ChatFormat
 from memt_core.client.parsers import OutputParser, hold_partial
-from memt_proxy.chat.memory import ChatMemory
+from memt_proxy.chat.memory import ChatMemory, OnMemory
 from memt_proxy.chat.plan import SEED_MODULUS, ChatPlanner
-from memt_proxy.chat.stream import deltas
+from memt_proxy.chat.stream import deltas, replayed
 from memt_proxy.errors import BadRequest, NotFound
 from memt_proxy.protocol import ChatCompletionRequest, Usage, choice, chunk_body, completion_id, logprobs_content, response_body
 from memt_proxy.session.turn import Turn, TurnRunner
@@ -72,7 +72,7 @@ class ChatService:
         self.runner = runner or TurnRunner(sessions, chat_format)
         self.plans = ChatPlanner(chat_format, sessions, default_thinking=default_thinking)
         # which memory a turn runs on: a named session, or the kept state a header-less conversation reaches
-        self.memory = ChatMemory(sessions, self.runner, self.plans, run=self._run, streamed=self._stream)
+        self.memory = ChatMemory(sessions, self.runner, self.plans)
 
     async def complete(
         self, request: ChatCompletionRequest, *, tenant: str, session: str | None, memory: str | None, on_divergence: str | None = None,
@@ -102,9 +102,20 @@ class ChatService:
             return await self._respond(await off_loop(size, self.plans.stateless, request, tenant), None, None)
         digest = request_digest(dumped)
         if session is None:
-            return await self.memory.headerless(request, tenant=tenant, policy=policy, size=size, digest=digest, retry=retry, key=key)
-        strict = (on_divergence or self.on_divergence) in STRICT
-        return await self.memory.named(request, tenant=tenant, session=session, policy=policy, strict=strict, size=size, digest=digest, retry=retry, key=key)
+            on = await self.memory.headerless(request, tenant=tenant, policy=policy, size=size, digest=digest, retry=retry, key=key)
+        else:
+            strict = (on_divergence or self.on_divergence) in STRICT
+            on = await self.memory.named(request, tenant=tenant, session=session, policy=policy, strict=strict, size=size, digest=digest, retry=retry, key=key)
+        return await self._on_memory(request, on)
+
+    async def _on_memory(self, request: ChatCompletionRequest, on: OnMemory):
+        """The answer where ``ChatMemory`` says: the kept answer replayed, a plain generation's, or the turn on the held
+        memory (``TurnRunner.answer``: a new session is created beside its answer)."""
+        if on.replay is not None:
+            return replayed(request, on.replay)
+        if on.held is None:
+            return await self._respond(on.turn, None, None)
+        return await self.runner.answer(on.held, on.hold, on.prepare, stream=bool(request.stream), run=self._run, streamed=self._stream, create=True)
 
     async def _respond(self, turn: Turn, held: HeldSession | None, hold: contextlib.AsyncExitStack | None):
         """A stateless turn's answer: a body, or a stream."""

@@ -232,7 +232,7 @@ async def _copy(sessions: Sessions, tenant: str, parent: str, state: SessionStat
         held = source.state.committed
         if not (source.state.exists and source.state.history_known and held == hashes[: len(held)]):
             raise Unavailable("the state it extends is gone", code="state_gone")
-        lease = await sessions.leases.lease_of(source.state)
+        lease = await sessions.placement.lease_of(source.state)
         async with sessions.placement.state_room(state):
             await sessions.placement.copy(state, source.state, lease)
         source.state.extended = True  # no longer its conversation's latest state: room is made from such states first

@@ -61,7 +61,7 @@ class HeldSession:
         if with_answer and not self.kept and state.empty:
             self.left = Start.LEASE_WITH_ANSWER
             return
-        self.lease = await self.leases.lease_of(state)
+        self.lease = await self.placement.lease_of(state)
 
     async def _leased(self) -> None:
         """Take the lease (and create the session) as ``start`` left to the answer, for a use that cannot overlap it."""
@@ -69,7 +69,7 @@ class HeldSession:
         if left is not Start.DONE:
             if left is Start.CREATE_WITH_ANSWER:
                 await self.placement.ensure(self.state)
-            self.lease = await self.leases.lease_of(self.state)
+            self.lease = await self.placement.lease_of(self.state)
 
     async def _query_leasing(self, prompt: list[int], sampling: dict) -> dict:
         """``query`` on the empty memory of a session not yet leased (or not yet created): a plain generation (an
@@ -84,13 +84,13 @@ class HeldSession:
                 await self.placement.ensure(state)
                 if not (state.blank and state.empty):
                     raise MemoryFound(state.native)
-            self.lease = await self.leases.acquire(state, wait=False)
+            self.lease = await self.placement.acquire(state, wait=False)
         except BaseException as exc:
             generation.cancel()
             await asyncio.gather(generation, return_exceptions=True)
             if not isinstance(exc, (LeaseTaken, MemoryFound)):
                 raise
-            self.lease = await self.leases.lease_of(state)
+            self.lease = await self.placement.lease_of(state)
             if isinstance(exc, MemoryFound) and not state.blank:
                 raise
             return await self.query(prompt, sampling)
@@ -109,7 +109,7 @@ class HeldSession:
         old = self.lease
         if type(exc.cause) is Conflict and old is not None:
             await self.leases.release(self.state, old)
-        self.lease = await self.leases.acquire(self.state)
+        self.lease = await self.placement.acquire(self.state)
 
     async def query(self, prompt: list[int], sampling: dict) -> dict:
         """Generate from ``prompt`` reading the session's memory."""
@@ -188,7 +188,7 @@ class HeldSession:
         first = asyncio.ensure_future(anext(upstream, None))
         try:
             try:
-                self.lease = await self.leases.acquire(self.state, wait=False)
+                self.lease = await self.placement.acquire(self.state, wait=False)
             except LeaseTaken:
                 taken = True
             else:
@@ -202,7 +202,7 @@ class HeldSession:
             await asyncio.gather(first, return_exceptions=True)
             await upstream.aclose()
         if taken:
-            self.lease = await self.leases.lease_of(self.state)
+            self.lease = await self.placement.lease_of(self.state)
             async for body in self.query_stream(prompt, sampling):
                 yield body
 

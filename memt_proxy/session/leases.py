@@ -1,12 +1,13 @@
 """Native leases: taken, kept and renewed while a session is active, released once it has been idle
-``lease_idle`` seconds, when its state is dropped, or at shutdown."""
+``lease_idle`` seconds, when its state is dropped, or at shutdown.
+
+``Leases`` calls nothing above it: a session the upstream let go is reported (``NotHeld``), and the part that places
+sessions brings it back and asks again (``Placement.acquire``)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Awaitable, Callable
-
 from memt_core.client.errors import MemTClientError
 from memt_core.errors import (
     Conflict,
@@ -16,48 +17,37 @@ from memt_core.errors import (
     UnknownSession,
 )
 from memt_proxy.session.clock import Clock
-from memt_proxy.session.state import RELEASE_WAIT, LeaseTaken, SessionState
+from memt_proxy.session.state import RELEASE_WAIT, LeaseTaken, NotHeld, SessionState
 from memt_proxy.session.upstream import Upstream
 
 log = logging.getLogger("memt.proxy")
 
 
 class Leases:
-    """Leases kept across requests, on ``upstream``; ``reload`` brings back a session the upstream let go (``Placement.reload``)."""
+    """Leases kept across requests, on ``upstream``."""
 
-    def __init__(self, upstream: Upstream, *, lease_wait: float, lease_ttl: int, lease_idle: float, reload: Callable[[SessionState], Awaitable[None]],
-                 clock: Clock | None = None):
+    def __init__(self, upstream: Upstream, *, lease_wait: float, lease_ttl: int, lease_idle: float, clock: Clock | None = None):
         self.upstream = upstream
         self.clock = clock or Clock()  # every wait, renewal and idle time here is on it
         self.client = upstream.client
         self.lease_wait = lease_wait  # seconds a request waits for a lease another client holds
         self.lease_ttl = lease_ttl
         self.lease_idle = lease_idle  # seconds an idle session keeps its lease (0: released after each request)
-        self.reload = reload
-
-    async def lease_of(self, state: SessionState) -> str:
-        """The session's kept lease, or a new one (kept from now on); the caller holds the lock."""
-        if state.lease is None:
-            await self.acquire(state)
-        return state.lease
 
     async def acquire(self, state: SessionState, *, wait: bool = True) -> str:
         """A new native lease (waiting up to ``lease_wait`` while another client holds it; ``wait=False``: raising
         ``LeaseTaken`` at once), kept as the session's and renewed until released, or until the session has been idle
-        for ``lease_idle`` seconds. A session the upstream no longer holds (a server with a snapshot store unloads idle
-        ones) is brought back first."""
+        for ``lease_idle`` seconds. ``NotHeld`` where the upstream no longer holds a session this proxy made (a server
+        with a snapshot store unloads idle ones): ``Placement.acquire`` brings it back."""
         state.drop_lease()
         deadline = self.clock.now() + self.lease_wait
-        reloaded = False
         while True:
             try:
                 lease = (await self.client.control("acquire", state.native, ttl=self.lease_ttl))["lease"]
                 break
             except MemTClientError as exc:
-                if isinstance(exc.cause, UnknownSession) and state.exists and not reloaded:
-                    reloaded = True
-                    await self.reload(state)
-                    continue
+                if isinstance(exc.cause, UnknownSession) and state.exists:
+                    raise NotHeld(self.upstream.error(exc)) from None
                 if isinstance(exc.cause, LeaseConflict) and not wait:
                     raise LeaseTaken(exc.message) from None
                 if not isinstance(exc.cause, LeaseConflict) or self.clock.now() > deadline:

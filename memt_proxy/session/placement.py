@@ -16,7 +16,9 @@ from memt_core.errors import SessionExists, UnknownSession
 from memt_proxy.errors import Conflict, ProxyError, RateLimited
 from memt_proxy.session.leases import Leases
 from memt_proxy.session.prefix_index import PrefixIndex
-from memt_proxy.session.state import LIVE_SECONDS, OFFLOAD_PREFIX, OFFLOAD_TRIES, PendingTurn, SessionState, SessionTable, native_session_id, offload_file
+from memt_proxy.session.state import (
+    LIVE_SECONDS, OFFLOAD_PREFIX, OFFLOAD_TRIES, NotHeld, PendingTurn, SessionState, SessionTable, native_session_id, offload_file,
+)
 from memt_proxy.session.store import SessionRecordStore
 from memt_proxy.session.upstream import Upstream
 from memt_proxy.session.writes import Writes
@@ -194,7 +196,7 @@ class Placement:
     async def _restore(self, state: SessionState, offloaded: dict) -> None:
         """Load an offloaded session's snapshot into its new native session (begin → import → publish)."""
         state.adopted(0, offloaded["committed"])
-        lease = await self.leases.lease_of(state)  # kept for the request that brought the session back
+        lease = await self.lease_of(state)  # kept for the request that brought the session back
         try:
             write = MemoryWrite(new_transaction(), new_nonce=new_nonce, import_file=offloaded["file"], memory_read=True, abort_on_failure=True)
             await self.writes.drive(write, state, lease, state.committed)
@@ -242,6 +244,21 @@ class Placement:
         except MemTClientError as exc:
             if not isinstance(exc.cause, UnknownSession):
                 raise self.upstream.error(exc) from None
+
+    async def acquire(self, state: SessionState, *, wait: bool = True) -> str:
+        """``Leases.acquire``; a session the upstream let go (``NotHeld``) is brought back first (``reload``), once."""
+        try:
+            return await self.leases.acquire(state, wait=wait)
+        except NotHeld:
+            await self.reload(state)
+        try:
+            return await self.leases.acquire(state, wait=wait)
+        except NotHeld as gone:
+            raise gone.error from None
+
+    async def lease_of(self, state: SessionState) -> str:
+        """The session's kept lease, or a new one (``acquire``, kept from now on); the caller holds the lock."""
+        return state.lease if state.lease is not None else await self.acquire(state)
 
     async def reload(self, state: SessionState) -> None:
         """Create the session again upstream, where its durable memory is restored, and adopt it; what this

@@ -95,6 +95,7 @@ from memt_proxy.session.state import (
     SessionState,
     SessionTable,
     native_session_id,
+    new_branch_name,
     snapshot_file,
 )
 from memt_proxy.session.store import SessionRecordStore
@@ -133,22 +134,12 @@ class Sessions:
         self.prefixes = PrefixIndex()  # kept states (``memt_proxy.session.branches``, ``forks``), as recorded
         self.memory_tokens = MemoryTokens()  # the prompt tokens each session's memory spares, for every surface
         self.behind: set[asyncio.Task] = set()  # commits and forks under way behind their answers
-        self.upstream = Upstream(client, identity=identity, served=served, restarted=self._forget_all)
+        self.upstream = Upstream(client, identity=identity, served=served, table=self.table)
         self.clock = clock or Clock()  # the leases' time, and a state's idle time (``SessionState.idle_since``)
-        self.leases = Leases(self.upstream, lease_wait=lease_wait, lease_ttl=lease_ttl, lease_idle=lease_idle, reload=self._reload, clock=self.clock)
+        self.leases = Leases(self.upstream, lease_wait=lease_wait, lease_ttl=lease_ttl, lease_idle=lease_idle, clock=self.clock)
         self.writes = Writes(self.upstream, self.leases, self.records, native_encoding=native_encoding)
         self.placement = Placement(self.upstream, self.leases, self.writes, self.records, self.table, self.prefixes, max_memory_states=max_memory_states)
-        self.forks = NamedForks(self.turn, self.upstream, self.leases, self.writes, self.placement, self.memory_tokens)
-
-    def _forget_all(self) -> None:
-        """The upstream restarted: every native session is gone."""
-        for state in self.table:
-            state.forget()
-
-    async def _reload(self, state: SessionState) -> None:
-        """``Leases``' way to bring back a session the upstream let go: ``Placement.reload`` (Placement, built after
-        Leases, uses them)."""
-        await self.placement.reload(state)
+        self.forks = NamedForks(self.upstream, self.writes, self.placement, self.memory_tokens)
 
     async def check_upstream(self, *, refresh: bool = False) -> None:
         """The upstream serves this proxy's checkpoint (``Upstream.check``); the first time it answers, the kept states an
@@ -248,9 +239,9 @@ class Sessions:
         try:
             try:
                 if later.source is not None:
-                    await self.forks.rebuild(state, later.source)
+                    await self.rebuild(state, later.source)
                 elif later.keep_parent:
-                    await self.forks.keep_parent(state)
+                    await self.keep_parent(state)
                 await self.writes.write(state, state.lease, commits, committed)
             except ProxyError as exc:
                 # the app resends this turn in its transcript, and it is committed with the next one
@@ -263,6 +254,27 @@ class Sessions:
             state.lock.release()
             self.table.give_back(state)
             self._rest(state)
+
+    async def keep_parent(self, state: SessionState) -> None:
+        """Before a named session's memory changes (its lock and lease held): what it holds kept as a new state, held
+        here while ``NamedForks.keep_parent`` makes it. Best effort: nothing is kept where it cannot be."""
+        link = self.forks.parent_link(state)
+        if link is None:
+            return
+        try:
+            async with self.turn(state.tenant, new_branch_name()) as held:
+                await self.forks.keep_parent(state, held.state, link)
+        except ProxyError as exc:  # e.g. every session state of the proxy in use
+            log.info("the state before a turn of %s is not kept (%s)", state.native, exc.message)
+        finally:
+            self.prefixes.made(link)
+
+    async def rebuild(self, state: SessionState, source: str) -> None:
+        """The named session (its lock held) made a copy of the kept state ``source``, held here meanwhile
+        (``NamedForks.rebuild``); then its own lease."""
+        async with self.turn(state.tenant, source) as held:
+            await self.forks.rebuild(state, held.state)
+        await self.placement.acquire(state)
 
     async def admin(self, tenant: str, session: str, action: str, **fields) -> dict:
         """inspect | save | restore | reset | close, under the session's lock (and lease, but for inspect).

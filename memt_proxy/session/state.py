@@ -2,7 +2,7 @@
 
 Constants of the session layer, the native session ID and snapshot-file mappings (tenant-scoped), a
 session's ``SessionState`` and ``PendingTurn``, the ``SessionTable`` (least recently used idle state
-dropped to make room), ``MemoryTokens`` (the prompt tokens each session's memory spares) and the two internal signals ``LeaseTaken`` and ``MemoryFound``.
+dropped to make room), ``MemoryTokens`` (the prompt tokens each session's memory spares) and the three internal signals ``LeaseTaken``, ``NotHeld`` and ``MemoryFound``.
 """
 
 from __future__ import annotations
@@ -287,6 +287,15 @@ class SessionTable:
 
 class LeaseTaken(Exception):
     """Another client holds the session's lease (``Leases.acquire(wait=False)``); handled here, never answered."""
+
+
+class NotHeld(Exception):
+    """The upstream no longer holds a session this proxy made (``Leases.acquire``; it let an idle one go, or unloaded
+    it): ``Placement.acquire`` brings it back once; ``error`` is what is answered if it cannot."""
+
+    def __init__(self, error: Exception):
+        super().__init__(str(error))
+        self.error = error
 
 
 class MemoryFound(Exception):

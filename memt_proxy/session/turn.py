@@ -165,9 +165,9 @@ class TurnRunner:
         except ProxyError as exc:
             if exc.code != "transcript_diverged" or strict:
                 raise
-        await self.sessions.leases.lease_of(state)
-        await self.sessions.forks.keep_parent(state)
-        await self.sessions.writes.reset(state)
+        await self.sessions.placement.lease_of(state)
+        await self.sessions.keep_parent(state)
+        await self.sessions.writes.reset(state, await self.sessions.placement.lease_of(state))
         turn = await plan(state)
         turn.keep_parent = True
         return turn

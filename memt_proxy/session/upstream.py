@@ -4,26 +4,27 @@ plain generations (no session)."""
 from __future__ import annotations
 
 import logging
-from typing import AsyncIterator, Callable
+from typing import AsyncIterator
 
 from memt_core.client.chat_format import serves
 from memt_core.client.errors import MemTClientError
 from memt_core.client.native import AsyncNativeClient
 from memt_core.errors import EpochMismatch
 from memt_proxy.errors import ProxyError, Unavailable, from_native
+from memt_proxy.session.state import SessionTable
 
 log = logging.getLogger("memt.proxy")
 
 
 class Upstream:
-    """Calls to one upstream, failures mapped where they enter, and the limits it reports. ``restarted`` is called
-    when a failure shows that the upstream restarted (its sessions are gone)."""
+    """Calls to one upstream, failures mapped where they enter, and the limits it reports. Where a failure shows that
+    the upstream restarted, every session of ``table`` is forgotten (its native session is gone: ``restarted``)."""
 
-    def __init__(self, client: AsyncNativeClient, *, identity: str | None, served: dict | None, restarted: Callable[[], None]):
+    def __init__(self, client: AsyncNativeClient, *, identity: str | None, served: dict | None, table: SessionTable):
         self.client = client
         self.identity = identity  # the model/tokenizer identity the upstream must serve
         self.served = served  # what its /memt/identity must say (model, config_sha256) when it reports no identity hash
-        self.restarted = restarted
+        self.table = table
         self.checked = False
         self.max_prefill_tokens: int | None = None
         self.chunk_tokens: int | None = None
@@ -76,6 +77,11 @@ class Upstream:
             raise self.error(exc) from None
         finally:
             await upstream.aclose()
+
+    def restarted(self) -> None:
+        """The upstream restarted: every native session is gone."""
+        for state in self.table:
+            state.forget()
 
     def error(self, exc: MemTClientError) -> ProxyError:
         """The ProxyError for a native failure; an epoch mismatch means the upstream restarted."""

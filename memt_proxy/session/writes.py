@@ -126,10 +126,8 @@ class Writes:
             return await control("abort", session, lease=lease, transaction=transaction)
         raise TypeError(step)
 
-    async def reset(self, state: SessionState, lease: str | None = None) -> None:
-        """Clear the session's memory (in ``lease``, or in the session's kept lease); the caller holds the lock."""
-        if lease is None:
-            lease = await self.leases.lease_of(state)
+    async def reset(self, state: SessionState, lease: str) -> None:
+        """Clear the session's memory in ``lease``; the caller holds the lock."""
         self.changing(state, [])
         await self.upstream.call(self.client.control, "reset", state.native, lease=lease)
         self.changed(state, [])

@@ -122,3 +122,35 @@ def test_threads_call_nothing_of_the_responses_service_back():
     from memt_proxy.responses.threads import Threads
 
     assert list(inspect.signature(Threads.__init__).parameters) == ["self", "sessions", "records", "snapshots_per_chain"]
+
+
+def test_no_part_of_the_proxy_holds_a_callable_of_another():
+    """Issue 59: no callback cycles (Leases ⇄ Placement, NamedForks ⇄ Sessions.turn, ChatService ⇄ ChatMemory ⇄
+    TurnRunner, ResponsesService ⇄ Threads, Upstream ⇄ Sessions): a part is given the parts below it and what it
+    uses as arguments, and returns a plan or a result. No part's constructor takes a callable (the frozen plans it
+    returns, dataclasses, may carry one), and the session layer's built parts hold no bound method of another."""
+    import dataclasses
+    import importlib
+    import inspect
+    import pkgutil
+
+    takes = []
+    for name in ("memt_proxy.session", "memt_proxy.chat", "memt_proxy.responses"):
+        package = importlib.import_module(name)
+        for info in pkgutil.iter_modules(package.__path__):
+            module = importlib.import_module(f"{name}.{info.name}")
+            for cls_name, cls in inspect.getmembers(module, inspect.isclass):
+                if cls.__module__ != module.__name__ or dataclasses.is_dataclass(cls) or "__init__" not in cls.__dict__:
+                    continue
+                for parameter in inspect.signature(cls.__init__).parameters.values():
+                    if any(word in str(parameter.annotation) for word in ("Callable", "Awaitable", "AsyncContextManager")):
+                        takes.append(f"{module.__name__}.{cls_name}({parameter.name})")
+    assert takes == []
+    from memt_core.client.native import AsyncNativeClient
+    from memt_proxy.session.sessions import Sessions
+
+    layer = Sessions(AsyncNativeClient("http://127.0.0.1:9"), identity=None)
+    parts = [layer.upstream, layer.leases, layer.writes, layer.placement, layer.forks]
+    held = [(type(part).__name__, key) for part in parts for key, value in vars(part).items() if inspect.ismethod(value)]
+    assert held == []
+

@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import random
 
+from memt_core.client.errors import MemTClientError
+from memt_core.errors import UnknownSession
 from memt_proxy.errors import ProxyError
 from memt_proxy.session.prefix_index import Found, chain
 from memt_proxy.session.state import new_branch_name
@@ -93,6 +95,42 @@ def test_an_idle_session_is_offloaded_to_make_room_and_restored_on_its_next_use(
     assert sessions.records.load_offload(a.native) is None  # restored: its offload record is gone
     assert deleted == [(a.native, offloaded["file"])]  # and its snapshot deleted (the fake engine keeps the file)
     assert c.exists
+
+
+def test_a_session_the_upstream_let_go_is_brought_back_when_its_lease_is_taken(tmp_path):
+    """Leases report a session the upstream no longer holds (``NotHeld``: here another client unloaded it to the core's
+    snapshot store); ``Placement.acquire`` brings it back (``reload``: created again, adopted at the version the core
+    restores — the fake engine keeps no durable memory, so version 0, empty, and what the proxy knew of version 1 is
+    dropped; tests/e2e/test_proxy_durable_core.py restores the memory itself) and takes its lease. Brought back once:
+    where the upstream still holds no such session, its error is the answer."""
+    async def body(h):
+        sessions = h.sessions
+        state = await committed_session(sessions, "t", "a", [1, 2, 3], [H1, H2])
+        await sessions.leases.release(state, state.lease)
+        other = h.other_client()
+        lease = (await other.control("acquire", state.native, ttl=30))["lease"]
+        await other.control("unload", state.native, lease=lease)
+        let_go = h.native(state.native)
+        taken = await sessions.placement.acquire(state)
+        back = (h.native(state.native), h.memory(state.native), state.version, list(state.committed), taken == state.lease)
+
+        def gone(action, session, fields):  # the upstream says it holds no such session, whatever is done
+            raise MemTClientError("acquire: unknown session", stage="acquire", status=404, cause=UnknownSession("unknown session"))
+
+        h.client.hooks["acquire"] = gone
+        state.drop_lease()
+        created = h.client.count("create", state.native)
+        try:
+            await sessions.placement.acquire(state)
+        except ProxyError as exc:
+            refused = exc
+        return let_go, back, refused, h.client.count("create", state.native) - created
+
+    let_go, back, refused, created = run(body, state=tmp_path, core=("--snapshot-store", str(tmp_path / "store")))
+    assert let_go is None
+    native, memory, version, committed, leased = back
+    assert native is not None and memory == () and version == 0 and committed == [] and leased
+    assert "unknown session" in refused.message and created == 1  # brought back once (its create), then the upstream's answer
 
 
 def test_kept_states_stay_within_the_bound_however_many_are_made_at_once():
@@ -182,9 +220,9 @@ def test_keep_parent_copies_a_sessions_memory_and_indexes_it(tmp_path):
         sessions.memory_tokens.wrote(state, 2, 3)
         async with sessions.turn("t", "a") as held:
             await held.start()
-            await sessions.forks.keep_parent(held.state)
+            await sessions.keep_parent(held.state)
             again = len(kept(sessions))
-            await sessions.forks.keep_parent(held.state)  # the same memory is kept once
+            await sessions.keep_parent(held.state)  # the same memory is kept once
             twice = len(kept(sessions))
         parents = kept(sessions)
         parent = parents[0]
@@ -207,7 +245,7 @@ def test_closing_a_session_closes_the_states_kept_for_it(tmp_path):
         await committed_session(sessions, "t", "a", [1, 2], [H1])
         async with sessions.turn("t", "a") as held:
             await held.start()
-            await sessions.forks.keep_parent(held.state)
+            await sessions.keep_parent(held.state)
         parent = kept(sessions)[0]
         await sessions.admin("t", "a", "close")
         return parent, h.native(parent.native), sessions.prefixes.find(chain("t", [H1])), SessionRecordStore(tmp_path / "records").branches()
@@ -226,7 +264,7 @@ def test_a_state_kept_before_a_turn_never_takes_the_tables_last_place(tmp_path):
         async with sessions.turn("t", "a") as held:
             await held.start()
             room = sessions.table.room()
-            await sessions.forks.keep_parent(held.state)
+            await sessions.keep_parent(held.state)
             tight = len(kept(sessions))
             async with sessions.turn("t", "b") as other:  # another client's session: served, not refused
                 await other.start()
@@ -235,7 +273,7 @@ def test_a_state_kept_before_a_turn_never_takes_the_tables_last_place(tmp_path):
         await committed_session(roomy, "t", "c", [4, 5], [H1])
         async with roomy.turn("t", "c") as held:
             await held.start()
-            await roomy.forks.keep_parent(held.state)
+            await roomy.keep_parent(held.state)
         return room, tight, state, len(kept(roomy))
 
     room, tight, state, roomy = run(body, state=tmp_path, max_sessions=2)
