@@ -32,8 +32,6 @@ import logging
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 
-from memt_core.client.errors import MemTClientError
-from memt_core.errors import UnknownSession
 from memt_proxy.errors import ProxyError, Unavailable
 from memt_proxy.session.prefix_index import Found, PrefixIndex, chain, extend, root
 from memt_proxy.protocol import Message
@@ -149,14 +147,9 @@ async def resumable(sessions: Sessions, state: SessionState, plan: HeaderlessPla
         except ProxyError as exc:
             log.info("branch %s not taken over here (%s): answered from the text", state.native, exc.message)
             return False
-    elif not state.exists:
-        try:
-            sessions.placement.adopt(state, await sessions.upstream.client.control("inspect", state.native))
-        except MemTClientError as exc:
-            if not isinstance(exc.cause, UnknownSession):
-                raise sessions.upstream.error(exc) from None
-            sessions.placement.move_head(state, None)
-            return False
+    elif not state.exists and await sessions.upstream.call(sessions.placement.adopt_existing, state) is None:
+        sessions.placement.move_head(state, None)
+        return False
     held = state.committed
     if state.history_known and held and held == plan.hashes[: len(held)]:
         return True

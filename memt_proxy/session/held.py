@@ -233,21 +233,17 @@ class HeldSession:
         another node of a cluster (shared records); 404 if none of these (nothing is created). Returns the
         upstream's inspect of a session it held, None for one brought back."""
         state = self.state
-        try:
-            native = await self.client.control("inspect", state.native)
-        except MemTClientError as exc:
-            if not isinstance(exc.cause, UnknownSession):
-                raise self.upstream.error(exc) from None  # e.g. the upstream is unreachable: not a 404
-            if state.exists:
-                await self.placement.reload(state)  # let go upstream (its memory is in the store): bring it back
-            elif self.records.load_offload(state.native) is not None or self.records.recorded_elsewhere(state.native):
-                await self.placement.ensure(state)
-            else:
-                raise NotFound(f"session {session!r} does not exist", code="session_not_found") from None
-            return None
-        if not state.exists:
-            self.placement.adopt(state, native)
-        return native
+        # e.g. the upstream unreachable: its error, not a 404
+        native = await self.upstream.call(self.placement.adopt_existing, state, adopt=not state.exists)
+        if native is not None:
+            return native
+        if state.exists:
+            await self.placement.reload(state)  # let go upstream (its memory is in the store): bring it back
+        elif self.records.load_offload(state.native) is not None or self.records.recorded_elsewhere(state.native):
+            await self.placement.ensure(state)
+        else:
+            raise NotFound(f"session {session!r} does not exist", code="session_not_found")
+        return None
 
     async def inspect(self, session: str, native: dict | None = None) -> dict:
         """The session as the proxy and the upstream see it (``find`` first; ``native``: the upstream's inspect

@@ -17,7 +17,7 @@ from memt_proxy.errors import Conflict, ProxyError, RateLimited
 from memt_proxy.session.leases import Leases
 from memt_proxy.session.prefix_index import PrefixIndex
 from memt_proxy.session.state import (
-    LIVE_SECONDS, OFFLOAD_PREFIX, OFFLOAD_TRIES, NotHeld, PendingTurn, SessionState, SessionTable, native_session_id, offload_file,
+    LIVE_SECONDS, OFFLOAD_PREFIX, OFFLOAD_TRIES, NotHeld, PendingTurn, SessionState, SessionTable, evicted_first, native_session_id, offload_file,
 )
 from memt_proxy.session.store import SessionRecordStore
 from memt_proxy.session.upstream import Upstream
@@ -60,7 +60,7 @@ class Placement:
             return
         offloaded = self.records.load_offload(state.native)
         if not await self._create(state):
-            self.adopt(state, await self.upstream.call(self.client.control, "inspect", state.native))
+            await self.upstream.call(self.adopt_existing, state, required=True)
             return
         if offloaded is not None:
             await self._restore(state, offloaded)
@@ -131,10 +131,10 @@ class Placement:
                 continue
             state = SessionState(native=native, tenant=branch["tenant"] if branch else "", name=branch["name"] if branch else "")
             try:
-                self.adopt(state, await self.client.control("inspect", native))
-            except MemTClientError as exc:
-                if not isinstance(exc.cause, UnknownSession):  # gone upstream: nothing to offload
-                    self._recorded.append(entry)  # the upstream briefly away: later
+                if await self.adopt_existing(state) is None:
+                    continue  # gone upstream: nothing to offload
+            except MemTClientError:
+                self._recorded.append(entry)  # the upstream briefly away: later
                 continue
             if await self.offload(state):
                 log.info("offloaded %s, a session recorded before this proxy started, to make room", native)
@@ -234,16 +234,26 @@ class Placement:
         state.pending = PendingTurn(**pending) if pending is not None else None
         state.last_turn = self.records.load_answer(state.native, version) if committed is not None else None
 
+    async def adopt_existing(self, state: SessionState, *, adopt: bool = True, required: bool = False) -> dict | None:
+        """Adopt ``state``'s native session as the upstream holds it (its inspect, then ``adopt``): the one way a session
+        found upstream is taken over. Returns the inspect; None, adopting nothing, where the upstream holds no such
+        session (``required``: its error is raised then too); ``adopt=False``: only the inspect. Any other failure is
+        the client's error (``MemTClientError``): the caller decides."""
+        try:
+            native = await self.client.control("inspect", state.native)
+        except MemTClientError as exc:
+            if required or not isinstance(exc.cause, UnknownSession):
+                raise
+            return None
+        if adopt:
+            self.adopt(state, native)
+        return native
+
     async def adopt_recorded(self, state: SessionState) -> None:
         """Adopt a session this proxy (or an earlier one) recorded, before its request is looked at: its record
         says what memory holds and which answer its last turn had (an identical retry gets it again)."""
-        if state.exists or not self.records.known(state.native):
-            return
-        try:
-            self.adopt(state, await self.client.control("inspect", state.native))
-        except MemTClientError as exc:
-            if not isinstance(exc.cause, UnknownSession):
-                raise self.upstream.error(exc) from None
+        if not state.exists and self.records.known(state.native):
+            await self.upstream.call(self.adopt_existing, state)
 
     async def acquire(self, state: SessionState, *, wait: bool = True) -> str:
         """``Leases.acquire``; a session the upstream let go (``NotHeld``) is brought back first (``reload``), once."""
@@ -311,11 +321,10 @@ class Placement:
                 continue
             state.origin = branch.get("origin")
             try:
-                self.adopt(state, await self.client.control("inspect", state.native))
-            except MemTClientError as exc:
-                if isinstance(exc.cause, UnknownSession):  # closed upstream (or lost with it): nothing holds it
+                if await self.adopt_existing(state) is None:  # closed upstream (or lost with it): nothing holds it
                     self.prefixes.drop(state.name)
                     self.records.delete(state.native)
+            except MemTClientError:
                 continue
         kept = [state for state in self.table if state.branch and state.exists]
         for state in kept[: max(0, len(kept) - self.branch_limit())]:
@@ -389,9 +398,3 @@ class Placement:
         self.branches_closed += 1
         return True
 
-
-def evicted_first(states) -> list[SessionState]:
-    """``states`` (least recently used first) in the order room is made: header-less states a later turn extended (kept
-    for a regenerate or an edit), then the rest, each part least recently used first: a live conversation keeps its
-    latest state while any other's older one can go."""
-    return sorted(states, key=lambda state: not (state.branch and state.extended))

@@ -285,6 +285,13 @@ class SessionTable:
         )
 
 
+def evicted_first(states) -> list[SessionState]:
+    """``states`` (least recently used first) in the order room is made: header-less states a later turn extended (kept
+    for a regenerate or an edit), then the rest, each part least recently used first: a live conversation keeps its
+    latest state while any other's older one can go."""
+    return sorted(states, key=lambda state: not (state.branch and state.extended))
+
+
 class LeaseTaken(Exception):
     """Another client holds the session's lease (``Leases.acquire(wait=False)``); handled here, never answered."""
 

@@ -154,3 +154,17 @@ def test_no_part_of_the_proxy_holds_a_callable_of_another():
     held = [(type(part).__name__, key) for part in parts for key, value in vars(part).items() if inspect.ismethod(value)]
     assert held == []
 
+
+def test_a_session_found_upstream_is_adopted_in_one_place():
+    """Issue 59: adopt-by-inspect (ask the upstream, then take the session over with its record) is written once,
+    ``Placement.adopt_existing``; every other part calls it."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "memt_proxy"
+    adopting = []
+    for path in root.rglob("*.py"):
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if re.search(r"\.adopt\(", line):
+                adopting.append((str(path.relative_to(root)), line.strip()))
+    assert adopting == [("session/placement.py", "self.adopt(state, native)")]
