@@ -13,7 +13,7 @@ import time
 import uuid
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import BaseModel, ConfigDict, Field
 
 from memt_proxy.errors import BadRequest
 from memt_proxy.protocol import MAX_MESSAGES, StrictBool, StrictFloat, StrictInt, output_schema
@@ -74,11 +74,6 @@ class ResponseRequest(BaseModel):
     text: dict[str, Any] | None = None
     include: list[str] | None = None
     top_logprobs: StrictInt | None = Field(default=None, ge=0, le=20)
-    _size: int = PrivateAttr(default=0)  # characters of its JSON, set by the service (where its prompt is prepared)
-    _digest: str = PrivateAttr(default="")  # SHA-256 of that JSON, set by the service (an identical retry)
-    _retry: bool = PrivateAttr(default=False)  # the client says it sends it again
-    _key: str | None = PrivateAttr(default=None)  # its Idempotency-Key
-    _policy: str = PrivateAttr(default="auto")  # its memory policy (X-MemT-Memory)
 
     @property
     def logprobs(self) -> bool:

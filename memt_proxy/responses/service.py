@@ -35,6 +35,7 @@ from memt_core.client.chat_format import ChatFormat
 from memt_core.client.parsers import OutputParser
 from memt_proxy.errors import NotFound, ProxyError
 from memt_proxy.protocol import logprobs_content
+from memt_proxy.request_context import RequestContext
 from memt_proxy.responses.plan import ResponsesPlanner
 from memt_proxy.responses.protocol import (
     Events, InputItems, ResponseRequest, function_call_item, item_messages, message_item, new_id, reasoning_item, response_object, usage,
@@ -90,31 +91,28 @@ class ResponsesService:
         if request.model not in self.accepted:
             raise NotFound(f"model {request.model!r} does not exist; this proxy serves {', '.join(self.model_names)}", param="model", code="model_not_found")
         dumped = request.model_dump_json()
-        request._size = len(dumped)  # decides where its prompt is prepared (``worker.off_loop``)
-        request._digest = request_digest(dumped)  # an identical retry is answered again, not run twice
-        request._retry, request._key = retry, key
         # the memory policy (X-MemT-Memory, else --memory): "read" reads memory and commits nothing (the turn stays
         # context, sent with the next input); "off" answers an input without conversation or previous response from
         # its text (one that names them asks for that memory: read and committed as "auto")
-        request._policy = memory or self.default_memory
-        kept = self.runner.retried(tenant, request._digest, retry, key)
+        context = RequestContext(tenant, memory or self.default_memory, len(dumped), request_digest(dumped), retry, key)
+        kept = self.runner.retried(tenant, context.digest, retry, key)
         if kept is not None:
             log.info("an identical retry of a response: answered again")
             return replayed(kept) if request.stream else kept
-        items = await off_loop(request._size, lambda: InputItems.of(request.input).items)
+        items = await off_loop(context.size, lambda: InputItems.of(request.input).items)
         await self.sessions.check_upstream()
         if request.conversation_id is not None or request.previous_response_id is not None:
-            return await self._on_thread(request, items, tenant, await self.threads.hold(request, tenant))
-        if self.headerless and request._policy != "off":
-            return await self._headerless(request, items, tenant)
-        plan = await self._planned(request, tenant, items, None, [], [], None)
+            return await self._on_thread(request, context, items, await self.threads.hold(request, context))
+        if self.headerless and context.policy != "off":
+            return await self._headerless(request, context, items)
+        plan = await self._planned(request, context, items, None, [], [], None)
         return self._stream(plan, None, None) if request.stream else await self._run(plan, None)
 
-    async def _planned(self, request: ResponseRequest, *args, **kwargs) -> Turn:
-        """``ResponsesPlanner.plan``, off the event loop for a large request (``worker.off_loop``)."""
-        return await off_loop(request._size, self.plans.plan, request, *args, **kwargs)
+    async def _planned(self, request: ResponseRequest, context: RequestContext, *args, **kwargs) -> Turn:
+        """``ResponsesPlanner.plan`` for the request's tenant, off the event loop for a large request (``worker.off_loop``)."""
+        return await off_loop(context.size, self.plans.plan, request, context.tenant, *args, **kwargs)
 
-    async def _on_thread(self, request: ResponseRequest, items: list[dict], tenant: str, on: ThreadTurn):
+    async def _on_thread(self, request: ResponseRequest, context: RequestContext, items: list[dict], on: ThreadTurn):
         """Answer on a conversation or chain (``Threads.hold``): its memory confirmed before the prompt is planned on it
         (a refusal of the plan creates nothing upstream), the held session let go when the answer ends."""
         if on.replay is not None:
@@ -122,45 +120,45 @@ class ResponsesService:
         thread, held, hold = on.thread, on.held, on.hold
         handed_off = False
         try:
-            if request._policy == "off":
-                known = await self.threads.known_messages(request, thread)
-                plan = await self._planned(request, tenant, items, thread, known, thread.calls, None)
-                plan.base_version, plan.digest, plan.key, plan.as_text = thread.version, request._digest, request._key, len(known) - len(thread.uncommitted)
+            if context.policy == "off":
+                known = await self.threads.known_messages(context, thread)
+                plan = await self._planned(request, context, items, thread, known, thread.calls, None)
+                plan.base_version, plan.digest, plan.key, plan.as_text = thread.version, context.digest, context.key, len(known) - len(thread.uncommitted)
                 handed_off = True
                 return await self._answer(plan, None, hold)
-            await self._planned(request, tenant, items, thread, thread.uncommitted, thread.calls, None)  # a refusal creates nothing upstream
+            await self._planned(request, context, items, thread, thread.uncommitted, thread.calls, None)  # a refusal creates nothing upstream
             await held.start(with_answer=True)
             if on.restore is not None:
                 await held.restore(on.restore, name=on.restore)
             state = held.state
             if on.restore is None:
                 await self.threads.confirm(held, thread)
-            plan = await self._planned(request, tenant, items, thread, thread.uncommitted, thread.calls, state.pending)
-            plan.base_version, plan.state, plan.policy = state.version, state, "read" if request._policy == "read" else "auto"
-            plan.saved, plan.digest, plan.key = self.memory_tokens.held(state), request._digest, request._key
+            plan = await self._planned(request, context, items, thread, thread.uncommitted, thread.calls, state.pending)
+            plan.base_version, plan.state, plan.policy = state.version, state, "read" if context.policy == "read" else "auto"
+            plan.saved, plan.digest, plan.key = self.memory_tokens.held(state), context.digest, context.key
             handed_off = True
             return await self._answer(plan, held, hold)
         finally:
             if not handed_off:
                 await hold.aclose()
 
-    async def _headerless(self, request: ResponseRequest, items: list[dict], tenant: str):
+    async def _headerless(self, request: ResponseRequest, context: RequestContext, items: list[dict]):
         """An input with neither conversation nor previous_response_id, as a header-less chat request: resumed
         from the deepest kept state of the history it carries, its next state forked behind the answer
         (``memt_proxy.session.branches``). Its system/developer items are instructions, as a chat request's system messages:
         sent with every input, never kept in a state."""
-        messages = await off_loop(request._size, item_messages, items)
-        found, held, hold = await resume(self.sessions, messages, tenant, request._size)
+        messages = await off_loop(context.size, item_messages, items)
+        found, held, hold = await resume(self.sessions, messages, context.tenant, context.size)
         handed_off = False
         try:
             if held is None:
-                plan = await self._planned(request, tenant, items, None, [], [], None, lift=True)
-                plan.headerless, plan.policy, plan.digest, plan.key = found, request._policy, request._digest, request._key
+                plan = await self._planned(request, context, items, None, [], [], None, lift=True)
+                plan.headerless, plan.policy, plan.digest, plan.key = found, context.policy, context.digest, context.key
                 return self._stream(plan, None, None) if request.stream else await self._run(plan, None)
-            plan = await self._planned(request, tenant, items, None, [], [], None, held=len(held.state.committed), lift=True)
+            plan = await self._planned(request, context, items, None, [], [], None, held=len(held.state.committed), lift=True)
             await held.start(with_answer=True)
-            plan.headerless, plan.state, plan.saved, plan.policy = found, held.state, self.memory_tokens.held(held.state), request._policy
-            plan.digest, plan.key = request._digest, request._key
+            plan.headerless, plan.state, plan.saved, plan.policy = found, held.state, self.memory_tokens.held(held.state), context.policy
+            plan.digest, plan.key = context.digest, context.key
             handed_off = True
             return await self._answer(plan, held, hold)
         finally:
@@ -240,7 +238,7 @@ class ResponsesService:
         if thread is None:
             uncommitted, version, snapshot_of = messages, 0, None
         else:
-            thread.remember_answer(request._digest, request._key, response_id, body)
+            thread.remember_answer(plan.digest, plan.key, response_id, body)
             self.threads.advance(plan, thread, response_id, messages, [] if incomplete else calls, output, version)
             uncommitted, version, snapshot_of = list(thread.uncommitted), thread.version, thread.snapshot_of
         if request.stored:

@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 
 from memt_proxy.errors import BadRequest, Conflict, NotFound
+from memt_proxy.request_context import RequestContext
 from memt_proxy.responses.protocol import ResponseRequest, item_messages, new_id
 from memt_proxy.responses.records import ResponseRecord, ResponseRecords, Thread, session_name
 from memt_proxy.session.sessions import HeldSession, Sessions
@@ -51,32 +52,33 @@ class Threads:
         self.records = records
         self.snapshots_per_chain = snapshots_per_chain  # --response-snapshots
 
-    async def hold(self, request: ResponseRequest, tenant: str) -> ThreadTurn:
+    async def hold(self, request: ResponseRequest, context: RequestContext) -> ThreadTurn:
         """The thread of a request with ``conversation`` or ``previous_response_id``, its session held."""
         if request.conversation_id is not None:
-            return await self._in_conversation(request, tenant)
-        return await self._continued(request, tenant)
+            return await self._in_conversation(request, context)
+        return await self._continued(request, context)
 
-    async def _in_conversation(self, request: ResponseRequest, tenant: str) -> ThreadTurn:
+    async def _in_conversation(self, request: ResponseRequest, context: RequestContext) -> ThreadTurn:
         """A request with ``conversation``: run on that conversation's session."""
-        thread = self.records.thread(tenant, request.conversation_id)
+        thread = self.records.thread(context.tenant, request.conversation_id)
         if thread is None or not thread.conversation:
             raise NotFound(f"conversation {request.conversation_id!r} not found; create one with POST /v1/conversations", param="conversation", code="conversation_not_found")
-        return await self._in_thread(request, tenant, thread, None)
+        return await self._in_thread(context, thread, None)
 
-    async def _continued(self, request: ResponseRequest, tenant: str) -> ThreadTurn:
+    async def _continued(self, request: ResponseRequest, context: RequestContext) -> ThreadTurn:
         """A request with ``previous_response_id``: in that response's thread if it is the latest there, else in a new
         chain (a branch) from its snapshot."""
+        tenant = context.tenant
         previous = self._previous(request, tenant)
         restore = None
         if previous.thread is not None:
             thread = self.records.thread(tenant, previous.thread)
             if thread is not None and thread.head == previous.id:
-                result = await self._in_thread(request, tenant, thread, previous.id)
+                result = await self._in_thread(context, thread, previous.id)
                 if result is not None:
                     return result
-            elif thread is not None and (thread.answered or {}).get("digest") == request._digest and retried(request._retry, request._key, thread.answered.get("key")):
-                result = await self._in_thread(request, tenant, thread, thread.head)  # a retry of its latest
+            elif thread is not None and (thread.answered or {}).get("digest") == context.digest and retried(context.retry, context.key, thread.answered.get("key")):
+                result = await self._in_thread(context, thread, thread.head)  # a retry of its latest
                 if result is not None:
                     return result
             restore = thread.snapshot(previous.snapshot_of) if thread is not None else None
@@ -88,7 +90,7 @@ class Threads:
                 )
         branch = Thread(id=new_id("chain"), tenant=tenant, session="", created_at=int(time.time()), uncommitted=list(previous.uncommitted), calls=list(previous.calls))
         branch.session = session_name(branch.id)
-        return await self._in_thread(request, tenant, branch, None, restore=restore)
+        return await self._in_thread(context, branch, None, restore=restore)
 
     def _previous(self, request: ResponseRequest, tenant: str) -> ResponseRecord:
         previous = self.records.response(tenant, request.previous_response_id)
@@ -99,15 +101,15 @@ class Threads:
             raise BadRequest(f"response {previous.id!r} belongs to conversation {thread.id!r}: continue it with 'conversation', not 'previous_response_id'", param="previous_response_id", code="invalid_request")
         return previous
 
-    async def _in_thread(self, request: ResponseRequest, tenant: str, thread: Thread, head: str | None, *, restore: str | None = None) -> ThreadTurn | None:
+    async def _in_thread(self, context: RequestContext, thread: Thread, head: str | None, *, restore: str | None = None) -> ThreadTurn | None:
         """The thread's session held. With ``head``, only while that response is still the thread's latest (checked
         under the session's lock); None, the session let go, when it no longer is."""
         hold = contextlib.AsyncExitStack()
-        held = await hold.enter_async_context(self.sessions.turn(tenant, thread.session))
+        held = await hold.enter_async_context(self.sessions.turn(context.tenant, thread.session))
         handed_off = False
         try:
             answered = thread.answered
-            if answered and answered["digest"] == request._digest and thread.head == answered["id"] and retried(request._retry, request._key, answered.get("key")):
+            if answered and answered["digest"] == context.digest and thread.head == answered["id"] and retried(context.retry, context.key, answered.get("key")):
                 # a client's retry of the response that is this thread's latest (its answer lost on the way, or
                 # a timeout): the same response again, streamed if asked so, its turn not committed twice (issue 38)
                 log.info("an identical retry of %s on %s: answered again", answered["id"], thread.id)
@@ -120,7 +122,7 @@ class Threads:
             if not handed_off:
                 await hold.aclose()
 
-    async def known_messages(self, request: ResponseRequest, thread: Thread) -> list[dict]:
+    async def known_messages(self, context: RequestContext, thread: Thread) -> list[dict]:
         """Memory off on a conversation: the messages of its items, answered from as text (its memory neither read nor
         written; the turn joins what the conversation's next input sends as context). A chain keeps no transcript."""
         if not thread.conversation:
@@ -128,7 +130,7 @@ class Threads:
                 "X-MemT-Memory: off answers without memory, and a chain of responses keeps no transcript to answer from: continue it "
                 "with memory (auto or read), or send the whole input without previous_response_id", param="X-MemT-Memory", code="unsupported_parameter",
             )
-        return await off_loop(request._size, item_messages, thread.items)
+        return await off_loop(context.size, item_messages, thread.items)
 
     async def confirm(self, held: HeldSession, thread: Thread) -> None:
         """Check the session's memory against the thread's record before using it: the turn committed behind

@@ -168,3 +168,25 @@ def test_a_session_found_upstream_is_adopted_in_one_place():
             if re.search(r"\.adopt\(", line):
                 adopting.append((str(path.relative_to(root)), line.strip()))
     assert adopting == [("session/placement.py", "self.adopt(state, native)")]
+
+
+def test_request_context_travels_as_its_own_object_not_on_the_request_models():
+    """Issue 59: a request's context (tenant, policy, size, digest, retry, key) is a frozen ``RequestContext`` built once,
+    never private attributes set on the pydantic request models."""
+    import dataclasses
+    import re
+    from pathlib import Path
+
+    from memt_proxy.request_context import RequestContext
+
+    root = Path(__file__).resolve().parents[2] / "memt_proxy"
+    private = [str(p.relative_to(root)) for p in root.rglob("*.py") if re.search(r"PrivateAttr|\brequest\._[a-z]", p.read_text())]
+    assert private == []
+    context = RequestContext("t", "auto", 10, "d")
+    try:
+        context.policy = "off"  # type: ignore[misc]
+    except dataclasses.FrozenInstanceError:
+        pass
+    else:
+        raise AssertionError("RequestContext is not frozen")
+

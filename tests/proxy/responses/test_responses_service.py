@@ -17,6 +17,7 @@ from memt_proxy.responses.protocol import InputItems, ResponseRequest
 from memt_proxy.session.sessions import PendingTurn, Sessions, SessionState
 from memt_proxy.session.transcript import message_hash
 from memt_proxy.prompt import encode
+from memt_proxy.request_context import RequestContext
 
 TOOL = {"type": "function", "name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
 CHAT_TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": TOOL["parameters"]}}
@@ -144,7 +145,7 @@ def test_a_large_input_is_planned_off_the_event_loop(service):
     import threading
 
     request = ResponseRequest.model_validate({"model": "m", "input": "word " * 20_000})  # 100 KB
-    request._size = len(request.model_dump_json())
+    context = RequestContext("t", "auto", len(request.model_dump_json()), "")
     seen = []
     plan_of = service.plans.plan
 
@@ -154,7 +155,7 @@ def test_a_large_input_is_planned_off_the_event_loop(service):
 
     service.plans.plan = recording
     try:
-        made = asyncio.run(service._planned(request, "t", InputItems.of(request.input).items, None, [], [], None))
+        made = asyncio.run(service._planned(request, context, InputItems.of(request.input).items, None, [], [], None))
     finally:
         del service.plans.plan
     assert seen and seen[0].startswith("memt-prepare"), seen
