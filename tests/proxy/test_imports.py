@@ -190,3 +190,13 @@ def test_request_context_travels_as_its_own_object_not_on_the_request_models():
     else:
         raise AssertionError("RequestContext is not frozen")
 
+
+def test_no_session_test_sleeps():
+    """Issue 59: the session layer's tests wait for no time: time comes from the harness's ``StoppedClock``, and
+    concurrent requests are interleaved by event-loop rounds (``session_harness.turns``) or wait on a state."""
+    import re
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parent / "session"
+    sleeping = [p.name for p in folder.glob("test_*.py") if re.search(r"time\.sleep|asyncio\.sleep", p.read_text())]
+    assert sleeping == []

@@ -219,6 +219,13 @@ async def until(condition: Callable[[], bool], timeout: float = 5.0, what: str =
         await asyncio.sleep(0.005)
 
 
+async def turns(count: int = 1) -> None:
+    """Let the event loop run ``count`` rounds (every ready task steps once a round); no time passes: how a test
+    interleaves concurrent requests without sleeping."""
+    for _ in range(count):
+        await asyncio.sleep(0)
+
+
 async def settle(sessions: Sessions) -> None:
     """Wait for every commit and fork under way behind answers (and any they start)."""
     while sessions.behind:

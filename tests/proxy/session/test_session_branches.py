@@ -10,7 +10,7 @@ from memt_proxy.session.branches import after_answer, plan_headerless, resume, r
 from memt_proxy.session.prefix_index import Found, PrefixIndex, chain
 from memt_proxy.session.state import native_session_id
 from memt_proxy.session.transcript import message_hash
-from session_harness import kept, kept_state, run, settle, until
+from session_harness import kept, kept_state, run, settle, turns, until
 
 
 def user(text: str) -> dict:
@@ -79,7 +79,7 @@ def test_twenty_identical_answers_fork_one_state_written_once():
             return [3, 4, 5]
 
         async def answered(index: int):
-            await asyncio.sleep(0.001 * (index % 5))
+            await turns(index % 5)
             after_answer(sessions, plan, answer, parent=parent, keep=True, ids=ids)
 
         await asyncio.gather(*(answered(index) for index in range(20)))
@@ -112,10 +112,23 @@ def test_a_conversations_next_request_waits_for_the_state_its_answer_makes():
             await release.wait()
             return [1, 2, 3, 4]
 
+        waiting = asyncio.Event()
+        being_made = sessions.prefixes.being_made
+
+        class Watched:  # the state being made, as the request sees it: it says when the request waits for it
+            def __init__(self, event: asyncio.Event):
+                self.event = event
+
+            async def wait(self):
+                waiting.set()
+                await self.event.wait()
+
+        sessions.prefixes.being_made = lambda link: None if (event := being_made(link)) is None else Watched(event)
         sessions.prefixes.answered(plan.links[-1])
         after_answer(sessions, plan, [assistant("2")], parent=None, keep=True, ids=ids)
         following = asyncio.create_task(resume(sessions, [*CONVERSATION[:4], user("three")], "t", 10))
-        await asyncio.sleep(0.05)
+        await waiting.wait()  # the request found its history being kept and waits for it
+        await turns(20)
         assert not following.done()
         release.set()
         found, held, hold = await following

@@ -14,7 +14,7 @@ from memt_proxy.errors import ProxyError
 from memt_proxy.session.prefix_index import Found, chain
 from memt_proxy.session.state import new_branch_name
 from memt_proxy.session.store import SessionRecordStore
-from session_harness import kept, kept_state, committed_session, run, write_natively
+from session_harness import kept, kept_state, committed_session, run, turns, write_natively
 
 H1, H2, H3 = "1" * 64, "2" * 64, "3" * 64
 
@@ -144,10 +144,10 @@ def test_kept_states_stay_within_the_bound_however_many_are_made_at_once():
         async def watch():
             while not done.is_set():
                 seen.append((len(kept(sessions)), len(h.proxy_sessions())))
-                await asyncio.sleep(0)
+                await turns()
 
         async def make(index: int):
-            await asyncio.sleep(random.random() * 0.02)
+            await turns(random.randrange(20))
             async with sessions.turn("t", new_branch_name()) as held:
                 try:
                     async with sessions.placement.state_room(held.state):
@@ -156,7 +156,7 @@ def test_kept_states_stay_within_the_bound_however_many_are_made_at_once():
                     refused.append((exc.status, exc.code, held.state.exists))
                     return
                 made.append(held.state)
-                await asyncio.sleep(random.random() * 0.02)
+                await turns(random.randrange(20))
 
         random.seed(45)
         watcher = asyncio.create_task(watch())

@@ -12,6 +12,7 @@ from memt_core.client.native import AsyncNativeClient
 from memt_proxy.errors import ProxyError
 from memt_proxy.session.sessions import SessionTable, Sessions, native_session_id, snapshot_file
 from memt_proxy.session.store import SessionRecordStore
+from session_harness import turns
 
 A, B, C = "a" * 64, "b" * 64, "c" * 64
 
@@ -82,7 +83,7 @@ def test_a_state_with_a_request_waiting_for_its_lock_is_not_dropped():
         async with layer.turn("t", "a") as first:
             waiting = asyncio.ensure_future(second_request())
             while first.state.users < 2:  # the second request now waits for the lock
-                await asyncio.sleep(0)
+                await turns()
             async with layer.turn("t", "b"):
                 pass
             async with layer.turn("t", "c"):  # makes room by dropping b, the only idle state
