@@ -1,5 +1,6 @@
-"""ChatService's decisions that need no upstream: options, sampling, stop strings, what a completed
-turn commits, tool-call messages and stream deltas (tiny Nano checkpoint's real chat format/parser)."""
+"""ChatService's decisions that need no upstream: stop strings, what a completed turn commits, tool-call messages
+(tiny Nano checkpoint's real chat format/parser); the planner's are tests/proxy/chat/test_chat_plan.py, the
+stream's test_chat_stream.py."""
 
 from __future__ import annotations
 
@@ -8,13 +9,9 @@ import pytest
 from memt_core.client.chat_format import load_chat_format, load_tokenizer
 from memt_core.client.native import AsyncNativeClient
 from memt_proxy.protocol import ChatCompletionRequest
-from memt_proxy.chat.stream import deltas as _deltas
 from memt_proxy.chat.service import ChatService
 from memt_proxy.session.turn import Turn
 from memt_proxy.session.sessions import Sessions
-
-TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
-
 
 @pytest.fixture(scope="module")
 def service(nano_checkpoint):
@@ -35,28 +32,6 @@ def reply_ids(service, turn: Turn, ids: list[int]) -> list[int]:
     if turn.kept is None:
         service._message(turn, service._text(turn, ids, final=True)[0], "stop")
     return service.runner.reply_ids(turn, ids)
-
-
-def test_options(service):
-    assert service.plans.options(request()) == (False, None, "", True)
-    assert service.plans.options(request(reasoning_effort="high"))[0] is True
-    assert service.plans.options(request(reasoning_effort="minimal"))[0] is False
-    assert service.plans.options(request(reasoning_effort="high", chat_template_kwargs={"enable_thinking": False}))[0] is False
-    thinking, tools, prefix, parallel = service.plans.options(request(tools=[TOOL], parallel_tool_calls=False))
-    assert tools == [TOOL] and prefix == "" and parallel is False
-    assert service.plans.options(request(tools=[TOOL], tool_choice="none"))[1] is None  # none: no tools in the template
-    assert service.plans.options(request(tools=[TOOL], tool_choice="required"))[2] == service.chat_format.tool_call_prefix()
-    named = service.plans.options(request(tools=[TOOL], tool_choice={"type": "function", "function": {"name": "get_weather"}}))[2]
-    assert named == service.chat_format.tool_call_prefix("get_weather") and "get_weather" in named
-    assert not named.endswith(" ")  # a prompt ending in a lone space token is one the model never saw
-
-
-def test_sampling(service):
-    assert service.plans.sampling(request(), []) == {"temperature": 0.0, "max_new_tokens": 1024}
-    assert service.plans.sampling(request(max_completion_tokens=7, temperature=0.5, top_p=0.9, seed=3, stop="x"), []) == {
-        "temperature": 0.5, "top_p": 0.9, "seed": 3, "max_new_tokens": 7, "stop": ["x"],
-    }
-    assert service.plans.sampling(request(stop=["a", "b"]), [])["stop"] == ["a", "b"]
 
 
 def test_earliest_stop_string_wins(service):
@@ -122,20 +97,6 @@ def test_tool_call_messages(service):
     assert finish == "length" and "tool_calls" not in message
     message, finish = service._message(prepared(service, thinking=True), "plan</think>Answer", "stop")
     assert message == {"role": "assistant", "content": "Answer", "reasoning_content": "plan"} and finish == "stop"
-
-
-def test_stream_deltas_carry_indexes(service):
-    text = '<tool_call>\n{"name": "a", "arguments": {}}\n</tool_call><tool_call>\n{"name": "b", "arguments": {"x": 1}}\n</tool_call>'
-    stream = service.parser.stream(thinking=False)
-    deltas = []
-    for end in range(1, len(text) + 1):
-        deltas += list(_deltas(stream.feed(text[:end]), True))
-    deltas += list(_deltas(stream.finish(text), True))
-    calls = [d["tool_calls"][0] for d in deltas if "tool_calls" in d]
-    assert [(c["index"], c["function"]["name"], c["function"]["arguments"]) for c in calls] == [(0, "a", "{}"), (1, "b", '{"x": 1}')]
-    stream = service.parser.stream(thinking=False)
-    single = list(_deltas(stream.finish(text), False))  # parallel_tool_calls false: only the first call
-    assert [d["tool_calls"][0]["index"] for d in single if "tool_calls" in d] == [0]
 
 
 def test_a_failed_session_record_write_is_logged_and_the_change_goes_on(nano_checkpoint, tmp_path, caplog):

@@ -1,7 +1,7 @@
 """``memt_proxy.session.placement`` on the in-process harness: a session created, or adopted with its record (when the
 record's version is the upstream's) or as an unknown history (when not); offloaded to make room and restored on
 its next use; kept states bounded by ``state_room``/``make_branch_room`` however many are made at once; a kept state
-that cannot be closed now stays (still counted); ``keep_parent`` keeps a copy of a session's memory, indexed."""
+that cannot be closed now stays (still counted)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,8 @@ import random
 from memt_core.client.errors import MemTClientError
 from memt_core.errors import UnknownSession
 from memt_proxy.errors import ProxyError
-from memt_proxy.session.prefix_index import Found, chain
+from memt_proxy.session.prefix_index import chain
 from memt_proxy.session.state import new_branch_name
-from memt_proxy.session.store import SessionRecordStore
 from session_harness import kept, kept_state, committed_session, run, turns, write_natively
 
 H1, H2, H3 = "1" * 64, "2" * 64, "3" * 64
@@ -211,71 +210,3 @@ def test_a_kept_state_that_cannot_be_closed_now_is_kept_and_counted(tmp_path):
     assert room is False  # the bound (1) counts it
     assert closed_later and not state.exists and native is None
     assert not sessions.records.known(state.native) and sessions.records.branches() == [] and sessions.placement.branches_closed == 1
-
-
-def test_keep_parent_copies_a_sessions_memory_and_indexes_it(tmp_path):
-    async def body(h):
-        sessions = h.sessions
-        state = await committed_session(sessions, "t", "a", [1, 2, 3], [H1, H2])
-        sessions.memory_tokens.wrote(state, 2, 3)
-        async with sessions.turn("t", "a") as held:
-            await held.start()
-            await sessions.keep_parent(held.state)
-            again = len(kept(sessions))
-            await sessions.keep_parent(held.state)  # the same memory is kept once
-            twice = len(kept(sessions))
-        parents = kept(sessions)
-        parent = parents[0]
-        record = [b for b in sessions.records.branches() if b["name"] == parent.name]
-        return (state, parent, again, twice, h.memory(parent.native), sessions.prefixes.find(chain("t", [H1, H2])), record,
-                sessions.records.load(parent.native, 0), sessions.memory_tokens.held(parent), h.memory(state.native))
-
-    state, parent, once, twice, memory, found, record, recorded, tokens, own = run(body, state=tmp_path)
-    assert once == twice == 1
-    assert parent.origin == state.native and parent.committed == [H1, H2] and parent.version == 0 and parent.exists
-    assert memory == (1, 2, 3) and own == (1, 2, 3)  # a copy; the session's own memory untouched
-    assert found == Found(2, parent.name)
-    assert record == [{"tenant": "t", "name": parent.name, "head": chain("t", [H1, H2])[-1], "origin": state.native}]
-    assert recorded == [H1, H2] and tokens == 3
-
-
-def test_closing_a_session_closes_the_states_kept_for_it(tmp_path):
-    async def body(h):
-        sessions = h.sessions
-        await committed_session(sessions, "t", "a", [1, 2], [H1])
-        async with sessions.turn("t", "a") as held:
-            await held.start()
-            await sessions.keep_parent(held.state)
-        parent = kept(sessions)[0]
-        await sessions.admin("t", "a", "close")
-        return parent, h.native(parent.native), sessions.prefixes.find(chain("t", [H1])), SessionRecordStore(tmp_path / "records").branches()
-
-    parent, native, found, branches = run(body, state=tmp_path)
-    assert not parent.exists and native is None and found is None and branches == []
-
-
-def test_a_state_kept_before_a_turn_never_takes_the_tables_last_place(tmp_path):
-    """With --max-sessions 2 and a session held, keeping the state before its turn would take the table's last place
-    (a concurrent request on another session would get 429 too_many_sessions): nothing is kept, and the other
-    session is served. With room, the state is kept."""
-    async def body(h):
-        sessions = h.sessions
-        state = await committed_session(sessions, "t", "a", [1, 2, 3], [H1, H2])
-        async with sessions.turn("t", "a") as held:
-            await held.start()
-            room = sessions.table.room()
-            await sessions.keep_parent(held.state)
-            tight = len(kept(sessions))
-            async with sessions.turn("t", "b") as other:  # another client's session: served, not refused
-                await other.start()
-        roomy = h.life(max_sessions=8)
-        await roomy.check_upstream()
-        await committed_session(roomy, "t", "c", [4, 5], [H1])
-        async with roomy.turn("t", "c") as held:
-            await held.start()
-            await roomy.keep_parent(held.state)
-        return room, tight, state, len(kept(roomy))
-
-    room, tight, state, roomy = run(body, state=tmp_path, max_sessions=2)
-    assert room == 1 and tight == 0  # the held session's place, and one left: a request's
-    assert roomy == 1
