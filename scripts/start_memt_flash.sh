@@ -7,7 +7,8 @@
 # ./memt-state), CUDA_VISIBLE_DEVICES (default 0,1,2,3,4,5,6,7). Extra arguments come last, so they
 # override the values below (the launcher's startup checks still apply). Try --dry-run first.
 # Parallel settings: TP/EP/DP 8/8/8 with DP attention (the seed's); --dry-run prints what each rank holds.
-# DP attention is not built yet: until it is, add --tp-size 1 --ep-size 1 --dp-size 1 to serve on one device.
+# With DP attention each GPU runs attention and latent memory for its own sessions (6 a rank, 48 in all) and an
+# eighth of the experts; docs/deployment.md (parallel serving) says what runs where.
 set -eu
 
 if [ "$#" -lt 1 ]; then

@@ -97,9 +97,9 @@ class Logits:
 
 @dataclass
 class StepResult:
-    """What rank 0 gets back: per commit its outcome (or the one error that failed them all), the decode's logits
+    """What rank 0 gets back: per commit its outcome or error (or the one error that failed them all), the decode's logits
     by block (the shared batch, then each row decoded alone), and each prefill's logits or its error."""
 
-    commits: list[CommitOutcome] | Exception = field(default_factory=list)
+    commits: list[CommitOutcome | Exception] | Exception = field(default_factory=list)
     decoded: list[Logits] = field(default_factory=list)
     prefilled: dict[int, Any] = field(default_factory=dict)  # request → logits [vocab] | Exception

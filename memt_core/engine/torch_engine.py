@@ -96,17 +96,17 @@ class TorchEngine(Engine):
 
         cls.check_options(options)
         runner = None
-        if options.parallel.world > 1 and options.parallel.dp_attention:  # --dry-run still prints the seed's plan
-            raise CheckpointError("--enable-dp-attention is not built yet (its plan is what --dry-run prints): serve Flash on "
-                                  "one rank for now, adding --tp-size 1 --ep-size 1 --dp-size 1")
-        if options.parallel.world > 1:  # ranks as processes: this one serves, every one runs the steps
-            from memt_core.parallel import ranks
+        parallel = options.parallel
+        if parallel.world > 1:  # ranks as processes: this one serves, every one runs the steps (its own part, DP attention)
+            from memt_core.parallel import dp, ranks
 
-            runner_options = {"fused_decode": options.fused_decode, "max_rows": options.max_running_requests}
-            model, group, processes = ranks.start(checkpoint, options.parallel, device=options.device, dtype=options.dtype,
+            runner_options = {"fused_decode": options.fused_decode and not parallel.dp_attention, "max_rows": options.max_running_requests}
+            model, group, processes = ranks.start(checkpoint, parallel, device=options.device, dtype=options.dtype,
                                                   runner_options=runner_options, threads=cpu_threads(options),
                                                   deterministic=options.deterministic_communication)
-            runner = ranks.RankDriver(ModelRunner(model, **runner_options), group, processes)
+            runner = ranks.RankDriver(dp.rank_runner(model, group, **runner_options), group, processes)
+            if parallel.dp_attention:
+                runner = dp.DataParallelDriver(runner, parallel.dp)
         else:
             model = load_model(checkpoint, device=options.device, dtype=DTYPES[options.dtype])
         durable = None
@@ -123,7 +123,7 @@ class TorchEngine(Engine):
             owned = Owned(RedisOwnership(options.ownership, owner=options.node_id or "memt", ttl=options.ownership_ttl))
         return cls(
             model, runner=runner, state_directory=options.state_directory, snapshot_store=durable, owned=owned,
-            max_running_requests=options.max_running_requests, max_commit_batch=options.max_commit_batch,
+            max_running_requests=options.max_running_requests, max_commit_batch=options.max_commit_batch * parallel.session_ranks,
             torch_compile=options.torch_compile, threads=cpu_threads(options), fused_decode=options.fused_decode,
             cuda_graphs=options.cuda_graphs, cuda_graph_max_tokens=options.cuda_graph_max_tokens,
             warmup=warmup.plan(options.warmup, torch.device(options.device).type, max_rows=options.max_running_requests,
@@ -139,7 +139,8 @@ class TorchEngine(Engine):
             "max_running_requests": options.max_running_requests, "max_commit_batch": options.max_commit_batch,
             "context_length": options.context_length, "min_kv_tokens": options.min_kv_tokens,
             "torch_compile": options.torch_compile,
-            "fused_decode": options.fused_decode and not options.torch_compile and options.parallel.ep == 1,
+            "fused_decode": (options.fused_decode and not options.torch_compile and options.parallel.ep == 1
+                             and not options.parallel.dp_attention),
             "cuda_graphs": {"max_tokens": options.cuda_graph_max_tokens} if options.cuda_graphs else False,
             "warmup": warmup.described(warmup.plan(
                 options.warmup, torch.device(options.device).type, max_rows=options.max_running_requests,
@@ -491,11 +492,12 @@ class TorchEngine(Engine):
 
     def _settle_commits(self, outcomes, jobs: list[CommitJob]) -> None:
         if isinstance(outcomes, Exception):  # nothing was applied: the candidates are unchanged
-            error = outcomes if isinstance(outcomes, MemTError) else BadGeneration(f"commit failed in the engine: {outcomes!r}")
-            for job in jobs:
-                job.loop.call_soon_threadsafe(set_exception, job.future, error)
-            return
+            outcomes = [outcomes] * len(jobs)
         for job, outcome in zip(jobs, outcomes):
+            if isinstance(outcome, Exception):  # a batch failed (with DP attention: one rank's): its candidates are unchanged
+                error = outcome if isinstance(outcome, MemTError) else BadGeneration(f"commit failed in the engine: {outcome!r}")
+                job.loop.call_soon_threadsafe(set_exception, job.future, error)
+                continue
             state = self.store.sessions.get(job.session)
             candidate = state.candidates.get(job.transaction) if state is not None else None
             if candidate is not None:

@@ -95,23 +95,42 @@ class RankGroup:
         self.traffic.add("all_reduce", 2 * nbytes * (self.world - 1) // self.world)
         return tensor
 
-    def gather_last(self, tensor: torch.Tensor) -> torch.Tensor:
-        """Every rank's ``tensor`` joined along the last dimension, rank 0's first (vocabulary-parallel logits)."""
+    def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        """Every rank's ``tensor`` (all of one shape), in rank order."""
         if self.world == 1:
-            return tensor
+            return [tensor]
         parts = [torch.empty_like(tensor) for _ in range(self.world)]
         dist.all_gather(parts, tensor.contiguous())
         self.traffic.add("all_gather", tensor.numel() * tensor.element_size() * (self.world - 1))
-        return torch.cat(parts, dim=-1)
+        return parts
+
+    def gather_last(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Every rank's ``tensor`` joined along the last dimension, rank 0's first (vocabulary-parallel logits)."""
+        return self.gather_dim(tensor, -1)
 
     def gather_dim(self, tensor: torch.Tensor, dim: int) -> torch.Tensor:
         """Every rank's ``tensor`` joined along ``dim`` (a memory state's heads, for a snapshot)."""
         if self.world == 1:
             return tensor
-        parts = [torch.empty_like(tensor) for _ in range(self.world)]
-        dist.all_gather(parts, tensor.contiguous())
-        self.traffic.add("all_gather", tensor.numel() * tensor.element_size() * (self.world - 1))
-        return torch.cat(parts, dim=dim)
+        return torch.cat(self.all_gather(tensor), dim=dim)
+
+    def gather_objects(self, value) -> list | None:
+        """Every rank's picklable ``value``, in rank order, on rank 0 (None on the others)."""
+        if self.world == 1:
+            return [value]
+        values = [None] * self.world if self.rank == 0 else None
+        dist.gather_object(value, values, dst=0)
+        self.traffic.add("gather_object", 0)
+        return values
+
+    def broadcast_object(self, value, source: int):
+        """Rank ``source``'s picklable ``value``, on every rank."""
+        if self.world == 1:
+            return value
+        box = [value]
+        dist.broadcast_object_list(box, src=source)
+        self.traffic.add("broadcast_object", 0)
+        return box[0]
 
 
 def free_address() -> str:

@@ -17,7 +17,7 @@ out_proj, memory o_proj                     then one all-reduce
 routed experts ``[E, …]``                   experts by EP, each expert's intermediate      EP, then TP / EP
                                             size by the rest
 shared expert / dense MLP gate, up | down   column | row                                   TP
-``lm_head``                                 vocabulary rows, the logits gathered           TP
+``lm_head``                                 vocabulary rows, the logits gathered           attention TP
 embedding, norms, router, everything else  replicated (a token reads one embedding row)
 ==========================================  =============================================  ====================
 
@@ -70,6 +70,11 @@ class Parallel:
     def attention_tp(self) -> int:
         """Ranks one attention (and latent memory) is split over: tp / dp with DP attention, else tp."""
         return self.tp // self.dp if self.dp_attention else self.tp
+
+    @property
+    def session_ranks(self) -> int:
+        """Ranks that each hold their own sessions: dp with DP attention (the per-rank limits count on each), else 1."""
+        return self.dp if self.dp_attention else 1
 
     @property
     def expert_tp(self) -> int:
@@ -127,7 +132,7 @@ def check(parallel: Parallel, *, backbone: Mapping, memory_heads: int, family, d
     for key in DENSE_INTERMEDIATE:
         _check_divides(key, backbone.get(key), p.tp, "--tp-size", key.replace("_", " "))
     vocab = backbone.get("vocab_size")
-    _check_divides("vocab_size", vocab, p.tp, "--tp-size", "vocabulary (lm_head is split by rows)")
+    _check_divides("vocab_size", vocab, p.attention_tp, _attention_flag(p), "vocabulary (lm_head is split by rows)")
     if p.attention_tp > 1:
         if not family.shards_attention:
             raise CheckpointError(f"{family.name}'s attention is not split across ranks: use --enable-dp-attention with --dp-size "
@@ -188,7 +193,9 @@ def share(name: str, parallel: Parallel, kv_heads: int | None = None, split_of=s
     if split is None:
         return 1.0
     kind = split[0]
-    if kind == VOCAB or kind == DENSE:
+    if kind == VOCAB:
+        return 1 / parallel.attention_tp
+    if kind == DENSE:
         return 1 / parallel.tp
     if kind == EXPERTS:
         return 1 / (parallel.ep * parallel.expert_tp)
@@ -227,7 +234,7 @@ def rank_shares(header: Mapping[str, tuple[str, tuple[int, ...]]], parallel: Par
             e = rank // p.expert_tp
             holds["experts"] = _range(experts, p.ep, e) + (f", intermediate 1/{p.expert_tp}" if p.expert_tp > 1 else "")
         if backbone.get("vocab_size"):
-            holds["vocabulary rows"] = _range(int(backbone["vocab_size"]), p.tp, rank)
+            holds["vocabulary rows"] = _range(int(backbone["vocab_size"]), p.attention_tp, a)
         ranks.append({"rank": rank, "device": p.device_of(rank, device), "holds": holds, "weights_gb": round(held / 1e9, 6)})
     return [{**r, "of_gb": round(total / 1e9, 6)} for r in ranks]
 

@@ -94,8 +94,9 @@ def build_rank_model(checkpoint: Checkpoint, parallel: Parallel, group: RankGrou
         with torch.device(device):
             model = MemTForCausalLM(rank, build_backbone(rank))
             lm_head = getattr(model.backbone, "lm_head", None)
-            if parallel.tp > 1 and lm_head is not None:
-                model.backbone.lm_head = VocabParallelHead(lm_head.in_features, lm_head.out_features // parallel.tp, group)
+            if parallel.attention_tp > 1 and lm_head is not None:
+                model.backbone.lm_head = VocabParallelHead(lm_head.in_features, lm_head.out_features // parallel.attention_tp, group)
+        resize_shared_experts(model, parallel, checkpoint.backbone)
         if parallel.ep > 1:
             localize_experts(model, parallel, group.rank)
     finally:
@@ -107,13 +108,35 @@ def build_rank_model(checkpoint: Checkpoint, parallel: Parallel, group: RankGrou
     load_shards(model, checkpoint_files(checkpoint), parallel, group.rank, kv_heads=checkpoint.backbone.get(KV_HEADS),
                 backbone=checkpoint.backbone, split=resolve(checkpoint.family.tensor_split))
     if parallel.world > 1:
-        join_partial_sums(model, group)
-        heads = rank.memory.num_heads
-        start = (group.rank % parallel.attention_tp) * heads
-        model.memory_heads = slice(start, start + heads)  # which of a whole memory's heads this rank holds
+        if parallel.dp_attention:  # attention TP 1: each rank's attention is whole; the MLP blocks meet in rounds
+            from memt_core.parallel.dp import attach
+
+            model.exchange = attach(model, group)
+        else:
+            join_partial_sums(model, group)
+            heads = rank.memory.num_heads
+            start = (group.rank % parallel.attention_tp) * heads
+            model.memory_heads = slice(start, start + heads)  # which of a whole memory's heads this rank holds
         model.group = group
         model.parallel = parallel
     return model.eval()
+
+
+def resize_shared_experts(model, parallel: Parallel, backbone: dict) -> None:
+    """DeepSeek-V4 reads its shared experts' width from ``moe_intermediate_size`` (``intermediate_size`` is an alias of
+    it), so a rank's configuration builds them at the routed experts' share (1/(TP/EP)); they are rebuilt at their own
+    (1/TP: column- and row-parallel like any dense MLP)."""
+    import copy
+
+    config = model.backbone.config
+    if getattr(type(config), "attribute_map", {}).get("intermediate_size") != "moe_intermediate_size" or parallel.expert_tp == parallel.tp:
+        return
+    own = copy.deepcopy(config)
+    own.moe_intermediate_size = int(backbone["moe_intermediate_size"]) // parallel.tp
+    for layer in model.backbone.model.layers:
+        shared = getattr(getattr(layer, "mlp", None), "shared_experts", None)
+        if shared is not None:
+            layer.mlp.shared_experts = type(shared)(own)
 
 
 def localize_experts(model, parallel: Parallel, rank: int) -> None:
@@ -200,8 +223,8 @@ def _read_slice(piece, name: str, p: Parallel, rank: int, *, kv_heads: int | Non
         return piece[:]
     kind, dim = split
     a = rank % p.attention_tp
-    if kind == VOCAB:
-        return _cut(piece, dim, *_bounds(shape[dim], p.tp, rank))
+    if kind == VOCAB:  # over the attention group: whole under DP attention, where each rank's logits are its own rows'
+        return _cut(piece, dim, *_bounds(shape[dim], p.attention_tp, a))
     if kind == DENSE:
         return _cut(piece, dim, *_bounds(shape[dim], p.tp, rank))
     if kind == EXPERTS:

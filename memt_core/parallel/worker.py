@@ -29,8 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from memt_core.checkpoint import read_checkpoint
-    from memt_core.engine.runner import ModelRunner
     from memt_core.parallel import ranks
+    from memt_core.parallel.dp import rank_runner
     from memt_core.parallel.group import RankGroup
     from memt_core.parallel.plan import Parallel
     from memt_core.parallel.shard import build_rank_model
@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
                           deterministic=spec["deterministic"]) as group:
         model = build_rank_model(read_checkpoint(spec["checkpoint"]), parallel, group, device=device,
                                  dtype=ranks._dtype(spec["dtype"]))
-        ranks.serve(ModelRunner(model, **spec["runner"]), group)
+        ranks.serve(rank_runner(model, group, **spec["runner"]), group)
     return 0
 
 

@@ -15,8 +15,13 @@ On a 2-core machine TP 2 is slower than TP 1: each rank has one core, and every 
 the order of a millisecond under load). The CPU figures prove equality and count the collectives; what TP buys on
 GPUs is estimated in docs/deployment.md.
 
+With ``--dp-attention`` the parallel engine is Flash's seed mode at ``--tp`` ranks (TP = EP = DP, attention whole on
+each rank, its sessions spread over the ranks, the MLP blocks meeting in rounds: ``memt_core.parallel.dp``), on a
+tiny random Flash by default; a decode "step" is then one rank's batch (the engine counts each rank's as one).
+
     PYTHONPATH=. python scripts/bench/parallel.py
     PYTHONPATH=. python scripts/bench/parallel.py --model-path memt_core/bundled/memt-tiny-demo --sessions 4
+    PYTHONPATH=. python scripts/bench/parallel.py --dp-attention
 """
 
 from __future__ import annotations
@@ -96,20 +101,23 @@ def main() -> int:
     parser.add_argument("--new-tokens", type=int, default=32, help="tokens each request generates (default 32)")
     parser.add_argument("--commit-tokens", type=int, default=512, help="tokens of the commit measured (default 512)")
     parser.add_argument("--repeats", type=int, default=3, help="alternating repetitions, medians taken (default 3)")
+    parser.add_argument("--dp-attention", action="store_true", help="Flash's seed mode: TP = EP = DP = --tp with DP attention")
     args = parser.parse_args()
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory(prefix="memt-bench-tp-") as scratch:
         if args.model_path is None:
             from memt_core.tiny import make_tiny_checkpoint
 
-            path, source = make_tiny_checkpoint(Path(scratch) / "tiny", "memt-nano"), "tiny random memt-nano"
+            family = "memt-flash" if args.dp_attention else "memt-nano"
+            path, source = make_tiny_checkpoint(Path(scratch) / "tiny", family), f"tiny random {family}"
         else:
             path, source = Path(args.model_path), args.model_path
         checkpoint = read_checkpoint(path)
         vocab = int(checkpoint.backbone["vocab_size"])
         base = EngineOptions(device="cpu", max_running_requests=max(args.sessions, 1), max_commit_batch=1, threads=1)
+        split = Parallel(tp=args.tp, ep=args.tp, dp=args.tp, dp_attention=True) if args.dp_attention else Parallel(tp=args.tp)
         engines = {1: TorchEngine.load(checkpoint, base).start(),
-                   args.tp: TorchEngine.load(checkpoint, dataclasses.replace(base, parallel=Parallel(tp=args.tp))).start()}
+                   args.tp: TorchEngine.load(checkpoint, dataclasses.replace(base, parallel=split)).start()}
         loop = asyncio.new_event_loop()
         try:
             for engine in engines.values():
@@ -127,7 +135,8 @@ def main() -> int:
             for engine in engines.values():
                 engine.stop()
             loop.close()
-    print(f"torch engine on the CPU, one torch thread per rank; model: {source}; {args.sessions} sessions × {args.new_tokens} "
+    mode = "DP attention (TP = EP = DP)" if args.dp_attention else "TP"
+    print(f"torch engine on the CPU, one torch thread per rank, {mode}; model: {source}; {args.sessions} sessions × {args.new_tokens} "
           f"tokens, commit of {args.commit_tokens}; median of {args.repeats} alternating runs; torch {torch.__version__}")
     header = f"{'ranks':>5}  {'decode tok/s':>12}  {'vs TP 1':>7}  {'commit tok/s':>12}  {'vs TP 1':>7}  {'collectives/step':>16}  {'bytes/step/rank':>15}  {'bytes/token':>11}"
     print(header)

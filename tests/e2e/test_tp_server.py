@@ -65,3 +65,41 @@ def test_a_killed_rank_makes_the_server_answer_503_then_exit(nano_checkpoint):
         assert 503 in statuses and 200 not in statuses[statuses.index(503):], statuses
     finally:
         server.close()
+
+
+def sessions_answers(server: MemTServer) -> list[list[int]]:
+    """Three sessions, each written then queried (greedy), and a query without memory, all over the native protocol."""
+    from e2e.wire import Wire
+
+    with server.client() as http:
+        wire = Wire(http)
+        answers = []
+        for i in range(3):
+            handle = wire.open()
+            wire.write(handle, [20 + i, 21, 22, 23, 24, 25, 26, 27 + i])
+            answers.append(wire.query(handle, PROMPT, 6)["output_ids"])
+        wire.close_all()
+    return answers + [answer(server)]
+
+
+def test_flash_with_dp_attention_on_two_ranks_answers_as_one(flash_checkpoint):
+    """Flash as the seed serves it, at 2 ranks: --tp-size = --ep-size = --dp-size 2 with DP attention; its sessions
+    spread over both ranks, each answering as on one device; --max-sessions-per-rank counts on each rank."""
+    from e2e.wire import Wire
+
+    one = MemTServer(flash_checkpoint).start()
+    two = MemTServer(flash_checkpoint, args=["--tp-size", "2", "--ep-size", "2", "--dp-size", "2", "--enable-dp-attention",
+                                             "--max-sessions-per-rank", "2"]).start()
+    try:
+        assert len(ranks_of(two)) == 1
+        assert sessions_answers(two) == sessions_answers(one)
+        with two.client() as http:
+            wire = Wire(http)
+            assert wire.capabilities["max_sessions_per_rank"] == 2
+            for _ in range(4):  # two ranks of two
+                wire.open()
+            wire.control("create", "one-too-many", expect=429)
+            wire.close_all()
+    finally:
+        one.close()
+        two.stop()

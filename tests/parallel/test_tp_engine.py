@@ -50,17 +50,26 @@ async def imported(engine, file: str) -> list[int]:
     return [e.token async for e in engine.query("after-import", PROMPTS[0], greedy(10), session="i") if e.token is not None]
 
 
-@pytest.mark.parametrize("ep", [1, 2], ids=["tp2", "tp2-ep2"])
-def test_two_ranks_answer_as_one_device_and_snapshots_move_between_them(nano_checkpoint, tmp_path, ep):
-    checkpoint = read_checkpoint(nano_checkpoint)
+SPLITS = {
+    "tp2": ("nano_checkpoint", Parallel(tp=2)),
+    "tp2-ep2": ("nano_checkpoint", Parallel(tp=2, ep=2)),
+    # Flash as the seed serves it: each rank its own sessions' attention and memory, whole; the experts split
+    "flash-dp-attention": ("flash_checkpoint", Parallel(tp=2, ep=2, dp=2, dp_attention=True)),
+}
+
+
+@pytest.mark.parametrize("split", list(SPLITS))
+def test_two_ranks_answer_as_one_device_and_snapshots_move_between_them(request, tmp_path, split):
+    fixture, parallel = SPLITS[split]
+    checkpoint = read_checkpoint(request.getfixturevalue(fixture))
     one_dir, two_dir = tmp_path / "tp1", tmp_path / "tp2"
     base = EngineOptions(device="cpu", max_running_requests=8, max_commit_batch=2, threads=1)
     one = TorchEngine.load(checkpoint, dataclasses.replace(base, state_directory=str(one_dir))).start()
-    two = TorchEngine.load(checkpoint, dataclasses.replace(base, state_directory=str(two_dir), parallel=Parallel(tp=2, ep=ep))).start()
+    two = TorchEngine.load(checkpoint, dataclasses.replace(base, state_directory=str(two_dir), parallel=parallel)).start()
     processes = list(two.runner.processes)
     try:
         assert two.runner.group.world == 2 and len(processes) == 1 and processes[0].poll() is None
-        if ep == 1:  # the fused step, its residuals added after the all-reduce
+        if parallel.ep == 1:  # the fused step, its residuals added after the all-reduce
             assert two.runner.fused is not None and two.runner.fused.reduce is not None
         else:  # experts split by EP: the model's own modules decode
             assert two.runner.fused is None
@@ -78,6 +87,8 @@ def test_two_ranks_answer_as_one_device_and_snapshots_move_between_them(nano_che
         assert asyncio.run(imported(one, "from-tp2.safetensors")) == expected[0]
         assert asyncio.run(imported(two, "from-tp1.safetensors")) == expected[0]
         assert two.stats.decode_steps > 0 and two.alive
+        if parallel.dp_attention:  # the plain query ran beside the session's, on the other rank
+            assert two.runner.exchange.rounds > 0 and all(two.runner.owners.prefills)
     finally:
         one.stop()
         two.stop()

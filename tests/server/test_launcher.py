@@ -121,8 +121,6 @@ def _cases(c: dict[str, Path]) -> dict[str, Case]:
         "tp beyond heads": Case(["--model-path", nano, *dry, "--tp-size", "8"]),
         "nccl on cpu": Case(["--model-path", nano, *dry, "--device", "cpu", "--tp-size", "2", "--dist-backend", "nccl"]),
         "dp without dp attention": Case(["--model-path", nano, *dry, "--dp-size", "2"]),
-        "flash seed mode served": Case(["--model-path", flash8, "--port", "0", "--tp-size", "8", "--ep-size", "8", "--dp-size", "8",
-                                        "--enable-dp-attention"]),
         "engine kv too small": Case(["--model-path", nano, *dry, "--max-running-requests", "1", "--context-length", "100",
                                      "--min-kv-tokens", "101"]),
         # the start scripts
@@ -145,7 +143,7 @@ IN_PROCESS = {
     "override non-positive", "flag non-positive", "no threads", "prefill below chunk", "context beyond model", "missing checkpoint",
     "engine flag unused", "engine kv too small", "bundled default", "bundled path given", "nano tp 2", "nano dp attention",
     "flash tp without dp attention", "flash dp below tp", "ep beyond experts", "tp beyond heads", "nccl on cpu",
-    "dp without dp attention", "flash seed mode served",
+    "dp without dp attention",
 }
 
 
@@ -305,7 +303,6 @@ def test_runtime_merge_order(runs):
         ("tp beyond heads", "--tp-size \\(8\\) must divide the"),
         ("nccl on cpu", "--dist-backend nccl needs CUDA"),
         ("dp without dp attention", "--dp-size 2 without --enable-dp-attention"),
-        ("flash seed mode served", "--enable-dp-attention is not built yet"),  # its plan passed; loading refuses, before any rank starts
         ("engine kv too small", "min_kv_tokens \\(101\\).*--max-running-requests \\(1\\) × --context-length \\(100\\)"),
     ],
 )
