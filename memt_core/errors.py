@@ -22,6 +22,7 @@ The HTTP status of a failure is chosen here and nowhere else::
     ├── CapacityExceeded        429   session or in-flight commit limit reached
     ├── BadGeneration           502   the engine returned an incomplete or invalid result
     ├── WorkerUnavailable       503   the engine could not be reached; the session may be uncertain
+    │   └── EngineBusy                queries waiting for admission are at the server's bound (Retry-After)
     └── InsufficientStorage     507   the state directory is full or read-only; the file was not written
 
 ``CheckpointError`` is separate: it refuses a checkpoint at load time and never reaches the wire.
@@ -151,6 +152,13 @@ class WorkerUnavailable(MemTError):
     """The engine could not be reached or did not acknowledge in time (503)."""
 
     status = 503
+
+
+class EngineBusy(WorkerUnavailable):
+    """The queue of queries waiting for admission is full (``--max-queued-requests``): nothing was started; retry after
+    ``retry_after`` seconds (503 with ``Retry-After``)."""
+
+    retry_after = 1
 
 
 class InsufficientStorage(MemTError):

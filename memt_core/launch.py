@@ -29,6 +29,7 @@ from memt_core.checkpoint import Checkpoint, RuntimeConfig, parse_override_args,
 from memt_core.engine import ENGINES, Engine, EngineOptions, engine_class
 from memt_core.errors import CheckpointError
 from memt_core.help_format import DefaultsOnce
+from memt_core.engine import budget
 from memt_core.parallel import plan as parallel
 from memt_core.tokenizer import load_tokenizer
 
@@ -67,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--warmup-batch-sizes", type=_counts, default=None, metavar="N,N", help="the decode batch sizes warmed up (default: 1, 2, 4, … up to --max-running-requests)")
     engine.add_argument("--enable-streaming-session", action="store_true", help="allow sessions created with retain_kv (native context kept between queries)")
     engine.add_argument("--deterministic-communication", action="store_true", help="fixed collective settings for reproducibility: every all-reduce sums the ranks' parts in rank order, so a multi-rank engine gives the same bits for the same batch on every run (multi-rank engines only)")
+    budget.add_arguments(parser)
     ranks = parser.add_argument_group("parallel serving (SGLang's flags; see docs/deployment.md)")
     ranks.add_argument("--tp-size", type=int, default=1, help="tensor-parallel ranks, one process each (CUDA: one per visible GPU; CPU: processes on this machine): attention, MLP, the gated-delta and latent-memory heads and lm_head are split over them")
     ranks.add_argument("--ep-size", type=int, default=1, help="expert-parallel ranks among the TP ranks: the routed experts are split between them (each expert's intermediate size over the rest); must divide --tp-size and the expert count")
@@ -132,6 +134,7 @@ class LaunchPlan:
     warmup_lengths: tuple[int, ...] | None = None
     warmup_batch_sizes: tuple[int, ...] | None = None
     parallel: parallel.Parallel = parallel.Parallel()  # --tp-size, --ep-size, --dp-size, --enable-dp-attention, --dist-backend
+    budget: budget.Budget = budget.Budget()  # --max-total-tokens, --mem-fraction-static, --kv-cache-dtype, the backends, …
 
     @property
     def engine_class(self) -> type[Engine]:
@@ -147,7 +150,7 @@ class LaunchPlan:
             warmup_lengths=self.warmup_lengths, warmup_batch_sizes=self.warmup_batch_sizes,
             deterministic_communication=self.deterministic_communication, state_directory=self.state_directory,
             snapshot_store=self.snapshot_store, ownership=self.ownership, ownership_ttl=self.ownership_ttl, node_id=self.node_id,
-            parallel=self.parallel,
+            parallel=self.parallel, budget=self.budget,
         )
 
     @property
@@ -268,6 +271,8 @@ def plan_launch(args: argparse.Namespace, environ=os.environ) -> LaunchPlan:
     parallel.check(ranks, backbone=checkpoint.backbone, memory_heads=_memory_heads(checkpoint), family=checkpoint.family,
                    device=device, visible_gpus=_visible_gpus() if device.startswith("cuda") and ranks.world > 1 else None,
                    deterministic_communication=args.deterministic_communication)
+    limits = budget.from_args(args)
+    budget.check(limits, dtype=dtype, cuda_graphs=args.enable_cuda_graph, min_kv_tokens=runtime.min_kv_tokens)
     plan = LaunchPlan(
         checkpoint=checkpoint, runtime=runtime, engine=args.engine, device=device, dtype=dtype,
         max_prefill_tokens=args.max_prefill_tokens, max_running_requests=args.max_running_requests,
@@ -281,7 +286,7 @@ def plan_launch(args: argparse.Namespace, environ=os.environ) -> LaunchPlan:
         spec_strict=args.spec_strict, unload_idle=_unload_idle(args), torch_compile=args.enable_torch_compile,
         torch_threads=args.torch_threads, fused_decode=not args.disable_fused_decode,
         cuda_graphs=args.enable_cuda_graph, cuda_graph_max_tokens=args.cuda_graph_max_tokens, warmup=args.warmup,
-        warmup_lengths=args.warmup_lengths, warmup_batch_sizes=args.warmup_batch_sizes, parallel=ranks,
+        warmup_lengths=args.warmup_lengths, warmup_batch_sizes=args.warmup_batch_sizes, parallel=ranks, budget=limits,
     )
     plan.engine_class.check_options(plan.engine_options())
     return plan

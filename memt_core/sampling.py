@@ -143,3 +143,13 @@ class Sampler:
             values, ids = torch.topk(logprobs, min(p.top_logprobs, logprobs.shape[-1]))
             top = [(int(i), float(v)) for i, v in zip(ids, values)]
         return Choice(token, float(logprobs[token]), top)
+
+
+def greedy_rows(samplers: list[Sampler], logits) -> dict[int, int]:
+    """The tokens of the rows whose sampler takes the logits' argmax (``Sampler.plain``), by row: one argmax over
+    them all and one read back to the host, not one per row."""
+    plain = [i for i, sampler in enumerate(samplers) if sampler.plain]
+    if not plain:
+        return {}
+    picked = logits if len(plain) == len(samplers) else logits[torch.tensor(plain, device=logits.device)]
+    return dict(zip(plain, picked.argmax(dim=-1).tolist()))

@@ -9,6 +9,8 @@
 # Parallel settings: TP/EP/DP 8/8/8 with DP attention (the seed's); --dry-run prints what each rank holds.
 # With DP attention each GPU runs attention and latent memory for its own sessions (6 a rank, 48 in all) and an
 # eighth of the experts; docs/deployment.md (parallel serving) says what runs where.
+# The seed's KV cache is fp8_e4m3: not built here (--kv-cache-dtype fp8_e4m3 is refused at load), so the KV
+# cache stays in the compute dtype (BF16); the other budgets are the seed's.
 set -eu
 
 if [ "$#" -lt 1 ]; then
@@ -36,6 +38,11 @@ exec "$MEMT_PYTHON" -m memt_core.launch \
     --ep-size 8 \
     --dp-size 8 \
     --enable-dp-attention \
+    --max-total-tokens 65536 \
+    --mem-fraction-static 0.70 \
+    --chunked-prefill-size -1 \
+    --disable-radix-cache \
+    --disable-cuda-graph \
     --max-running-requests 48 \
     --context-length 16384 \
     --enable-streaming-session \

@@ -8,6 +8,8 @@
 # values below (the launcher's startup checks still apply). Try --dry-run first.
 # Parallel settings: TP/EP/DP 2/1/1, DP attention off (the seed's); --dry-run prints what each rank holds.
 # Each rank is a process (CUDA: one per visible GPU); --tp-size 1 serves on one device.
+# The seed's Triton attention, linear-attention and MoE backends: this engine's kernels are named by
+# --attention-backend/--linear-attn-backend/--moe-runner-backend (engine defaults here; --help lists them).
 set -eu
 
 if [ "$#" -lt 1 ]; then
@@ -34,5 +36,10 @@ exec "$MEMT_PYTHON" -m memt_core.launch \
     --tp-size 2 \
     --ep-size 1 \
     --dp-size 1 \
+    --max-total-tokens 65536 \
+    --mem-fraction-static 0.60 \
+    --chunked-prefill-size -1 \
+    --disable-radix-cache \
+    --disable-cuda-graph \
     --max-running-requests 8 \
     "$@"

@@ -14,6 +14,7 @@ import abc
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, AsyncIterator, ClassVar
 
+from memt_core.engine.budget import Budget
 from memt_core.parallel.plan import Parallel
 
 if TYPE_CHECKING:
@@ -55,6 +56,11 @@ class EngineStats:
     decode_rows: int = 0
     running: int = 0
     waiting: int = 0
+    queued: int = 0  # queries accepted and not yet admitted (the inbox and the waiting queue)
+    kv_reserved: int = 0  # KV tokens the running queries reserved against --max-total-tokens
+    kv_reserved_peak: int = 0
+    kv_budget: int | None = None  # --max-total-tokens (None: no bound)
+    refused_queue_full: int = 0  # queries refused with 503 beyond --max-queued-requests
 
 
 @dataclass(frozen=True)
@@ -78,6 +84,7 @@ class EngineOptions:
     warmup_batch_sizes: tuple[int, ...] | None = None  # decode batch sizes warmed up (None: powers of two)
     deterministic_communication: bool = False  # all-reduces sum the ranks' parts in rank order (multi-rank engines)
     parallel: Parallel = Parallel()  # ranks and how the model is split over them (memt_core.parallel)
+    budget: Budget = Budget()  # the memory budget, the queue's bound and the backends (memt_core.engine.budget)
     state_directory: str | None = None
     snapshot_store: str | None = None  # a directory every published version is written to (shared by servers)
     ownership: str | None = None  # URL of the coordination service for one owner per session (redis://…)

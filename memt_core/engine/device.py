@@ -73,3 +73,37 @@ def claim_architecture(model: MemTForCausalLM) -> None:
             "architecture per process (or leave out --enable-torch-compile)"
         )
     _COMPILED_ARCHITECTURES[model] = mine
+
+
+#: of what ``--mem-fraction-static`` leaves after the weights, the share kept for activations (the rest is KV)
+ACTIVATION_SHARE = 0.2
+
+
+def kv_token_bytes(model: MemTForCausalLM) -> int:
+    """Bytes one token's keys and values take in the KV cache: every decoder layer counted as full attention (an
+    upper bound for hybrid backbones, whose linear-attention layers keep a fixed state instead)."""
+    config = model.config
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    size = next(model.parameters()).element_size()
+    return 2 * int(config.num_hidden_layers) * int(heads) * int(head_dim) * size
+
+
+def kv_budget_tokens(fraction: float, total: int, used: int, token_bytes: int) -> int:
+    """The KV tokens ``--mem-fraction-static`` allows on a device of ``total`` bytes with ``used`` taken (weights)."""
+    free = max(0.0, fraction * total - used) * (1 - ACTIVATION_SHARE)
+    return int(free // max(token_bytes, 1))
+
+
+def cuda_kv_budget(model: MemTForCausalLM, fraction: float | None) -> int | None:
+    """On CUDA with ``--mem-fraction-static``: the KV budget in tokens (logged); else None (no bound)."""
+    device = next(model.parameters()).device
+    if fraction is None or device.type != "cuda":
+        return None
+    total = torch.cuda.get_device_properties(device).total_memory
+    tokens = kv_budget_tokens(fraction, total, torch.cuda.memory_allocated(device), kv_token_bytes(model))
+    import logging
+
+    logging.getLogger("memt.engine").info("--mem-fraction-static %.2f of %.1f GB: a KV budget of %d tokens (%d bytes each)",
+                                          fraction, total / 1e9, tokens, kv_token_bytes(model))
+    return tokens

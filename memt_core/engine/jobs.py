@@ -32,6 +32,7 @@ class QueryJob:
     sampler: Sampler | None = None
     output: list[int] = field(default_factory=list)
     fed: int = 0  # tokens whose keys/values are cached
+    reserved: int = 0  # KV tokens reserved against --max-total-tokens while it runs (memt_core.engine.admission)
 
     @property
     def last(self) -> int:

@@ -23,9 +23,10 @@ from typing import Any, AsyncIterator
 import torch
 
 from memt_core.checkpoint import Checkpoint
-from memt_core.engine import warmup
+from memt_core.engine import budget, warmup
+from memt_core.engine.admission import Admission
 from memt_core.engine.base import CommitInfo, Engine, EngineOptions, EngineStats, TokenEvent
-from memt_core.engine.device import cpu_threads, inductor_options  # noqa: F401 (cpu_threads re-exported)
+from memt_core.engine.device import cpu_threads, cuda_kv_budget, inductor_options  # noqa: F401 (cpu_threads re-exported)
 from memt_core.engine.jobs import CommitJob, QueryJob, put_all, set_exception, set_result
 from memt_core.engine.runner import COMPILED_PREFILL_TOKENS, ModelRunner, fused_decoder  # noqa: F401 (re-exported)
 from memt_core.engine.step import Commit, Decode, Handles, Leave, Prefill, Step, StepResult
@@ -35,7 +36,7 @@ from memt_core.errors import BadGeneration, CheckpointError, InvalidRequest, Mem
 from memt_core.models.memt import MemTForCausalLM
 from memt_core.models.passes import eos_token_ids
 from memt_core.protocol import effects as fx
-from memt_core.sampling import Sampler, SamplingParams
+from memt_core.sampling import Sampler, SamplingParams, greedy_rows
 
 log = logging.getLogger("memt.engine")
 
@@ -95,6 +96,7 @@ class TorchEngine(Engine):
         from memt_core.models.weights import load_model
 
         cls.check_options(options)
+        budget.check_device(options.budget, options.device)
         runner = None
         parallel = options.parallel
         if parallel.world > 1:  # ranks as processes: this one serves, every one runs the steps (its own part, DP attention)
@@ -124,6 +126,8 @@ class TorchEngine(Engine):
         return cls(
             model, runner=runner, state_directory=options.state_directory, snapshot_store=durable, owned=owned,
             max_running_requests=options.max_running_requests, max_commit_batch=options.max_commit_batch * parallel.session_ranks,
+            max_total_tokens=options.budget.max_total_tokens or cuda_kv_budget(model, options.budget.mem_fraction_static),
+            max_queued_requests=options.budget.max_queued_requests,
             torch_compile=options.torch_compile, threads=cpu_threads(options), fused_decode=options.fused_decode,
             cuda_graphs=options.cuda_graphs, cuda_graph_max_tokens=options.cuda_graph_max_tokens,
             warmup=warmup.plan(options.warmup, torch.device(options.device).type, max_rows=options.max_running_requests,
@@ -150,6 +154,7 @@ class TorchEngine(Engine):
             "torch_threads": cpu_threads(options) or f"torch's default ({torch.get_num_threads()})",
             "kv_cache": "grows per request (transformers DynamicCache)",
             "ranks_served": options.parallel.world,
+            **options.budget.describe(),
         }
 
     def __init__(
@@ -170,6 +175,8 @@ class TorchEngine(Engine):
         cuda_graph_max_tokens: int = 4096,
         warmup: WarmupPlan | None = None,  # the served shapes run before the engine reports ready
         runner=None,  # several ranks: memt_core.parallel.ranks.RankDriver over rank 0's share of ``model``
+        max_total_tokens: int | None = None,  # the KV budget of the running queries (memt_core.engine.admission)
+        max_queued_requests: int | None = None,  # queries that may wait for admission (beyond: 503)
     ):
         self.runner = runner or ModelRunner(
             model, torch_compile=torch_compile, compile_options=compile_options, module_guards=module_guards,
@@ -202,6 +209,7 @@ class TorchEngine(Engine):
         self.stop_ids = eos_token_ids(model)
         self.max_running = max_running_requests
         self.max_commit_batch = max_commit_batch
+        self.admission = Admission(budget=max_total_tokens, max_queued=max_queued_requests)
         self._stats = EngineStats()
         self._inbox: queue.Queue = queue.Queue()
         self._waiting: deque[QueryJob] = deque()
@@ -262,6 +270,9 @@ class TorchEngine(Engine):
 
     @property
     def stats(self) -> EngineStats:
+        a = self.admission
+        self._stats.queued, self._stats.kv_reserved, self._stats.kv_reserved_peak = a.queued, a.reserved, a.peak
+        self._stats.kv_budget, self._stats.refused_queue_full = a.budget, a.refused
         return self._stats
 
     def capabilities(self) -> dict:
@@ -322,9 +333,16 @@ class TorchEngine(Engine):
         if session is not None:
             state = self.store.get(session)
             version = state.version
-            if retain:
-                retained = self._take_retained(session, state, prompt, version, memory_read)
-            memory = self.store.pin(session) if memory_read else None
+            self.admission.enter(len(prompt))  # before the session's context or memory is taken: a refusal changes nothing
+            try:
+                if retain:
+                    retained = self._take_retained(session, state, prompt, version, memory_read)
+                memory = self.store.pin(session) if memory_read else None
+            except BaseException:
+                self.admission.left_queue()
+                raise
+        else:
+            self.admission.enter(len(prompt))
         job = QueryJob(
             rid=rid, handle=self.handles.new(), prompt=list(prompt), memory=memory, params=params, events=asyncio.Queue(),
             loop=loop, session=session, retain=retain, retained=retained, memory_version=version, memory_read=memory_read,
@@ -448,13 +466,20 @@ class TorchEngine(Engine):
         decode = tuple(Decode(job.handle, job.last, job.fed) for job in self._running)
         admitted, prefills = [], []
         while self._waiting and len(self._running) + len(admitted) < self.max_running:
-            job = self._waiting.popleft()
+            job = self._waiting[0]
+            need = self.admission.need(len(job.prompt), job.params.max_new_tokens)
+            if not (job.cancelled or self.admission.fits(need, alone=not (self._running or admitted))):
+                break  # it waits, first in line, for running queries to end
+            self._waiting.popleft()
+            self.admission.left_queue()
             if job.cancelled or job.params.max_new_tokens == 0:
                 self._finish(job, "abort" if job.cancelled else "length")
                 free += [h for h in (job.memory, job.retained.kv if job.retained else None) if h is not None]
                 continue
             job.sampler = Sampler(job.params, prompt=tuple(job.prompt), end_ids=frozenset(self.stop_ids | set(job.params.stop_token_ids)))
             start = len(job.retained.tokens) if job.retained is not None else 0
+            job.reserved = need
+            self.admission.admit(need)
             prefills.append(Prefill(job.handle, tuple(job.prompt[start:]), memory=job.memory,
                                     retained=job.retained.kv if job.retained is not None else None))
             admitted.append(job)
@@ -472,7 +497,7 @@ class TorchEngine(Engine):
             rows = [by_handle[request] for request in block.requests]
             self._stats.decode_steps += 1
             self._stats.decode_rows += len(rows)
-            chosen = self._argmax(rows, block.values)
+            chosen = greedy_rows([job.sampler for job in rows], block.values)
             for i, job in enumerate(rows):
                 job.fed += 1
                 job.output.append(job.sampler.take(chosen[i]) if i in chosen else job.sampler(block.values[i]))
@@ -507,16 +532,6 @@ class TorchEngine(Engine):
             self._stats.write_events += outcome.write_events * len(self.checkpoint.memory.memory_layers)
             job.loop.call_soon_threadsafe(set_result, job.future, CommitInfo(outcome.tokens, outcome.write_events))
 
-    @staticmethod
-    def _argmax(rows: list[QueryJob], logits: torch.Tensor) -> dict[int, int]:
-        """The tokens of the rows whose sampler takes the logits' argmax (``Sampler.plain``), by row: one argmax over
-        them all and one read back to the host, not one per row."""
-        plain = [i for i, job in enumerate(rows) if job.sampler.plain]
-        if not plain:
-            return {}
-        picked = logits if len(plain) == len(rows) else logits[torch.tensor(plain, device=logits.device)]
-        return dict(zip(plain, picked.argmax(dim=-1).tolist()))
-
     def _verdict(self, job: QueryJob) -> tuple[str, int | None] | None:
         """Whether the newest token ends the request: (finish_reason, matched stop token) or None."""
         token = job.output[-1]
@@ -524,8 +539,8 @@ class TorchEngine(Engine):
             return "abort", None
         if (token in self.stop_ids or token in job.params.stop_token_ids) and not job.params.skip_eos:
             return "stop", token
-        if len(job.output) >= job.params.max_new_tokens:
-            return "length", None
+        if len(job.output) >= job.params.max_new_tokens or (job.reserved and len(job.prompt) + len(job.output) >= job.reserved):
+            return "length", None  # max_new_tokens, or the KV budget (--max-total-tokens) reached
         return None
 
     def _emit(self, job: QueryJob) -> bool:
@@ -557,6 +572,8 @@ class TorchEngine(Engine):
 
     def _finish(self, job: QueryJob, reason: str | None, *, token: int | None = None, matched: int | None = None, error: Exception | None = None) -> None:
         self._by_rid.pop(job.rid, None)
+        self.admission.release(job.reserved)
+        job.reserved = 0
         event = self._token_event(job) if token is not None else TokenEvent(None)
         event.finish_reason, event.matched_stop, event.error = reason, matched, error
         self._post(job, event, last=True)

@@ -80,6 +80,8 @@ def create_app(
     @app.exception_handler(MemTError)
     async def memt_error(request: Request, exc: MemTError) -> JSONResponse:
         headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+        if getattr(exc, "retry_after", None) is not None:  # EngineBusy: the queue is full
+            headers = {"Retry-After": str(exc.retry_after)}
         return JSONResponse(wire(exc), status_code=exc.status if not spec_strict or exc.status in SPEC_STATUSES else 400, headers=headers)
 
     def wire(exc: MemTError) -> dict:

@@ -30,6 +30,10 @@ class _StateCollector:
         stats = service.engine.stats
         yield GaugeMetricFamily("memt_running_requests", "Queries being decoded", value=stats.running)
         yield GaugeMetricFamily("memt_waiting_requests", "Queries waiting for a decode slot", value=stats.waiting)
+        yield GaugeMetricFamily("memt_queued_requests", "Queries accepted and not yet admitted (bounded by --max-queued-requests)", value=stats.queued)
+        yield GaugeMetricFamily("memt_kv_reserved_tokens", "KV tokens the running queries reserved (against --max-total-tokens)", value=stats.kv_reserved)
+        if stats.kv_budget is not None:
+            yield GaugeMetricFamily("memt_kv_budget_tokens", "The KV budget (--max-total-tokens)", value=stats.kv_budget)
         for name, value, help_text in (
             ("commits", stats.commits, "Commits applied to transaction candidates"),
             ("write_events", stats.write_events, "Memory write events (per memory layer)"),
@@ -37,6 +41,7 @@ class _StateCollector:
             ("prompt_tokens", stats.prompt_tokens, "Prompt tokens prefilled for queries"),
             ("generation_tokens", stats.generated_tokens, "Tokens generated"),
             ("decode_steps", stats.decode_steps, "Decode steps run (batched)"),
+            ("refused_queue_full", stats.refused_queue_full, "Queries refused with 503 beyond --max-queued-requests"),
         ):
             yield CounterMetricFamily(f"memt_{name}", help_text, value=value)
         control = CounterMetricFamily("memt_control_requests", "Control actions by action and HTTP status", labels=["action", "status"])

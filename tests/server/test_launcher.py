@@ -121,6 +121,12 @@ def _cases(c: dict[str, Path]) -> dict[str, Case]:
         "tp beyond heads": Case(["--model-path", nano, *dry, "--tp-size", "8"]),
         "nccl on cpu": Case(["--model-path", nano, *dry, "--device", "cpu", "--tp-size", "2", "--dist-backend", "nccl"]),
         "dp without dp attention": Case(["--model-path", nano, *dry, "--dp-size", "2"]),
+        "backend not here": Case(["--model-path", nano, *dry, "--attention-backend", "flashinfer"]),
+        "chunked prefill on": Case(["--model-path", nano, *dry, "--chunked-prefill-size", "8192"]),
+        "total below min kv": Case(["--model-path", nano, *dry, "--max-total-tokens", "1", "--min-kv-tokens", "2"]),
+        "fraction beyond one": Case(["--model-path", nano, *dry, "--mem-fraction-static", "1.5"]),
+        "graphs both ways": Case(["--model-path", nano, *dry, "--device", "cpu", "--disable-cuda-graph", "--enable-cuda-graph"]),
+        "bf16 kv on float32": Case(["--model-path", nano, *dry, "--device", "cpu", "--kv-cache-dtype", "bf16"]),
         "engine kv too small": Case(["--model-path", nano, *dry, "--max-running-requests", "1", "--context-length", "100",
                                      "--min-kv-tokens", "101"]),
         # the start scripts
@@ -143,7 +149,8 @@ IN_PROCESS = {
     "override non-positive", "flag non-positive", "no threads", "prefill below chunk", "context beyond model", "missing checkpoint",
     "engine flag unused", "engine kv too small", "bundled default", "bundled path given", "nano tp 2", "nano dp attention",
     "flash tp without dp attention", "flash dp below tp", "ep beyond experts", "tp beyond heads", "nccl on cpu",
-    "dp without dp attention",
+    "dp without dp attention", "backend not here", "chunked prefill on", "total below min kv", "fraction beyond one",
+    "graphs both ways", "bf16 kv on float32",
 }
 
 
@@ -303,6 +310,12 @@ def test_runtime_merge_order(runs):
         ("tp beyond heads", "--tp-size \\(8\\) must divide the"),
         ("nccl on cpu", "--dist-backend nccl needs CUDA"),
         ("dp without dp attention", "--dp-size 2 without --enable-dp-attention"),
+        ("backend not here", "--attention-backend flashinfer: this engine has torch_native"),
+        ("chunked prefill on", "--chunked-prefill-size must be -1"),
+        ("total below min kv", "--max-total-tokens \\(1\\) is below the checkpoint's min_kv_tokens \\(2\\)"),
+        ("fraction beyond one", "--mem-fraction-static must be in \\(0, 1\\]"),
+        ("graphs both ways", "--disable-cuda-graph and --enable-cuda-graph contradict"),
+        ("bf16 kv on float32", "--kv-cache-dtype bf16 keeps the KV cache in the compute dtype"),
         ("engine kv too small", "min_kv_tokens \\(101\\).*--max-running-requests \\(1\\) × --context-length \\(100\\)"),
     ],
 )
@@ -332,6 +345,9 @@ def test_start_nano_script_settings(runs, checkpoints):
     assert (engine["max_sessions_per_rank"], engine["max_inflight_commits_per_rank"], engine["min_kv_tokens"]) == (6, 2, 2048)
     assert engine["max_prefill_tokens"] == 16384 and engine["max_running_requests"] == 8
     assert engine["enable_streaming_session"] is False
+    # the seed's budgets: 65,536 total tokens, a static fraction of 0.60, eager, chunked prefill and radix cache off
+    assert (engine["max_total_tokens"], engine["mem_fraction_static"], engine["kv_cache_dtype"]) == (65536, 0.6, "auto")
+    assert (engine["chunked_prefill_size"], engine["disable_radix_cache"], engine["disable_cuda_graph"]) == (-1, True, True)
     assert outcome.json()["launch_identity"]["config_sha256"] == _sha256(checkpoints["nano"])
     ranks = outcome.json()["parallel"]  # the seed's TP/EP/DP 2/1/1, DP attention off; CPU ranks here
     assert (ranks["tp_size"], ranks["ep_size"], ranks["dp_size"], ranks["enable_dp_attention"]) == (2, 1, 1, False)
@@ -348,6 +364,7 @@ def test_start_flash_script_settings(runs):
     assert engine["max_prefill_tokens"] == 16384 and engine["max_running_requests"] == 48
     assert engine["enable_streaming_session"] is True
     assert engine["context_length"] == 8192  # the extra argument overrode the script's 16384
+    assert (engine["max_total_tokens"], engine["mem_fraction_static"], engine["kv_cache_dtype"]) == (65536, 0.7, "auto")
     ranks = outcome.json()["parallel"]  # the seed's 8/8/8 with DP attention: attention TP 1, one expert per rank
     assert (ranks["tp_size"], ranks["ep_size"], ranks["dp_size"], ranks["enable_dp_attention"]) == (8, 8, 8, True)
     assert ranks["attention_tp_size"] == 1 and len(ranks["ranks"]) == 8

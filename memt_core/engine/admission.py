@@ -1,0 +1,72 @@
+"""Admission against the KV budget (``--max-total-tokens``) and the queue's bound (``--max-queued-requests``).
+
+A query reserves, when it is admitted, the KV tokens it may come to hold: its prompt and ``max_new_tokens``, at most
+the whole budget. It is admitted only while the reservations of the running queries and its own fit in the budget;
+otherwise it waits, first in line (the queue stays in order). One that would outgrow the whole budget alone runs
+alone and stops when it reaches it (finish reason "length"), so the cache never holds more than the budget. Queries
+waiting for admission (accepted, not yet running) are counted; beyond ``max_queued`` a new one is refused with
+``EngineBusy`` (503, ``Retry-After``).
+
+Pure bookkeeping, shared by the event loop (``enter``) and the engine's thread (the rest): one lock.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from memt_core.errors import EngineBusy, InvalidRequest
+
+
+@dataclass
+class Admission:
+    budget: int | None = None  # KV tokens the running queries may hold together (None: no bound)
+    max_queued: int | None = None  # queries that may wait (None: no bound)
+    reserved: int = 0  # what the running queries reserved
+    peak: int = 0  # the most ever reserved at once
+    queued: int = 0  # accepted, not yet admitted nor ended
+    refused: int = 0  # refused because the queue was full
+
+    def __post_init__(self) -> None:
+        self._lock = threading.Lock()
+
+    def enter(self, prompt_tokens: int) -> None:
+        """A query arrives: refused (400) when its prompt alone fills the budget, (503) when the queue is full."""
+        if self.budget is not None and prompt_tokens >= self.budget:
+            raise InvalidRequest(f"a prompt of {prompt_tokens} tokens leaves no room to generate within the server's KV "
+                                 f"budget of {self.budget} tokens (--max-total-tokens)")
+        with self._lock:
+            if self.max_queued is not None and self.queued >= self.max_queued:
+                self.refused += 1
+                raise EngineBusy(f"{self.queued} queries are waiting for admission (--max-queued-requests {self.max_queued}): "
+                                 "retry after a moment")
+            self.queued += 1
+
+    def left_queue(self) -> None:
+        with self._lock:
+            self.queued -= 1
+
+    def need(self, prompt_tokens: int, max_new_tokens: int) -> int:
+        """The tokens a query reserves (0 without a budget)."""
+        if self.budget is None:
+            return 0
+        return min(prompt_tokens + max_new_tokens, self.budget)
+
+    def fits(self, need: int, alone: bool) -> bool:
+        """Whether a query reserving ``need`` may start now (``alone``: nothing else runs or starts this step)."""
+        with self._lock:
+            return self.budget is None or alone or self.reserved + need <= self.budget
+
+    def admit(self, need: int) -> None:
+        with self._lock:
+            self.reserved += need
+            self.peak = max(self.peak, self.reserved)
+
+    def release(self, need: int) -> None:
+        with self._lock:
+            self.reserved -= need
+
+    def describe(self) -> dict:
+        with self._lock:
+            return {"kv_budget_tokens": self.budget, "kv_reserved_tokens": self.reserved, "kv_reserved_peak": self.peak,
+                    "queued": self.queued, "max_queued": self.max_queued, "refused_queue_full": self.refused}

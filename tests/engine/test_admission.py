@@ -1,0 +1,139 @@
+"""Admission against the KV budget (``--max-total-tokens``) and the queue's bound (``--max-queued-requests``): the
+bookkeeping alone (``memt_core.engine.admission``), then a torch engine under a burst larger than its budget. Every
+admitted query answers what it answers alone; the reserved KV never passes the budget; a query that alone would
+outgrow it stops there; beyond the queue's bound a query is refused with ``EngineBusy`` and changes nothing."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from memt_core.engine import TorchEngine
+from memt_core.engine.admission import Admission
+from memt_core.errors import EngineBusy, InvalidRequest
+from memt_core.inference import generate
+from memt_core.sampling import SamplingParams
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def greedy(n: int) -> SamplingParams:
+    return SamplingParams(max_new_tokens=n, temperature=0, skip_eos=True)
+
+
+def alone(model, prompt: list[int], n: int) -> list[int]:
+    return generate(model, prompt, memory=None, params=greedy(n)).output_ids
+
+
+async def answer(engine, rid: str, prompt: list[int], n: int) -> tuple[list[int], str]:
+    tokens, finish = [], None
+    async for event in engine.query(rid, prompt, greedy(n)):
+        assert event.error is None, event.error
+        tokens += [event.token] if event.token is not None else []
+        finish = event.finish_reason or finish
+    return tokens, finish
+
+
+# ---------------------------------------------------------------------- the bookkeeping
+
+
+def test_reservations_fit_the_budget_and_one_alone_always_starts():
+    a = Admission(budget=100)
+    assert a.need(30, 50) == 80 and a.need(30, 500) == 100  # at most the whole budget
+    assert a.fits(80, alone=False)
+    a.admit(80)
+    assert not a.fits(30, alone=False) and a.fits(20, alone=False)
+    assert a.fits(100, alone=True)  # nothing else runs: it starts, and stops at the budget
+    a.release(80)
+    assert a.reserved == 0 and a.peak == 80
+    assert Admission().need(30, 50) == 0 and Admission().fits(10**9, alone=False)  # no budget, no bound
+
+
+def test_the_queue_is_bounded_and_a_prompt_that_fills_the_budget_is_refused():
+    a = Admission(budget=100, max_queued=2)
+    a.enter(10)
+    a.enter(10)
+    with pytest.raises(EngineBusy) as busy:
+        a.enter(10)
+    assert busy.value.status == 503 and busy.value.retry_after == 1
+    assert a.queued == 2 and a.refused == 1
+    a.left_queue()
+    a.enter(10)  # room again
+    with pytest.raises(InvalidRequest, match="--max-total-tokens"):
+        a.enter(100)
+    assert a.queued == 2
+
+
+# ---------------------------------------------------------------------- an engine under a burst
+
+
+def test_a_burst_larger_than_the_budget_waits_its_turn_and_answers_as_alone(nano_model):
+    prompts = [[10 + i, 42, 99, 123, 5, 6, 7, 8] * 2 for i in range(6)]  # 16 tokens each; 16 + 20 = 36 reserved
+    expected = [alone(nano_model, prompt, 20) for prompt in prompts]
+    engine = TorchEngine(nano_model, max_running_requests=8, max_total_tokens=80).start()  # two at a time, not three
+    try:
+        async def burst():
+            return await asyncio.gather(*(answer(engine, f"q{i}", prompt, 20) for i, prompt in enumerate(prompts)))
+
+        results = asyncio.run(burst())
+        assert [tokens for tokens, _ in results] == expected
+        assert all(finish == "length" for _, finish in results)
+        stats = engine.stats
+        assert stats.kv_reserved_peak == 72 <= stats.kv_budget == 80  # two running at once at most
+        assert stats.kv_reserved == 0 and stats.queued == 0
+    finally:
+        engine.stop()
+
+
+def test_a_query_that_alone_outgrows_the_budget_stops_at_it(nano_model):
+    prompt = [17, 42, 99, 123, 5, 6, 7, 8, 9, 10]
+    engine = TorchEngine(nano_model, max_total_tokens=40).start()
+    try:
+        tokens, finish = asyncio.run(answer(engine, "long", prompt, 100))
+        assert finish == "length" and len(prompt) + len(tokens) == 40
+        assert tokens == alone(nano_model, prompt, 30)
+        async def too_long():
+            engine.query("too-long", list(range(40)), greedy(1))
+
+        with pytest.raises(InvalidRequest, match="no room to generate"):
+            asyncio.run(too_long())
+        assert engine.stats.queued == 0
+    finally:
+        engine.stop()
+
+
+def test_beyond_the_queues_bound_a_query_is_refused_and_the_others_answer(nano_model):
+    first, second = [17, 42, 99, 123], [5, 6, 7, 8]
+    engine = TorchEngine(nano_model, max_total_tokens=304, max_queued_requests=1).start()
+    try:
+        async def scenario():
+            running = engine.query("a", first, greedy(300))  # holds the whole budget for 300 steps
+            arrived = await running.__anext__()
+            assert arrived.token is not None  # admitted and running: the next query must wait
+            waiting = engine.query("b", second, greedy(5))  # queued: 1, the bound
+            with pytest.raises(EngineBusy):
+                engine.query("c", second, greedy(5))
+            assert engine.stats.refused_queue_full == 1
+            rest = [event.token async for event in running if event.token is not None]
+            later = [event.token async for event in waiting if event.token is not None]
+            return [arrived.token, *rest], later
+
+        tokens_a, tokens_b = asyncio.run(scenario())
+        assert tokens_a == alone(nano_model, first, 300)
+        assert tokens_b == alone(nano_model, second, 5)
+        assert engine.stats.queued == 0 and engine.stats.kv_reserved == 0
+    finally:
+        engine.stop()
+
+
+def test_the_fraction_of_a_device_becomes_a_kv_budget(nano_model):
+    """``--mem-fraction-static`` on CUDA: what the fraction leaves after the weights, less the activations' share,
+    divided by one token's KV bytes (every layer counted as full attention: an upper bound per token)."""
+    from memt_core.engine.device import ACTIVATION_SHARE, kv_budget_tokens, kv_token_bytes
+
+    config = nano_model.config
+    per_token = kv_token_bytes(nano_model)
+    assert per_token == 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * 4  # FP32
+    assert kv_budget_tokens(0.5, 100_000_000, 10_000_000, 1000) == int(40_000_000 * (1 - ACTIVATION_SHARE) // 1000)
+    assert kv_budget_tokens(0.1, 100_000_000, 20_000_000, 1000) == 0  # the weights alone pass the fraction
