@@ -399,9 +399,10 @@ def train(
             group["lr"] = lr_at(step, config, progress if schedule_by_time else None)
         loss, stats = loss_of(model, batch)
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
-        optimizer.step()
+        if loss.requires_grad:  # a batch whose answers no trained weight reaches (a frozen backbone, memory unread) teaches nothing
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+            optimizer.step()
         window_loss.append(stats.loss)
         window_tokens += stats.tokens
         for kind, flags in stats.exact.items():
