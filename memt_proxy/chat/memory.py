@@ -1,36 +1,22 @@
 """Which memory a chat request's turn runs on: a named session (``X-MemT-Session``: lock → create, adopt or fork →
 lease, held by ``TurnRunner.hold_named``) or, without the header, the deepest kept state a conversation's transcript
-reaches (``memt_proxy.session.branches``). Either way the turn is planned on that memory (``ChatPlanner.on_memory``); a
-client's retry of an answered turn gets the kept answer. ``ChatMemory`` calls nothing of the service back: it returns
-where the turn is answered (``OnMemory``), and the service answers it.
+reaches (held by ``TurnRunner.hold_headerless``, as for the Responses surface). Either way the turn is planned on that
+memory (``ChatPlanner.on_memory``); a client's retry of an answered turn gets the kept answer. ``ChatMemory`` calls
+nothing of the service back: it returns where the turn is answered (``OnMemory``), and the service answers it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
-from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
 
 from memt_proxy.chat.plan import ChatPlanner, regenerates
 from memt_proxy.protocol import ChatCompletionRequest
-from memt_proxy.session.branches import resume
-from memt_proxy.session.sessions import HeldSession, Sessions
+from memt_proxy.session.sessions import Sessions
 from memt_proxy.session.transcript import as_dict
-from memt_proxy.session.turn import Turn, TurnRunner
+from memt_proxy.session.turn import OnMemory, TurnRunner
 from memt_proxy.worker import off_loop
 
-
-@dataclass(frozen=True)
-class OnMemory:
-    """Where a chat turn is answered: on ``held`` (let go by closing ``hold``) with the turn ``prepare()`` makes there;
-    or, holding no memory, the plain generation's ``turn``; or, for a client's retry, only the kept answer (``replay``)."""
-
-    held: HeldSession | None = None
-    hold: contextlib.AsyncExitStack | None = None
-    prepare: Callable[[], Awaitable[Turn]] | None = None
-    turn: Turn | None = None
-    replay: Any = None
+__all__ = ["ChatMemory", "OnMemory"]
 
 
 class ChatMemory:
@@ -65,18 +51,16 @@ class ChatMemory:
         kept = self.runner.retried(tenant, digest, retry, key)
         if kept is not None:
             return OnMemory(replay=kept)
-        plan, held, hold = await resume(self.sessions, request.messages, tenant, size)
-        if held is None:
-            turn = await off_loop(size, self.plans.stateless, request, tenant)
-            turn.headerless, turn.digest, turn.key, turn.policy = plan, digest, key, policy
-            conversation = [as_dict(m) for m in request.messages if m.role not in ("system", "developer")]
-            earlier, opened = conversation[: len(plan.hashes)], conversation[len(plan.hashes):]
-            turn.opening = functools.partial(off_loop, size, self.plans.opening_ids, earlier, opened, turn.thinking, turn.prefix)
-            return OnMemory(turn=turn)
 
-        async def prepare() -> Turn:
-            turn = await off_loop(size, self.plans.on_memory, request, held.state, policy, plan.hashes)
-            turn.headerless, turn.digest, turn.key = plan, digest, key
+        def plain(found):
+            turn = self.plans.stateless(request, tenant)
+            conversation = [as_dict(m) for m in request.messages if m.role not in ("system", "developer")]
+            earlier, opened = conversation[: len(found.hashes)], conversation[len(found.hashes):]
+            turn.opening = functools.partial(off_loop, size, self.plans.opening_ids, earlier, opened, turn.thinking, turn.prefix)
             return turn
 
-        return OnMemory(held, hold, prepare)
+        return await self.runner.hold_headerless(
+            tenant, request.messages, policy=policy, size=size, digest=digest, key=key,
+            plain=lambda found: off_loop(size, plain, found),
+            plan=lambda state, found: off_loop(size, self.plans.on_memory, request, state, policy, found.hashes),
+        )

@@ -44,7 +44,6 @@ from memt_proxy.responses.records import SNAPSHOTS_PER_CHAIN, ResponseRecord, Re
 from memt_proxy.responses.stored import StoredResponses
 from memt_proxy.responses.stream import StreamedItems, replayed
 from memt_proxy.responses.threads import Threads, ThreadTurn
-from memt_proxy.session.branches import resume
 from memt_proxy.session.sessions import HeldSession, Sessions
 from memt_proxy.session.turn import Turn, TurnRunner
 from memt_proxy.session.retries import request_digest
@@ -148,22 +147,19 @@ class ResponsesService:
         (``memt_proxy.session.branches``). Its system/developer items are instructions, as a chat request's system messages:
         sent with every input, never kept in a state."""
         messages = await off_loop(context.size, item_messages, items)
-        found, held, hold = await resume(self.sessions, messages, context.tenant, context.size)
-        handed_off = False
-        try:
-            if held is None:
-                plan = await self._planned(request, context, items, None, [], [], None, lift=True)
-                plan.headerless, plan.policy, plan.digest, plan.key = found, context.policy, context.digest, context.key
-                return self._stream(plan, None, None) if request.stream else await self._run(plan, None)
-            plan = await self._planned(request, context, items, None, [], [], None, held=len(held.state.committed), lift=True)
-            await held.start(with_answer=True)
-            plan.headerless, plan.state, plan.saved, plan.policy = found, held.state, self.memory_tokens.held(held.state), context.policy
-            plan.digest, plan.key = context.digest, context.key
-            handed_off = True
-            return await self._answer(plan, held, hold)
-        finally:
-            if not handed_off:
-                await hold.aclose()
+
+        async def on_memory(state, found) -> Turn:
+            plan = await self._planned(request, context, items, None, [], [], None, held=len(state.committed), lift=True)
+            plan.state, plan.saved = state, self.memory_tokens.held(state)
+            return plan
+
+        on = await self.runner.hold_headerless(
+            context.tenant, messages, policy=context.policy, size=context.size, digest=context.digest, key=context.key,
+            plain=lambda found: self._planned(request, context, items, None, [], [], None, lift=True), plan=on_memory,
+        )
+        if on.held is None:
+            return self._stream(on.turn, None, None) if request.stream else await self._run(on.turn, None)
+        return await self.runner.answer(on.held, on.hold, on.prepare, stream=bool(request.stream), run=self._run, streamed=self._stream)
 
     async def _answer(self, plan: Turn, held: HeldSession | None, hold: contextlib.AsyncExitStack):
         """Answer ``plan`` on the held session, which is let go when the answer ends (a stream: when it does)."""

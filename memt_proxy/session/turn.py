@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 from memt_core.client.chat_format import ChatFormat
-from memt_proxy.session.branches import HeaderlessPlan, after_answer, closed, planned, resumable
+from memt_proxy.session.branches import HeaderlessPlan, after_answer, closed, planned, resumable, resume
 from memt_proxy.errors import ProxyError, Unavailable
 from memt_proxy.session.sessions import HeldSession, MemoryFound, PendingTurn, Sessions, SessionState
 from memt_proxy.session.transcript import message_hash, overlap
@@ -75,6 +75,19 @@ class Turn:
     as_text: int = 0  # Responses, memory off: the leading messages sent as text that the conversation holds already
 
 
+@dataclass(frozen=True)
+class OnMemory:
+    """Where a turn is answered, as a hold says for either surface: on ``held`` (let go by closing ``hold``) with the turn
+    ``prepare()`` makes there; or, holding no memory, the plain generation's ``turn``; or, for a client's retry, only
+    the kept answer (``replay``)."""
+
+    held: HeldSession | None = None
+    hold: contextlib.AsyncExitStack | None = None
+    prepare: Callable[[], Awaitable[Turn]] | None = None
+    turn: Turn | None = None
+    replay: Any = None
+
+
 class TurnRunner:
     """Runs planned ``Turn``s on one upstream's session layer for every surface (see the module docstring).
     ``on_usage(prompt_tokens=, completion_tokens=, saved_tokens=, memory=)``: once per finished answer (not for a
@@ -121,6 +134,27 @@ class TurnRunner:
             return turn
 
         return (held if forked is None else forked[0]), hold, prepare
+
+    async def hold_headerless(self, tenant: str, messages: list, *, policy: str, size: int, digest: str, key: str | None,
+                              plain: Callable[[HeaderlessPlan], Awaitable[Turn]],
+                              plan: Callable[[SessionState, HeaderlessPlan], Awaitable[Turn]]) -> OnMemory:
+        """Hold the memory of a conversation without a session name, for either surface: the deepest kept state its
+        ``messages`` reach (``branches.resume``), with the maker of its turn there (``plan(state, found)``); reaching none,
+        the plain generation's turn (``plain(found)``). Either turn is the header-less plan's (``Turn.headerless``): its
+        answer forks the conversation's next state (``after``)."""
+        found, held, hold = await resume(self.sessions, messages, tenant, size)
+
+        def marked(turn: Turn) -> Turn:
+            turn.headerless, turn.policy, turn.digest, turn.key = found, policy, digest, key
+            return turn
+
+        if held is None:
+            return OnMemory(turn=marked(await plain(found)))
+
+        async def prepare() -> Turn:
+            return marked(await plan(held.state, found))
+
+        return OnMemory(held, hold, prepare)
 
     async def _fork(self, held: HeldSession, hold: contextlib.AsyncExitStack, messages: list, size: int, plan):
         """The kept state a named session's diverging request forks from, held (let go with the session), and the
