@@ -272,7 +272,8 @@ def plan_launch(args: argparse.Namespace, environ=os.environ) -> LaunchPlan:
                    device=device, visible_gpus=_visible_gpus() if device.startswith("cuda") and ranks.world > 1 else None,
                    deterministic_communication=args.deterministic_communication)
     limits = budget.from_args(args)
-    budget.check(limits, dtype=dtype, cuda_graphs=args.enable_cuda_graph, min_kv_tokens=runtime.min_kv_tokens)
+    budget.check(limits, dtype=dtype, cuda_graphs=args.enable_cuda_graph, min_kv_tokens=runtime.min_kv_tokens,
+                 torch_compile=args.enable_torch_compile)
     plan = LaunchPlan(
         checkpoint=checkpoint, runtime=runtime, engine=args.engine, device=device, dtype=dtype,
         max_prefill_tokens=args.max_prefill_tokens, max_running_requests=args.max_running_requests,

@@ -9,8 +9,7 @@
 # Parallel settings: TP/EP/DP 8/8/8 with DP attention (the seed's); --dry-run prints what each rank holds.
 # With DP attention each GPU runs attention and latent memory for its own sessions (6 a rank, 48 in all) and an
 # eighth of the experts; docs/deployment.md (parallel serving) says what runs where.
-# The seed's KV cache is fp8_e4m3: not built here (--kv-cache-dtype fp8_e4m3 is refused at load), so the KV
-# cache stays in the compute dtype (BF16); the other budgets are the seed's.
+# The seed's budgets, with its FP8 KV cache (--kv-cache-dtype fp8_e4m3; docs/deployment.md, memory budget).
 set -eu
 
 if [ "$#" -lt 1 ]; then
@@ -40,6 +39,7 @@ exec "$MEMT_PYTHON" -m memt_core.launch \
     --enable-dp-attention \
     --max-total-tokens 65536 \
     --mem-fraction-static 0.70 \
+    --kv-cache-dtype fp8_e4m3 \
     --chunked-prefill-size -1 \
     --disable-radix-cache \
     --disable-cuda-graph \

@@ -2,7 +2,8 @@
 
 A query reserves, when it is admitted, the KV tokens it may come to hold: its prompt and ``max_new_tokens``, at most
 the whole budget. It is admitted only while the reservations of the running queries and its own fit in the budget;
-otherwise it waits, first in line (the queue stays in order). One that would outgrow the whole budget alone runs
+otherwise it waits, first in line (the queue stays in order). Retained contexts (``retain_kv`` sessions) count
+against the same budget and are evicted first: a query that does not fit frees them before it waits. One that would outgrow the whole budget alone runs
 alone and stops when it reaches it (finish reason "length"), so the cache never holds more than the budget. Queries
 waiting for admission (accepted, not yet running) are counted; beyond ``max_queued`` a new one is refused with
 ``EngineBusy`` (503, ``Retry-After``).
@@ -23,7 +24,7 @@ class Admission:
     budget: int | None = None  # KV tokens the running queries may hold together (None: no bound)
     max_queued: int | None = None  # queries that may wait (None: no bound)
     reserved: int = 0  # what the running queries reserved
-    peak: int = 0  # the most ever reserved at once
+    peak: int = 0  # the most ever held at once: reservations and retained contexts
     queued: int = 0  # accepted, not yet admitted nor ended
     refused: int = 0  # refused because the queue was full
 
@@ -52,15 +53,20 @@ class Admission:
             return 0
         return min(prompt_tokens + max_new_tokens, self.budget)
 
-    def fits(self, need: int, alone: bool) -> bool:
-        """Whether a query reserving ``need`` may start now (``alone``: nothing else runs or starts this step)."""
+    def room(self, need: int, retained: int = 0) -> int:
+        """Tokens missing for a query reserving ``need`` beside the running ones and ``retained`` tokens of retained
+        contexts (0: it fits; always 0 without a budget)."""
         with self._lock:
-            return self.budget is None or alone or self.reserved + need <= self.budget
+            return 0 if self.budget is None else max(0, self.reserved + retained + need - self.budget)
 
-    def admit(self, need: int) -> None:
+    def fits(self, need: int, alone: bool, retained: int = 0) -> bool:
+        """Whether a query reserving ``need`` may start now (``alone``: nothing else runs or starts this step)."""
+        return alone or self.room(need, retained) == 0
+
+    def admit(self, need: int, retained: int = 0) -> None:
         with self._lock:
             self.reserved += need
-            self.peak = max(self.peak, self.reserved)
+            self.peak = max(self.peak, self.reserved + retained)
 
     def release(self, need: int) -> None:
         with self._lock:

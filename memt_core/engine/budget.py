@@ -12,8 +12,8 @@ flag                           here
                                warm-up, divided by a token's KV bytes; on the CPU it has no device to measure (use
                                ``--max-total-tokens``)
 ``--max-queued-requests N``    queries waiting for admission; beyond, a new one is refused with 503 and ``Retry-After``
-``--kv-cache-dtype``           ``auto`` (the compute dtype); ``bf16`` with ``--dtype bfloat16``; ``fp8_e4m3`` refused
-                               when the engine loads (not built)
+``--kv-cache-dtype``           ``auto`` (the compute dtype); ``bf16`` with ``--dtype bfloat16``; ``fp8_e4m3``: full-attention
+                               keys and values in FP8 with a per-tensor scale (``memt_core.engine.fp8_kv``), eager only
 ``--attention-backend`` …      the kernels this engine has, by SGLang's names; any other is refused by name
 ``--chunked-prefill-size``     -1 only (the seed keeps chunked prefill off; commits are chunked by ``memt.chunk_tokens``)
 ``--disable-radix-cache``      accepted: this engine has no radix cache
@@ -67,7 +67,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--max-total-tokens", type=int, default=None, metavar="N", help="KV tokens all running queries may hold together: a query is admitted when its prompt + max_new_tokens fit beside the running ones' (else it waits), and one alone that would outgrow the budget stops there with finish_reason length (default: no bound but --max-running-requests; on CUDA with --mem-fraction-static, what that fraction leaves)")
     group.add_argument("--mem-fraction-static", type=float, default=None, metavar="F", help="CUDA: the share of the device's memory the server may take (0-1]; without --max-total-tokens the KV budget is what it leaves after the weights and the warm-up. No effect on the CPU, which has no device memory to measure")
     group.add_argument("--max-queued-requests", type=int, default=None, metavar="N", help="queries that may wait for admission; a new one beyond is refused with 503 and Retry-After (default: unbounded)")
-    group.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES, help="the KV cache's dtype: auto (the compute dtype), bf16 (with --dtype bfloat16), fp8_e4m3 (not built: refused when the engine loads)")
+    group.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES, help="the KV cache's dtype: auto (the compute dtype), bf16 (with --dtype bfloat16), fp8_e4m3 (full-attention keys and values stored as float8_e4m3fn with SGLang's per-tensor scale of 1.0, dequantized for attention: half BF16's bytes per token; on the CPU too; not with --enable-cuda-graph or --enable-torch-compile; its agreement with the compute dtype's cache: scripts/bench/kv_dtype.py)")
     for flag, names in BACKENDS.items():
         group.add_argument("--" + flag.replace("_", "-"), default=None, metavar="NAME",
                            help="; ".join(f"{name}: {what}" for name, what in names.items()) + " (default: the engine's; any other name is refused)")
@@ -84,7 +84,7 @@ def from_args(args: argparse.Namespace) -> Budget:
                   **{flag: getattr(args, flag) for flag in BACKENDS})
 
 
-def check(budget: Budget, *, dtype: str, cuda_graphs: bool, min_kv_tokens: int) -> None:
+def check(budget: Budget, *, dtype: str, cuda_graphs: bool, min_kv_tokens: int, torch_compile: bool = False) -> None:
     """Refuse what this engine cannot honour, one line naming the flag (``CheckpointError``)."""
     b = budget
     if b.max_total_tokens is not None:
@@ -100,6 +100,8 @@ def check(budget: Budget, *, dtype: str, cuda_graphs: bool, min_kv_tokens: int) 
     if b.kv_cache_dtype == "bf16" and dtype != "bfloat16":
         raise CheckpointError(f"--kv-cache-dtype bf16 keeps the KV cache in the compute dtype: use --dtype bfloat16 (got {dtype}), "
                               "or --kv-cache-dtype auto")
+    if b.kv_cache_dtype == "fp8_e4m3" and (cuda_graphs or torch_compile):
+        raise CheckpointError("--kv-cache-dtype fp8_e4m3 runs eager steps: leave out --enable-cuda-graph and --enable-torch-compile")
     for flag, names in BACKENDS.items():
         value = getattr(b, flag)
         if value is not None and value not in names:
@@ -114,9 +116,6 @@ def check(budget: Budget, *, dtype: str, cuda_graphs: bool, min_kv_tokens: int) 
 
 def check_device(budget: Budget, device: str) -> None:
     """What only the engine's device decides, at load."""
-    if budget.kv_cache_dtype == "fp8_e4m3":
-        raise CheckpointError("--kv-cache-dtype fp8_e4m3 is not built yet: serve with --kv-cache-dtype auto (the KV cache in "
-                              "the compute dtype)")
     if budget.linear_attn_backend is not None:
         from memt_core.memory import fla
 

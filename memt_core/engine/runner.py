@@ -19,10 +19,10 @@ import time
 from typing import Any, Callable
 
 import torch
-from transformers import DynamicCache
 
 from memt_core.engine import kv
 from memt_core.engine.device import claim_architecture, compile_model, inductor_options
+from memt_core.engine.fp8_kv import new_cache
 from memt_core.engine.step import CommitOutcome, Decode, Leave, Logits, Prefill, Step, StepResult
 from memt_core.engine.warmup import COMPILE_DECODE_ROWS, COMPILE_PREFILLS, WarmupPlan
 from memt_core.errors import CheckpointError
@@ -53,8 +53,10 @@ class ModelRunner:
         cuda_graphs: bool = False,
         cuda_graph_max_tokens: int = 4096,
         max_rows: int = 32,
+        kv_cache_dtype: str = "auto",  # fp8_e4m3: full-attention keys and values stored in FP8 (memt_core.engine.fp8_kv)
     ):
         self.model = model
+        self.kv_cache_dtype = kv_cache_dtype
         self.device = next(model.parameters()).device
         # the shared batch's decode step, compiled with --enable-torch-compile, and short prompts' prefills once
         # warmed up (``warm``); longer prefills and commits stay eager
@@ -84,6 +86,10 @@ class ModelRunner:
         self.batch_cache = None
         self.batch_mask: torch.Tensor | None = None
         self._read: tuple[tuple[int, ...], dict | None] = ((), None)  # the rows the batch's read was stacked for, and it
+
+    def new_cache(self):
+        """A fresh KV cache for one request (its full-attention layers in FP8 with ``--kv-cache-dtype fp8_e4m3``)."""
+        return new_cache(self.model.config, self.kv_cache_dtype)
 
     # ------------------------------------------------------------------ memory states
 
@@ -162,7 +168,7 @@ class ModelRunner:
     def _prefill(self, p: Prefill):
         self.reads[p.request] = p.memory  # owned by the request from now on, let go when it leaves
         try:
-            cache = self.caches.pop(p.retained) if p.retained is not None else DynamicCache(config=self.model.config)
+            cache = self.caches.pop(p.retained) if p.retained is not None else self.new_cache()
             feed = torch.tensor([p.tokens], dtype=torch.long, device=self.device)
             out = self.forward_prompt(feed, self.memory(p.memory), cache, fresh=p.retained is None)
         except Exception as exc:
@@ -260,8 +266,8 @@ class ModelRunner:
                 return
             progress({"phase": "prompts and commits", "shapes_done": done, "shapes": plan.shapes, "length": length})
             ids = self._tokens(1, length, token)
-            self.forward_prompt(ids, None, DynamicCache(config=self.model.config))
-            self.model(ids, memory=memory_batch(self.model, [None], zeros=True), past_key_values=DynamicCache(config=self.model.config),
+            self.forward_prompt(ids, None, self.new_cache())
+            self.model(ids, memory=memory_batch(self.model, [None], zeros=True), past_key_values=self.new_cache(),
                        use_cache=True, logits_to_keep=1)
             commit_batch(self.model, [MemoryState()], [ids[0]])
             done += 1
@@ -300,7 +306,7 @@ class ModelRunner:
                 self._step(cache, mask, memory_batch(self.model, [None] * len(lengths), zeros=True), 0)
             self.prefill_compiled = True
             for length in COMPILE_PREFILLS:
-                out = self.forward_prompt(self._tokens(1, length, 0), None, DynamicCache(config=self.model.config))
+                out = self.forward_prompt(self._tokens(1, length, 0), None, self.new_cache())
                 own = torch.ones(1, length, dtype=torch.long, device=self.device)
                 self._step(out.past_key_values, own, memory_batch(self.model, [None], zeros=True), 0)
         log.info("decode step and short prefills compiled in %.0f s", time.monotonic() - started)
@@ -310,7 +316,7 @@ class ModelRunner:
         model's caches are not batched. ``claim``: the architecture is claimed for the compiler first."""
         cache = mask = None
         for length in lengths:
-            out = self.forward_prompt(self._tokens(1, length, token), None, DynamicCache(config=self.model.config))
+            out = self.forward_prompt(self._tokens(1, length, token), None, self.new_cache())
             if not kv.batchable(out.past_key_values):
                 return None
             if claim and cache is None:

@@ -11,6 +11,8 @@ memory keeps reading exactly that memory whatever happens afterwards.
 
 from __future__ import annotations
 
+import threading
+
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Protocol
@@ -98,6 +100,7 @@ class MemoryStore:
         self.table = table
         self.handles = handles  # memt_core.engine.step.Handles, shared with the scheduler
         self.release = release
+        self._retained_lock = threading.Lock()  # retained contexts are kept and evicted by the engine's thread, taken by the loop's
         self.state_directory = Path(state_directory) if state_directory else None
         self.sessions: dict[str, SessionMemory] = {}
         self.durable = durable
@@ -140,17 +143,51 @@ class MemoryStore:
         return self.table.memory(handle)
 
     def take_retained(self, state: SessionMemory) -> RetainedKV | None:
-        retained, state.retained = state.retained, None
+        with self._retained_lock:
+            retained, state.retained = state.retained, None
         return retained
+
+    def check_prompt(self, session: str, prompt: list[int]) -> None:
+        """Refuse a query that does not extend the session's retained context (before anything is admitted)."""
+        state = self.sessions.get(session)
+        retained = state.retained if state is not None else None
+        if retained is None:
+            return
+        n = len(retained.acknowledged)
+        if len(prompt) <= len(retained.tokens) or tuple(prompt[:n]) != retained.acknowledged:
+            raise InvalidRequest(
+                f"this session retains native context: the query must extend the acknowledged prefix of {n} tokens "
+                "exactly (or call kv_reset first)"
+            )
+
+    def retained_tokens(self) -> int:
+        """Tokens every session's retained context holds in the KV cache."""
+        with self._retained_lock:
+            return sum(len(m.retained.tokens) for m in list(self.sessions.values()) if m.retained is not None)
+
+    def evict_retained(self, tokens: int) -> int:
+        """Let go of retained contexts, largest first, until ``tokens`` are freed (or none is left); returns the tokens
+        freed. Their sessions' next queries are prefilled whole."""
+        freed = 0
+        with self._retained_lock:
+            held = sorted((m for m in list(self.sessions.values()) if m.retained is not None), key=lambda m: -len(m.retained.tokens))
+            for memory in held:
+                if freed >= tokens:
+                    break
+                freed += len(memory.retained.tokens)
+                self._let_go_of(memory.retained.kv)
+                memory.retained = None
+        return freed
 
     def retain(self, session: str, retained: RetainedKV) -> bool:
         """Keep a finished query's context for the session's next query; False (nothing kept) if it is gone."""
         state = self.sessions.get(session)
         if state is None:
             return False
-        if state.retained is not None:
-            self._let_go_of(state.retained.kv)
-        state.retained = retained
+        with self._retained_lock:
+            if state.retained is not None:
+                self._let_go_of(state.retained.kv)
+            state.retained = retained
         return True
 
     # ------------------------------------------------------------------ effects

@@ -32,7 +32,7 @@ from memt_core.engine.runner import COMPILED_PREFILL_TOKENS, ModelRunner, fused_
 from memt_core.engine.step import Commit, Decode, Handles, Leave, Prefill, Step, StepResult
 from memt_core.engine.store import MemoryStore, RetainedKV
 from memt_core.engine.warmup import WarmupPlan, including
-from memt_core.errors import BadGeneration, CheckpointError, InvalidRequest, MemTError, WorkerUnavailable
+from memt_core.errors import BadGeneration, CheckpointError, MemTError, WorkerUnavailable
 from memt_core.models.memt import MemTForCausalLM
 from memt_core.models.passes import eos_token_ids
 from memt_core.protocol import effects as fx
@@ -102,7 +102,8 @@ class TorchEngine(Engine):
         if parallel.world > 1:  # ranks as processes: this one serves, every one runs the steps (its own part, DP attention)
             from memt_core.parallel import dp, ranks
 
-            runner_options = {"fused_decode": options.fused_decode and not parallel.dp_attention, "max_rows": options.max_running_requests}
+            runner_options = {"fused_decode": options.fused_decode and not parallel.dp_attention, "max_rows": options.max_running_requests,
+                              "kv_cache_dtype": options.budget.kv_cache_dtype}
             model, group, processes = ranks.start(checkpoint, parallel, device=options.device, dtype=options.dtype,
                                                   runner_options=runner_options, threads=cpu_threads(options),
                                                   deterministic=options.deterministic_communication)
@@ -127,7 +128,7 @@ class TorchEngine(Engine):
             model, runner=runner, state_directory=options.state_directory, snapshot_store=durable, owned=owned,
             max_running_requests=options.max_running_requests, max_commit_batch=options.max_commit_batch * parallel.session_ranks,
             max_total_tokens=options.budget.max_total_tokens or cuda_kv_budget(model, options.budget.mem_fraction_static),
-            max_queued_requests=options.budget.max_queued_requests,
+            max_queued_requests=options.budget.max_queued_requests, kv_cache_dtype=options.budget.kv_cache_dtype,
             torch_compile=options.torch_compile, threads=cpu_threads(options), fused_decode=options.fused_decode,
             cuda_graphs=options.cuda_graphs, cuda_graph_max_tokens=options.cuda_graph_max_tokens,
             warmup=warmup.plan(options.warmup, torch.device(options.device).type, max_rows=options.max_running_requests,
@@ -177,11 +178,12 @@ class TorchEngine(Engine):
         runner=None,  # several ranks: memt_core.parallel.ranks.RankDriver over rank 0's share of ``model``
         max_total_tokens: int | None = None,  # the KV budget of the running queries (memt_core.engine.admission)
         max_queued_requests: int | None = None,  # queries that may wait for admission (beyond: 503)
+        kv_cache_dtype: str = "auto",  # fp8_e4m3: the KV cache in FP8 (memt_core.engine.fp8_kv)
     ):
         self.runner = runner or ModelRunner(
             model, torch_compile=torch_compile, compile_options=compile_options, module_guards=module_guards,
             fused_decode=fused_decode, cuda_graphs=cuda_graphs, cuda_graph_max_tokens=cuda_graph_max_tokens,
-            max_rows=max_running_requests,
+            max_rows=max_running_requests, kv_cache_dtype=kv_cache_dtype,
         )
         self.threads = threads
         self.checkpoint = getattr(model.checkpoint, "whole", model.checkpoint)  # a rank's share names the whole
@@ -353,17 +355,7 @@ class TorchEngine(Engine):
         return self._events(job)
 
     def check_prompt(self, session: str, prompt: list[int]) -> None:
-        """Refuse a query that does not extend the session's retained context (before anything is admitted)."""
-        state = self.store.sessions.get(session)
-        retained = state.retained if state is not None else None
-        if retained is None:
-            return
-        n = len(retained.acknowledged)
-        if len(prompt) <= len(retained.tokens) or tuple(prompt[:n]) != retained.acknowledged:
-            raise InvalidRequest(
-                f"this session retains native context: the query must extend the acknowledged prefix of {n} tokens "
-                "exactly (or call kv_reset first)"
-            )
+        self.store.check_prompt(session, prompt)
 
     def _take_retained(self, session: str, state, prompt: list[int], version: int, memory_read: bool) -> RetainedKV | None:
         self.check_prompt(session, prompt)
@@ -468,7 +460,10 @@ class TorchEngine(Engine):
         while self._waiting and len(self._running) + len(admitted) < self.max_running:
             job = self._waiting[0]
             need = self.admission.need(len(job.prompt), job.params.max_new_tokens)
-            if not (job.cancelled or self.admission.fits(need, alone=not (self._running or admitted))):
+            retained = self.store.retained_tokens() if self.admission.budget is not None else 0
+            if self.admission.room(need, retained):  # retained contexts are evicted before a query waits
+                retained -= self.store.evict_retained(self.admission.room(need, retained))
+            if not (job.cancelled or self.admission.fits(need, alone=not (self._running or admitted), retained=retained)):
                 break  # it waits, first in line, for running queries to end
             self._waiting.popleft()
             self.admission.left_queue()
@@ -479,7 +474,7 @@ class TorchEngine(Engine):
             job.sampler = Sampler(job.params, prompt=tuple(job.prompt), end_ids=frozenset(self.stop_ids | set(job.params.stop_token_ids)))
             start = len(job.retained.tokens) if job.retained is not None else 0
             job.reserved = need
-            self.admission.admit(need)
+            self.admission.admit(need, retained)
             prefills.append(Prefill(job.handle, tuple(job.prompt[start:]), memory=job.memory,
                                     retained=job.retained.kv if job.retained is not None else None))
             admitted.append(job)

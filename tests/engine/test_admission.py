@@ -137,3 +137,26 @@ def test_the_fraction_of_a_device_becomes_a_kv_budget(nano_model):
     assert per_token == 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * 4  # FP32
     assert kv_budget_tokens(0.5, 100_000_000, 10_000_000, 1000) == int(40_000_000 * (1 - ACTIVATION_SHARE) // 1000)
     assert kv_budget_tokens(0.1, 100_000_000, 20_000_000, 1000) == 0  # the weights alone pass the fraction
+
+
+def test_retained_contexts_count_against_the_budget_and_are_evicted_first(nano_model):
+    """A streaming session's retained context holds KV after its query; a query that needs that room frees it (the
+    session's next query is then prefilled whole, with the same answer) instead of waiting for it forever."""
+    from memt_core.protocol import effects as fx
+
+    first, other = [17, 42, 99, 123, 5, 6], [7, 8, 9, 10]
+    engine = TorchEngine(nano_model, max_total_tokens=40).start()
+    try:
+        async def scenario():
+            await engine.apply(fx.NewMemory("s"))
+            held = [e.token async for e in engine.query("r1", first, greedy(10), session="s", retain=True) if e.token is not None]
+            assert engine.store.retained_tokens() == len(first) + 9  # the prompt and the tokens fed back
+            plain = [e.token async for e in engine.query("p", other, greedy(30)) if e.token is not None]  # 34 of 40
+            assert engine.store.retained_tokens() == 0 and engine.store.sessions["s"].retained is None
+            return held, plain
+
+        held, plain = asyncio.run(scenario())
+        assert held == alone(nano_model, first, 10) and plain == alone(nano_model, other, 30)
+        assert engine.stats.kv_reserved_peak <= 40
+    finally:
+        engine.stop()

@@ -364,7 +364,7 @@ def test_start_flash_script_settings(runs):
     assert engine["max_prefill_tokens"] == 16384 and engine["max_running_requests"] == 48
     assert engine["enable_streaming_session"] is True
     assert engine["context_length"] == 8192  # the extra argument overrode the script's 16384
-    assert (engine["max_total_tokens"], engine["mem_fraction_static"], engine["kv_cache_dtype"]) == (65536, 0.7, "auto")
+    assert (engine["max_total_tokens"], engine["mem_fraction_static"], engine["kv_cache_dtype"]) == (65536, 0.7, "fp8_e4m3")
     ranks = outcome.json()["parallel"]  # the seed's 8/8/8 with DP attention: attention TP 1, one expert per rank
     assert (ranks["tp_size"], ranks["ep_size"], ranks["dp_size"], ranks["enable_dp_attention"]) == (8, 8, 8, True)
     assert ranks["attention_tp_size"] == 1 and len(ranks["ranks"]) == 8
