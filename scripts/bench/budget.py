@@ -1,0 +1,123 @@
+#!/usr/bin/env python
+"""A burst of long prompts against the KV budget: admitted, queued, refused, and the KV held against the budget.
+
+Two torch engines on the same checkpoint, one after the other: one with ``--max-total-tokens`` and
+``--max-queued-requests`` (``memt_core.engine.admission``), one without either (today's default). Each takes a burst
+of ``--burst`` queries at once, every one a prompt of ``--prompt-tokens`` tokens asking for ``--new-tokens``. Printed
+per engine: queries answered, refused with 503 (the queue was full), the most that waited at once, the KV tokens the
+running queries reserved at most against the budget, the KV tokens the runner's caches really held at most (sampled
+every few milliseconds), and the burst's wall time.
+
+    PYTHONPATH=. python scripts/bench/budget.py
+    PYTHONPATH=. python scripts/bench/budget.py --budget 4096 --queue 8 --burst 32
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+from memt_core.engine import TorchEngine
+from memt_core.errors import EngineBusy
+from memt_core.models.weights import load_model
+from memt_core.sampling import SamplingParams
+
+
+def held_tokens(runner) -> int:
+    """KV tokens the runner's caches hold now: each cache's length times its rows (a best-effort read while it runs)."""
+    total = 0
+    caches = list(runner.caches.values()) + ([runner.batch_cache] if runner.batch_cache is not None else [])
+    for cache in caches:
+        try:
+            layer = next(layer for layer in cache.layers if getattr(layer, "keys", None) is not None and layer.keys.numel())
+            total += layer.keys.shape[0] * layer.keys.shape[-2]
+        except (StopIteration, AttributeError, RuntimeError):
+            continue
+    return total
+
+
+async def burst(engine, prompts: list[list[int]], new_tokens: int) -> dict:
+    params = SamplingParams(max_new_tokens=new_tokens, temperature=0)
+    answered = refused = 0
+    most_waiting = 0
+
+    async def one(i: int, prompt: list[int]):
+        nonlocal answered, refused
+        try:
+            events = engine.query(f"b{i}", prompt, params)
+        except EngineBusy:
+            refused += 1
+            return
+        async for event in events:
+            if event.error is not None:
+                raise event.error
+        answered += 1
+
+    async def watch():
+        nonlocal most_waiting
+        while True:
+            most_waiting = max(most_waiting, engine.stats.queued)
+            await asyncio.sleep(0.005)
+
+    watcher = asyncio.ensure_future(watch())
+    await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
+    watcher.cancel()
+    return {"answered": answered, "refused": refused, "most_waiting": most_waiting}
+
+
+def run(model, prompts, new_tokens: int, **limits) -> dict:
+    engine = TorchEngine(model, max_running_requests=64, **limits).start()
+    peak, stop = [0], threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            peak[0] = max(peak[0], held_tokens(engine.runner))
+            time.sleep(0.003)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    started = time.perf_counter()
+    try:
+        found = asyncio.run(burst(engine, prompts, new_tokens))
+    finally:
+        stop.set()
+        sampler.join()
+        engine.stop()
+    return {**found, "seconds": time.perf_counter() - started, "held_peak": peak[0], "reserved_peak": engine.stats.kv_reserved_peak}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model-path", default="memt_core/bundled/memt-tiny-demo")
+    parser.add_argument("--burst", type=int, default=24, help="queries sent at once (default 24)")
+    parser.add_argument("--prompt-tokens", type=int, default=200, help="tokens of each prompt (default 200)")
+    parser.add_argument("--new-tokens", type=int, default=24, help="max_new_tokens of each (default 24)")
+    parser.add_argument("--budget", type=int, default=1024, help="--max-total-tokens of the bounded engine (default 1024)")
+    parser.add_argument("--queue", type=int, default=12, help="--max-queued-requests of the bounded engine (default 12)")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    model = load_model(Path(args.model_path))
+    generator = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(10, model.config.vocab_size, (args.prompt_tokens,), generator=generator).tolist() for _ in range(args.burst)]
+    print(f"a burst of {args.burst} queries of {args.prompt_tokens} prompt tokens + {args.new_tokens} new, at once; model: "
+          f"{args.model_path}; CPU, one torch thread; torch {torch.__version__}")
+    header = f"{'engine':<34} {'answered':>8} {'refused':>7} {'most waiting':>12} {'reserved peak':>13} {'KV held peak':>12} {'seconds':>8}"
+    print(header)
+    print("-" * len(header))
+    for name, limits in ((f"--max-total-tokens {args.budget} --max-queued-requests {args.queue}",
+                          {"max_total_tokens": args.budget, "max_queued_requests": args.queue}),
+                         ("no budget, no queue bound", {})):
+        r = run(model, prompts, args.new_tokens, **limits)
+        print(f"{name:<34} {r['answered']:>8} {r['refused']:>7} {r['most_waiting']:>12} {r['reserved_peak']:>13,} "
+              f"{r['held_peak']:>12,} {r['seconds']:>8.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
