@@ -26,7 +26,7 @@ from memt_core.checkpoint import Checkpoint
 from memt_core.engine import budget, warmup
 from memt_core.engine.admission import Admission
 from memt_core.engine.base import CommitInfo, Engine, EngineOptions, EngineStats, TokenEvent
-from memt_core.engine.device import cpu_threads, cuda_kv_budget, inductor_options  # noqa: F401 (cpu_threads re-exported)
+from memt_core.engine.device import cpu_threads, cuda_kv_budget, inductor_options, memory_budget  # noqa: F401 (cpu_threads re-exported)
 from memt_core.engine.jobs import CommitJob, QueryJob, put_all, set_exception, set_result
 from memt_core.engine.runner import COMPILED_PREFILL_TOKENS, ModelRunner, fused_decoder  # noqa: F401 (re-exported)
 from memt_core.engine.step import Commit, Decode, Handles, Leave, Prefill, Step, StepResult
@@ -230,6 +230,7 @@ class TorchEngine(Engine):
         here (a model this process cannot compile is refused by ``start``, with the compiler's error)."""
         if self.threads is not None:  # torch's thread count is per thread; the worker takes it from this one
             torch.set_num_threads(self.threads)
+        log.info("memory budget: %s", self.capabilities()["memory_budget"])
         if self.warmup is not None and self.warmup.compile:
             self._progress({"phase": "compiling"})
             self.runner.compile()
@@ -278,7 +279,8 @@ class TorchEngine(Engine):
         return self._stats
 
     def capabilities(self) -> dict:
-        return {"device": str(self.device), "dtype": str(next(self.runner.model.parameters()).dtype).removeprefix("torch.")}
+        return {"device": str(self.device), "dtype": str(next(self.runner.model.parameters()).dtype).removeprefix("torch."),
+                "memory_budget": memory_budget(self.runner.model, self.admission.budget, self.runner.kv_cache_dtype)}
 
     # ------------------------------------------------------------------ asyncio-side API
 

@@ -160,3 +160,15 @@ def test_retained_contexts_count_against_the_budget_and_are_evicted_first(nano_m
         assert engine.stats.kv_reserved_peak <= 40
     finally:
         engine.stop()
+
+
+def test_capabilities_state_the_budget_in_tokens_and_bytes(nano_model):
+    engine = TorchEngine(nano_model, max_total_tokens=512, kv_cache_dtype="fp8_e4m3")
+    budget = engine.capabilities()["memory_budget"]
+    from memt_core.engine.device import kv_token_bytes
+
+    assert budget["kv_tokens"] == 512 and budget["kv_bytes_per_token"] == kv_token_bytes(nano_model) // 4  # FP32 → FP8
+    assert budget["kv_bytes"] == 512 * budget["kv_bytes_per_token"]
+    heads, keys, values = nano_model.checkpoint.memory.state_shape()[1:]
+    assert budget["memory_state_bytes"] == 4 * heads * keys * values * len(nano_model.memory_layers)
+    assert TorchEngine(nano_model).capabilities()["memory_budget"]["kv_tokens"] is None
