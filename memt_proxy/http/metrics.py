@@ -57,7 +57,7 @@ class _SessionCollector:
             ("session_restores", sessions.placement.restores, "Offloaded sessions restored"),
             ("session_states_dropped", sessions.table.dropped, "Idle session states dropped to make room"),
             ("memory_writes", sessions.writes.published, "Memory changes published upstream (commits, restores, resets)"),
-            ("memory_states_closed", sessions.placement.branches_closed, "Header-less branches closed to make room"),
+            ("memory_states_closed", sessions.kept.closed, "Header-less branches closed to make room"),
         ):
             yield CounterMetricFamily(f"memt_proxy_{name}", text, value=value)
 

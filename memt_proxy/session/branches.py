@@ -148,12 +148,12 @@ async def resumable(sessions: Sessions, state: SessionState, plan: HeaderlessPla
             log.info("branch %s not taken over here (%s): answered from the text", state.native, exc.message)
             return False
     elif not state.exists and await sessions.upstream.call(sessions.placement.adopt_existing, state) is None:
-        sessions.placement.move_head(state, None)
+        sessions.kept.move(state, None)
         return False
     held = state.committed
     if state.history_known and held and held == plan.hashes[: len(held)]:
         return True
-    sessions.placement.move_head(state, chain(state.tenant, held)[-1] if state.history_known and held else None)
+    sessions.kept.move(state, chain(state.tenant, held)[-1] if state.history_known and held else None)
     return False
 
 
@@ -192,11 +192,11 @@ async def _fork(sessions: Sessions, tenant: str, parent: str | None, link: str, 
             state = held.state
             # indexed (the conversation's next request waits for it) and recorded before it exists upstream: a proxy
             # killed from here on leaves no native session its records do not name (a restart adopts or forgets it)
-            sessions.placement.move_head(state, link)
+            sessions.kept.move(state, link)
             try:
                 written = await ids()
                 if parent is None:
-                    async with sessions.placement.state_room(state):
+                    async with sessions.kept.room(state):
                         await held.start()
                 else:
                     await _copy(sessions, tenant, parent, state, hashes)
@@ -207,7 +207,7 @@ async def _fork(sessions: Sessions, tenant: str, parent: str | None, link: str, 
                 log.info("a header-less conversation's state is not kept (%s)", exc.message)
                 sessions.prefixes.drop(state.name)
                 if state.exists:
-                    await sessions.placement.close_branch(state, held.lease)
+                    await sessions.kept.close(state, held.lease)
                 else:
                     sessions.records.delete(state.native)
     except ProxyError as exc:  # e.g. every session state of the proxy in use
@@ -226,7 +226,7 @@ async def _copy(sessions: Sessions, tenant: str, parent: str, state: SessionStat
         if not (source.state.exists and source.state.history_known and held == hashes[: len(held)]):
             raise Unavailable("the state it extends is gone", code="state_gone")
         lease = await sessions.placement.lease_of(source.state)
-        async with sessions.placement.state_room(state):
+        async with sessions.kept.room(state):
             await sessions.placement.copy(state, source.state, lease)
         source.state.extended = True  # no longer its conversation's latest state: room is made from such states first
         sessions.memory_tokens.copied(state, source.state)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 
 from memt_proxy.errors import ProxyError, Unavailable
+from memt_proxy.session.kept import KeptStates
 from memt_proxy.session.placement import Placement
 from memt_proxy.session.prefix_index import chain
 from memt_proxy.session.state import MemoryTokens, SessionState
@@ -17,13 +18,14 @@ log = logging.getLogger("memt.proxy")
 
 
 class NamedForks:
-    """Forks of named sessions, placed by ``placement``. It holds no session itself: ``Sessions`` holds the kept state
+    """Forks of named sessions, placed by ``placement`` and kept within their bound by ``kept``. It holds no session itself: ``Sessions`` holds the kept state
     it reads or makes (``Sessions.keep_parent``, ``Sessions.rebuild``) and hands it in."""
 
-    def __init__(self, upstream: Upstream, writes: Writes, placement: Placement, memory_tokens: MemoryTokens):
+    def __init__(self, upstream: Upstream, writes: Writes, placement: Placement, kept: KeptStates, memory_tokens: MemoryTokens):
         self.upstream = upstream
         self.writes = writes
         self.placement = placement
+        self.kept = kept
         self.records = placement.records
         self.memory_tokens = memory_tokens
 
@@ -34,9 +36,9 @@ class NamedForks:
         if not (state.exists and state.committed and state.history_known and state.lease is not None):
             return None
         link = chain(state.tenant, state.committed)[-1]
-        if self.placement.table.room() < 2:
+        if self.kept.table.room() < 2:
             return None  # its place in the table would be the last one: a request's, not a copy's
-        if not self.placement.prefixes.reserve(link):
+        if not self.kept.prefixes.reserve(link):
             return None  # kept already (the session forked from it, or a conversation without a header holds the same)
         return link
 
@@ -47,17 +49,17 @@ class NamedForks:
         effort: where it cannot be made, nothing is kept."""
         parent.origin = state.native  # it holds that session's memory: closed with it
         parent.extended = True  # the session goes on past it: room is made from such states first
-        self.placement.move_head(parent, link)  # recorded before it exists upstream (see ``branches._fork``)
+        self.kept.move(parent, link)  # recorded before it exists upstream (see ``branches._fork``)
         try:
-            async with self.placement.state_room(parent):
+            async with self.kept.room(parent):
                 await self.placement.copy(parent, state, state.lease, make_room=False)  # never at a session's cost
             self.memory_tokens.copied(parent, state)
             self.writes.record(parent, self.records.save, parent.committed)
         except ProxyError as exc:
             log.info("the state before a turn of %s is not kept (%s)", state.native, exc.message)
-            self.placement.prefixes.drop(parent.name)
+            self.kept.prefixes.drop(parent.name)
             if parent.exists:
-                await self.placement.close_branch(parent)
+                await self.kept.close(parent)
             else:
                 self.records.delete(parent.native)
 

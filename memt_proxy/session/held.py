@@ -11,8 +11,9 @@ from typing import AsyncIterator
 from memt_core.client.errors import MemTClientError
 from memt_core.client.native import new_nonce, new_transaction, query_rid
 from memt_core.client.turns import MemoryWrite
-from memt_core.errors import Conflict, LeaseConflict, UnknownSession
+from memt_core.errors import Conflict, LeaseConflict
 from memt_proxy.errors import NotFound, ProxyError
+from memt_proxy.session.kept import KeptStates
 from memt_proxy.session.leases import Leases
 from memt_proxy.session.placement import Placement
 from memt_proxy.session.state import DEPARTED_WAIT, Later, LeaseTaken, MemoryFound, SessionState
@@ -33,13 +34,14 @@ class Start(enum.Enum):
 class HeldSession:
     """One session held by one request (see ``Sessions.turn``): its state, and its lease once started."""
 
-    def __init__(self, state: SessionState, upstream: Upstream, leases: Leases, writes: Writes, placement: Placement):
+    def __init__(self, state: SessionState, upstream: Upstream, leases: Leases, writes: Writes, placement: Placement, kept: KeptStates):
         self.state = state
         self.upstream = upstream
         self.client = upstream.client
         self.leases = leases
         self.writes = writes
         self.placement = placement
+        self.kept_states = kept  # the states kept of it, closed with it
         self.records = placement.records
         self.lease: str | None = None
         self.later: Later | None = None  # a write left for after the request
@@ -280,7 +282,7 @@ class HeldSession:
         self.records.delete(state.native)
         self.records.forget_offload(state.native)
         state.forget()
-        await self.placement.close_kept_of(state)
+        await self.kept_states.close_copies_of(state)
 
 
 def _renamed(error: ProxyError, file: str, name: str) -> ProxyError:

@@ -1,23 +1,20 @@
-"""Where a session's memory lives: created, adopted (with its record), offloaded to a snapshot to make room and
-restored, reloaded after the upstream let it go, handed off (unload); header-less branches indexed and closed."""
+"""Where a session's memory lives: created, adopted (with its record), offloaded to a snapshot to make room (a kept
+state: closed, ``memt_proxy.session.kept``) and restored, reloaded after the upstream let it go, handed off (unload)."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
-from collections import Counter
 from dataclasses import asdict
 
 from memt_core.client.errors import MemTClientError
 from memt_core.client.native import new_nonce, new_transaction
 from memt_core.client.turns import MemoryWrite
 from memt_core.errors import SessionExists, UnknownSession
-from memt_proxy.errors import Conflict, ProxyError, RateLimited
+from memt_proxy.errors import Conflict, ProxyError
+from memt_proxy.session.kept import KeptStates
 from memt_proxy.session.leases import Leases
-from memt_proxy.session.prefix_index import PrefixIndex
 from memt_proxy.session.state import (
-    LIVE_SECONDS, OFFLOAD_PREFIX, OFFLOAD_TRIES, NotHeld, PendingTurn, SessionState, SessionTable, evicted_first, native_session_id, offload_file,
+    OFFLOAD_PREFIX, OFFLOAD_TRIES, NotHeld, PendingTurn, SessionState, SessionTable, evicted_first, native_session_id, offload_file,
 )
 from memt_proxy.session.store import SessionRecordStore
 from memt_proxy.session.upstream import Upstream
@@ -30,28 +27,19 @@ RECORDED_TRIES = 8  # recorded sessions tried, at most, per attempt to make room
 
 class Placement:
     """Where each session of ``table`` lives on ``upstream`` (leased through ``leases``, restored through ``writes``,
-    recorded in ``records``), and the kept states of ``prefixes`` within their bound."""
+    recorded in ``records``); an idle kept state offloaded to make room is closed through ``kept``."""
 
-    def __init__(
-        self, upstream: Upstream, leases: Leases, writes: Writes, records: SessionRecordStore, table: SessionTable,
-        prefixes: PrefixIndex, *, max_memory_states: int,
-    ):
+    def __init__(self, upstream: Upstream, leases: Leases, writes: Writes, records: SessionRecordStore, table: SessionTable, kept: KeptStates):
         self.upstream = upstream
         self.client = upstream.client
         self.leases = leases
         self.writes = writes
         self.records = records
         self.table = table
-        self.prefixes = prefixes
-        self.max_memory_states = max_memory_states  # header-less branches kept upstream at most
-        self.room = asyncio.Lock()  # kept states are made one at a time (``state_room``)
+        self.kept = kept
         self._recorded: list | None = None  # sessions the records name, not yet tried for offloading (``offload_recorded``)
-        self._recorded_branches = records.branches()  # taken into the table once the upstream answers (``adopt_branches``)
-        for branch in self._recorded_branches:
-            prefixes.move(branch["name"], branch["head"])
         self.offloads = 0  # native sessions offloaded to make room, since start
         self.restores = 0  # offloaded sessions restored, since start
-        self.branches_closed = 0  # header-less branches closed to make room, since start
 
     async def ensure(self, state: SessionState) -> None:
         """Create the native session, or adopt it if it exists already (e.g. made by an earlier proxy),
@@ -102,20 +90,13 @@ class Placement:
         name (``offload_recorded``)."""
         for state in evicted_first(self.table):
             if state is not keep and state.exists and state.users == 0 and not state.lock.locked():
-                self.evicting(state, "the upstream has no room for another session")
+                self.kept.evicting(state, "the upstream has no room for another session")
                 if await self.offload(state):
                     return True
         return await self.offload_recorded(keep)
 
-    def evicting(self, state: SessionState, why: str) -> None:
-        """Say so where a header-less conversation used within ``LIVE_SECONDS`` loses its latest state: its next turn is
-        then read as text."""
-        if state.branch and not state.extended and state.idle_since is not None and self.leases.clock.now() - state.idle_since < LIVE_SECONDS:
-            log.warning("closing the latest state of a live header-less conversation (used %.0f s ago) to make room (%s): its next "
-                        "turn is read as text", self.leases.clock.now() - state.idle_since, why)
-
     async def offload_recorded(self, keep: SessionState) -> bool:
-        """Offload (a header-less branch: close) a native session the records name and the table does not hold,
+        """Offload (a kept state: close) a native session the records name and the table does not hold,
         idle upstream (its lease free); False if none could be now. The records are listed once per process and tried
         ``RECORDED_TRIES`` at a time in turn; one that could not be offloaded (e.g. still leased by a proxy killed a
         moment ago, until that lease lapses) goes to the end of the list, for a later request; one gone upstream is
@@ -162,7 +143,7 @@ class Placement:
             except MemTClientError:
                 return False  # leased by another client, or gone: not ours to offload now
             if state.branch:
-                return await self.close_branch(state, lease)
+                return await self.kept.close(state, lease)
             try:
                 # a name of its own (not the content's: equal memories would share one file), deleted once restored
                 exported = await self.client.control("export", state.native, lease=lease, encoding=self.writes.native_encoding, file=offload_file(state.native))
@@ -300,101 +281,3 @@ class Placement:
             return False
         state.let_go()  # a later request here restores it (``reload`` through ``ensure``)
         return True
-
-    def move_head(self, state: SessionState, head: str | None) -> None:
-        """A header-less branch now holds (or is about to hold) the state named ``head``: index and record it."""
-        self.prefixes.move(state.name, head)
-        try:
-            self.records.save_branch(state.native, state.tenant, state.name, head, state.origin)
-        except OSError as exc:
-            log.warning("could not record branch %s: %s", state.native, exc)
-
-    async def adopt_branches(self) -> None:
-        """Once, when the upstream first answers: the kept states an earlier life of this proxy recorded, taken into
-        the table (adopted upstream: so they count against ``branch_limit()`` and are closed to make room like any
-        other), those gone upstream forgotten, those beyond the bound closed. A crash then never leaves more states on
-        the upstream than the bound."""
-        recorded, self._recorded_branches = self._recorded_branches, []
-        for branch in recorded:
-            state = self.table.entry(branch["tenant"], branch["name"])
-            if state.exists:
-                continue
-            state.origin = branch.get("origin")
-            try:
-                if await self.adopt_existing(state) is None:  # closed upstream (or lost with it): nothing holds it
-                    self.prefixes.drop(state.name)
-                    self.records.delete(state.native)
-            except MemTClientError:
-                continue
-        kept = [state for state in self.table if state.branch and state.exists]
-        for state in kept[: max(0, len(kept) - self.branch_limit())]:
-            async with state.lock:
-                await self.close_branch(state)  # or closed to make room once the dead proxy's lease lapses
-
-    def branch_limit(self) -> int:
-        """Header-less branches kept at most: ``max_memory_states`` (sized from memory: ``state.states_within``). The
-        upstream's own session capacity bounds them too: where it is full, making any session closes an idle state
-        first (``offload_idle``)."""
-        return self.max_memory_states
-
-    @contextlib.asynccontextmanager
-    async def state_room(self, state: SessionState):
-        """Hold while a kept state (``state``) is created: room is made for it, and kept states are made one at a time, so
-        that concurrent ones never pass ``branch_limit()``; RateLimited (the state is then not kept) where every kept
-        state is in use."""
-        async with self.room:
-            if not await self.make_branch_room(state):
-                raise RateLimited(f"every kept conversation state ({self.branch_limit()}) is in use", code="memory_states_full")
-            yield
-
-    async def make_branch_room(self, keep: SessionState) -> bool:
-        """Room for one more kept state (never closing ``keep``): while ``branch_limit()`` or more are kept, close the
-        least recently used idle one of the tenant holding the most (``keep``'s own counted), one a later turn extended
-        before a conversation's latest (``evicted_first``): a tenant pushes out another's states only while it holds
-        fewer, so none takes more than its share. False where the rest are busy or cannot be closed now."""
-        failed: list[SessionState] = []
-        while True:
-            kept = [state for state in self.table if state.branch and state.exists and state is not keep]  # least recently used first
-            if len(kept) < self.branch_limit():
-                return True
-            held = Counter(state.tenant for state in kept)
-            held[keep.tenant] += 1
-            idle = [state for state in evicted_first(kept) if state.users == 0 and not state.lock.locked() and state not in failed]
-            if not idle:
-                return False
-            most = max(held[state.tenant] for state in idle)
-            victim = next(state for state in idle if held[state.tenant] == most)
-            self.evicting(victim, f"{self.branch_limit()} states kept: the most --memory-states-budget holds, or --max-memory-states")
-            with victim.in_use():
-                async with victim.lock:
-                    if not await self.close_branch(victim):
-                        failed.append(victim)
-
-    async def close_kept_of(self, state: SessionState) -> None:
-        """Close the states kept before a named session's turns (``keep_parent``), which hold copies of its memory, as
-        the session is closed or its memory reset: what a client deletes is gone, not kept elsewhere."""
-        for kept in [other for other in self.table if other.branch and other.exists and other.origin == state.native]:
-            with kept.in_use():
-                async with kept.lock:
-                    await self.close_branch(kept)
-
-    async def close_branch(self, state: SessionState, lease: str | None = None) -> bool:
-        """Close a kept state nobody holds (its lease, or ``lease``, taken if need be): a closed state costs only a
-        longer prompt when its conversation comes back (its messages are then sent again). False, and the state kept
-        (found no more, but still counted), where it cannot be closed now: leased by another client (a proxy killed a
-        moment ago, until its lease lapses), or the upstream away; its native session never outlives its record."""
-        self.prefixes.drop(state.name)
-        lease = state.drop_lease() or lease
-        try:
-            if lease is None:
-                lease = await self.leases.one_shot(state)
-            await self.client.control("close", state.native, lease=lease)
-        except MemTClientError as exc:
-            if not isinstance(exc.cause, UnknownSession):
-                log.info("kept state %s not closed now: %s", state.native, exc.message)
-                return False
-        self.records.delete(state.native)
-        state.forget()
-        self.branches_closed += 1
-        return True
-

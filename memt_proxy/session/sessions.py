@@ -3,8 +3,8 @@
 It is built of parts, each given what it uses (``memt_proxy.session``): ``state`` (what is known of a session
 and the bounded table of them: no I/O), ``Upstream`` (calls to the upstream, its failures mapped to
 ``ProxyError`` once, its limits), ``Leases``, ``Writes`` (the memory-write sequence and its records),
-``Placement`` (create, adopt, offload, restore, unload; kept states, indexed by
-``memt_proxy.session.prefix_index``, within their bound), ``NamedForks`` (a named session's states kept before
+``KeptStates`` (the states kept of conversations, indexed by ``memt_proxy.session.prefix_index``, within their
+bound), ``Placement`` (create, adopt, offload, restore, unload), ``NamedForks`` (a named session's states kept before
 a change) and ``HeldSession`` (one session held by one request). ``Sessions`` here builds them and adds the
 per-request hold (``turn``), the commits behind answers and the admin actions.
 
@@ -73,11 +73,13 @@ import contextlib
 import logging
 from typing import AsyncIterator
 
+from memt_core.client.errors import MemTClientError
 from memt_core.client.native import AsyncNativeClient, new_nonce
 from memt_proxy.errors import Conflict, ProxyError
 from memt_proxy.session.clock import Clock
 from memt_proxy.session.forks import NamedForks
 from memt_proxy.session.held import HeldSession
+from memt_proxy.session.kept import KeptStates
 from memt_proxy.session.leases import Leases
 from memt_proxy.session.placement import Placement
 from memt_proxy.session.prefix_index import PrefixIndex
@@ -112,7 +114,7 @@ log = logging.getLogger("memt.proxy")
 
 class Sessions:
     """The sessions of one upstream: the table and its locks, held per request (``turn``), commits behind answers,
-    and admin; the parts (``upstream``, ``leases``, ``writes``, ``placement``, ``forks``) do the rest."""
+    and admin; the parts (``upstream``, ``leases``, ``writes``, ``kept``, ``placement``, ``forks``) do the rest."""
 
     def __init__(
         self,
@@ -138,18 +140,26 @@ class Sessions:
         self.clock = clock or Clock()  # the leases' time, and a state's idle time (``SessionState.idle_since``)
         self.leases = Leases(self.upstream, lease_wait=lease_wait, lease_ttl=lease_ttl, lease_idle=lease_idle, clock=self.clock)
         self.writes = Writes(self.upstream, self.leases, self.records, native_encoding=native_encoding)
-        self.placement = Placement(self.upstream, self.leases, self.writes, self.records, self.table, self.prefixes, max_memory_states=max_memory_states)
-        self.forks = NamedForks(self.upstream, self.writes, self.placement, self.memory_tokens)
+        self.kept = KeptStates(self.upstream, self.leases, self.records, self.table, self.prefixes, max_memory_states=max_memory_states)
+        self.placement = Placement(self.upstream, self.leases, self.writes, self.records, self.table, self.kept)
+        self.forks = NamedForks(self.upstream, self.writes, self.placement, self.kept, self.memory_tokens)
 
     async def check_upstream(self, *, refresh: bool = False) -> None:
         """The upstream serves this proxy's checkpoint (``Upstream.check``); the first time it answers, the kept states an
-        earlier life of this proxy recorded are taken over."""
+        earlier life of this proxy recorded are taken over (adopted upstream; those gone forgotten), then any beyond the
+        bound closed (``KeptStates.trim``)."""
         await self.upstream.check(refresh=refresh)
-        await self.placement.adopt_branches()
+        for state in self.kept.recorded():
+            try:
+                if await self.placement.adopt_existing(state) is None:  # closed upstream (or lost with it): nothing holds it
+                    self.kept.forget(state)
+            except MemTClientError:
+                continue
+        await self.kept.trim()
 
     def held(self, state: SessionState) -> HeldSession:
         """``state`` held by a request (without its lock: ``turn`` takes it)."""
-        return HeldSession(state, self.upstream, self.leases, self.writes, self.placement)
+        return HeldSession(state, self.upstream, self.leases, self.writes, self.placement, self.kept)
 
     async def aclose(self) -> None:
         """The proxy is shutting down: finish the commits under way (up to ``SHUTDOWN_COMMIT_WAIT``), release
@@ -219,7 +229,7 @@ class Sessions:
         while self.table.evicted:
             state = self.table.evicted.pop()
             if state.branch:
-                await self.placement.close_branch(state)
+                await self.kept.close(state)
                 continue
             lease = state.drop_lease()
             if lease is not None:
@@ -301,7 +311,7 @@ class Sessions:
                 return {"restored": name}
             if action == "reset":
                 await self.writes.reset(held.state, held.lease)
-                await self.placement.close_kept_of(held.state)
+                await self.kept.close_copies_of(held.state)
                 return {"reset": True}
             if action == "close":
                 await held.close()

@@ -79,7 +79,7 @@ def test_kept_states_hold_their_bound_under_concurrent_conversations(nano_checkp
         await asyncio.gather(*(converse(service, "t", f"conversation {i}", 3) for i in range(8)))
         done.set()
         await watcher
-        return seen, len(kept(service.sessions)), service.sessions.placement.branches_closed
+        return seen, len(kept(service.sessions)), service.sessions.kept.closed
 
     seen, left, closed = run(nano_checkpoint, chat, body, max_memory_states=3)
     assert max(seen) <= 3 and left <= 3, max(seen)

@@ -19,7 +19,8 @@ class NoSessions:
     """The session layer's public figures, all empty (no upstream needed to count errors)."""
 
     table: list = []
-    placement = type("Placement", (), {"offloads": 0, "restores": 0, "branches_closed": 0})()
+    placement = type("Placement", (), {"offloads": 0, "restores": 0})()
+    kept = type("KeptStates", (), {"closed": 0})()
     writes = type("Writes", (), {"published": 0})()
     prefixes: list = []
 

@@ -257,8 +257,8 @@ async def kept_state(sessions: Sessions, tenant: str, hashes: list[str], ids: li
     """A kept state holding ``ids``, recorded as holding ``hashes`` and indexed by their chain, as ``branches`` makes one."""
     async with sessions.turn(tenant, new_branch_name()) as held:
         state = held.state
-        async with sessions.placement.state_room(state):
+        async with sessions.kept.room(state):
             await held.start()
-        sessions.placement.move_head(state, chain(tenant, hashes)[-1])
+        sessions.kept.move(state, chain(tenant, hashes)[-1])
         await sessions.writes.write(state, held.lease, [ids], hashes)
     return state

@@ -150,7 +150,7 @@ def test_resume_looks_again_when_the_state_it_found_was_closed():
         async with sessions.turn("t", deep.name) as holding:
             request = asyncio.create_task(resume(sessions, CONVERSATION, "t", 10))
             await until(lambda: deep.users == 2, what="the request waiting for the deep state")
-            assert await sessions.placement.close_branch(holding.state)
+            assert await sessions.kept.close(holding.state)
         plan, held, hold = await request
         try:
             return plan.found, held.state.name, held.state.committed, shallow, deep, h.native(deep.native)

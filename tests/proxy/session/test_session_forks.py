@@ -55,7 +55,7 @@ def test_a_session_is_rebuilt_as_a_copy_of_the_kept_state_it_follows():
             await sessions.rebuild(held.state, source.name)
             rebuilt = (h.memory(state.native), state.version, list(state.committed), state.history_known, state.last_turn, state.lease is not None)
         gone = await kept_state(sessions, "t", [H2], [7])
-        await sessions.placement.close_branch(gone)
+        await sessions.kept.close(gone)
         async with sessions.turn("t", "a") as held:
             await held.start()
             try:

@@ -1,19 +1,14 @@
 """``memt_proxy.session.placement`` on the in-process harness: a session created, or adopted with its record (when the
 record's version is the upstream's) or as an unknown history (when not); offloaded to make room and restored on
-its next use; kept states bounded by ``state_room``/``make_branch_room`` however many are made at once; a kept state
-that cannot be closed now stays (still counted)."""
+its next use; a session the upstream let go brought back when its lease is taken. The kept states' bound:
+``test_session_kept.py``."""
 
 from __future__ import annotations
-
-import asyncio
-import random
 
 from memt_core.client.errors import MemTClientError
 from memt_core.errors import UnknownSession
 from memt_proxy.errors import ProxyError
-from memt_proxy.session.prefix_index import chain
-from memt_proxy.session.state import new_branch_name
-from session_harness import kept, kept_state, committed_session, run, turns, write_natively
+from session_harness import committed_session, run, write_natively
 
 H1, H2, H3 = "1" * 64, "2" * 64, "3" * 64
 
@@ -130,83 +125,3 @@ def test_a_session_the_upstream_let_go_is_brought_back_when_its_lease_is_taken(t
     native, memory, version, committed, leased = back
     assert native is not None and memory == () and version == 0 and committed == [] and leased
     assert "unknown session" in refused.message and created == 1  # brought back once (its create), then the upstream's answer
-
-
-def test_kept_states_stay_within_the_bound_however_many_are_made_at_once():
-    """Twelve states made at once, each held a moment after it is made, with room for three: never more than three
-    kept (none made beyond it: closed to make room, or refused while all three are in use)."""
-    async def body(h):
-        sessions = h.sessions
-        seen, made, refused = [], [], []
-        done = asyncio.Event()
-
-        async def watch():
-            while not done.is_set():
-                seen.append((len(kept(sessions)), len(h.proxy_sessions())))
-                await turns()
-
-        async def make(index: int):
-            await turns(random.randrange(20))
-            async with sessions.turn("t", new_branch_name()) as held:
-                try:
-                    async with sessions.placement.state_room(held.state):
-                        await held.start()
-                except ProxyError as exc:
-                    refused.append((exc.status, exc.code, held.state.exists))
-                    return
-                made.append(held.state)
-                await turns(random.randrange(20))
-
-        random.seed(45)
-        watcher = asyncio.create_task(watch())
-        await asyncio.gather(*(make(index) for index in range(12)))
-        done.set()
-        await watcher
-        return seen, made, refused, len(kept(sessions)), sessions.placement.branches_closed, h.proxy_sessions()
-
-    seen, made, refused, left, closed, upstream = run(body, max_memory_states=3)
-    assert max(k for k, _ in seen) <= 3 and max(u for _, u in seen) <= 3, max(seen)
-    assert left == 3 and len(upstream) == 3
-    assert len(made) + len(refused) == 12 and closed == len(made) - 3
-    assert all(r == (429, "memory_states_full", False) for r in refused)
-
-
-def test_the_bound_is_the_proxys_own():
-    """Sized from memory (``--memory-states-budget``), not from the upstream's sessions (it was half of them, 32 of the demo
-    core's 64, too few for 32 live conversations: issue 58): a full upstream closes an idle state to make room instead."""
-    async def body(h):
-        return h.sessions.placement.branch_limit()
-
-    assert run(body, core=("--max-sessions-per-rank", "10"), max_memory_states=256) == 256
-    assert run(body, core=("--max-sessions-per-rank", "10"), max_memory_states=3) == 3
-
-
-def test_a_kept_state_that_cannot_be_closed_now_is_kept_and_counted(tmp_path):
-    """Another client holds the state's lease (e.g. a proxy killed a moment ago): closing it fails and the state stays,
-    with its record and its native session (found no more, but still counted, so no state is made past the bound);
-    once the lease is let go it closes."""
-    async def body(h):
-        sessions = h.sessions
-        state = await kept_state(sessions, "t", [H1], [1, 2])
-        await sessions.leases.release(state, state.lease)
-        other = h.other_client()
-        theirs = (await other.control("acquire", state.native, ttl=60))["lease"]
-        async with sessions.turn("t", state.name):
-            closed = await sessions.placement.close_branch(state)
-        snapshot = dict(
-            closed=closed, exists=state.exists, record=sessions.records.known(state.native),
-            branch=[b["name"] for b in sessions.records.branches()], native=h.native(state.native) is not None,
-            found=sessions.prefixes.find(chain("t", [H1])), counted=sessions.placement.branches_closed,
-        )
-        newcomer = sessions.state("t", new_branch_name())
-        room = await sessions.placement.make_branch_room(newcomer)
-        await other.control("release", state.native, lease=theirs)
-        async with sessions.turn("t", state.name):
-            closed_later = await sessions.placement.close_branch(state)
-        return state, snapshot, room, closed_later, sessions, h.native(state.native)
-
-    state, snapshot, room, closed_later, sessions, native = run(body, state=tmp_path, max_memory_states=1)
-    assert snapshot == {"closed": False, "exists": True, "record": True, "branch": [state.name], "native": True, "found": None, "counted": 0}
-    assert room is False  # the bound (1) counts it
-    assert closed_later and not state.exists and native is None
-    assert not sessions.records.known(state.native) and sessions.records.branches() == [] and sessions.placement.branches_closed == 1
