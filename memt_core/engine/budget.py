@@ -18,6 +18,8 @@ flag                           here
 ``--chunked-prefill-size``     -1 only (the seed keeps chunked prefill off; commits are chunked by ``memt.chunk_tokens``)
 ``--disable-radix-cache``      accepted: this engine has no radix cache
 ``--disable-cuda-graph``       accepted (the default); refused beside ``--enable-cuda-graph``
+``--kv-pool dynamic|paged``    paged: the full-attention KV in one pool of blocks per layer, allocated at start for the
+                               budget (``memt_core.engine.paged_kv``)
 =============================  ==========================================================================================
 
 Pure: argparse and dataclasses only.
@@ -31,6 +33,7 @@ from dataclasses import asdict, dataclass
 from memt_core.errors import CheckpointError
 
 KV_CACHE_DTYPES = ("auto", "bf16", "fp8_e4m3")
+KV_POOLS = ("dynamic", "paged")
 #: per backend flag: the names this engine honours, and what each runs
 BACKENDS = {
     "attention_backend": {"torch_native": "transformers' SDPA attention (and the fused decode step's)"},
@@ -50,6 +53,7 @@ class Budget:
     mem_fraction_static: float | None = None
     max_queued_requests: int | None = None  # None: an unbounded queue
     kv_cache_dtype: str = "auto"
+    kv_pool: str = "dynamic"  # paged: the full-attention KV in one pool of blocks allocated at start
     attention_backend: str | None = None  # None: the engine's default (each flag's first name; linear attention: by device)
     linear_attn_backend: str | None = None
     moe_runner_backend: str | None = None
@@ -67,6 +71,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--max-total-tokens", type=int, default=None, metavar="N", help="KV tokens all running queries may hold together: a query is admitted when its prompt + max_new_tokens fit beside the running ones' (else it waits), and one alone that would outgrow the budget stops there with finish_reason length (default: no bound but --max-running-requests; on CUDA with --mem-fraction-static, what that fraction leaves)")
     group.add_argument("--mem-fraction-static", type=float, default=None, metavar="F", help="CUDA: the share of the device's memory the server may take (0-1]; without --max-total-tokens the KV budget is what it leaves after the weights and the warm-up. No effect on the CPU, which has no device memory to measure")
     group.add_argument("--max-queued-requests", type=int, default=None, metavar="N", help="queries that may wait for admission; a new one beyond is refused with 503 and Retry-After (default: unbounded)")
+    group.add_argument("--kv-pool", default="dynamic", choices=KV_POOLS, help="where full-attention keys and values live: dynamic (each request's cache grows as it goes, within --max-total-tokens) or paged (one pool of 16-token blocks per layer, allocated at start for the KV budget: --max-total-tokens, or on CUDA --mem-fraction-static; a request holds a block table and gives its blocks back when it ends; eager steps only, not with an FP8 cache)")
     group.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES, help="the KV cache's dtype: auto (the compute dtype), bf16 (with --dtype bfloat16), fp8_e4m3 (full-attention keys and values stored as float8_e4m3fn with SGLang's per-tensor scale of 1.0, dequantized for attention: half BF16's bytes per token; on the CPU too; not with --enable-cuda-graph or --enable-torch-compile; its agreement with the compute dtype's cache: scripts/bench/kv_dtype.py)")
     for flag, names in BACKENDS.items():
         group.add_argument("--" + flag.replace("_", "-"), default=None, metavar="NAME",
@@ -78,7 +83,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def from_args(args: argparse.Namespace) -> Budget:
     return Budget(max_total_tokens=args.max_total_tokens, mem_fraction_static=args.mem_fraction_static,
-                  max_queued_requests=args.max_queued_requests, kv_cache_dtype=args.kv_cache_dtype,
+                  max_queued_requests=args.max_queued_requests, kv_cache_dtype=args.kv_cache_dtype, kv_pool=args.kv_pool,
                   chunked_prefill_size=args.chunked_prefill_size, disable_radix_cache=args.disable_radix_cache,
                   disable_cuda_graph=args.disable_cuda_graph,
                   **{flag: getattr(args, flag) for flag in BACKENDS})
@@ -100,6 +105,13 @@ def check(budget: Budget, *, dtype: str, cuda_graphs: bool, min_kv_tokens: int, 
     if b.kv_cache_dtype == "bf16" and dtype != "bfloat16":
         raise CheckpointError(f"--kv-cache-dtype bf16 keeps the KV cache in the compute dtype: use --dtype bfloat16 (got {dtype}), "
                               "or --kv-cache-dtype auto")
+    if b.kv_pool == "paged":
+        if b.max_total_tokens is None and b.mem_fraction_static is None:
+            raise CheckpointError("--kv-pool paged allocates the KV budget at start: give --max-total-tokens (or, on CUDA, "
+                                  "--mem-fraction-static)")
+        if b.kv_cache_dtype == "fp8_e4m3" or cuda_graphs or torch_compile:
+            raise CheckpointError("--kv-pool paged runs eager steps with the KV in the compute dtype: leave out "
+                                  "--kv-cache-dtype fp8_e4m3, --enable-cuda-graph and --enable-torch-compile")
     if b.kv_cache_dtype == "fp8_e4m3" and (cuda_graphs or torch_compile):
         raise CheckpointError("--kv-cache-dtype fp8_e4m3 runs eager steps: leave out --enable-cuda-graph and --enable-torch-compile")
     for flag, names in BACKENDS.items():

@@ -109,13 +109,15 @@ def cuda_kv_budget(model: MemTForCausalLM, fraction: float | None) -> int | None
     return tokens
 
 
-def memory_budget(model: MemTForCausalLM, kv_tokens: int | None, kv_cache_dtype: str = "auto") -> dict:
-    """What the server may hold, in ``/memt/capabilities``: the KV budget in tokens and bytes (None: unbounded) and the
-    bytes of one session's memory state (every memory layer's ``[1, H, K, V]`` FP32 matrix)."""
+def memory_budget(model: MemTForCausalLM, kv_tokens: int | None, kv_cache_dtype: str = "auto", pool=None) -> dict:
+    """What the server may hold, in ``/memt/capabilities``: the KV budget in tokens and bytes (None: unbounded), the
+    paged pool's blocks (``--kv-pool paged``), and the bytes of one session's memory state (every memory layer's
+    ``[1, H, K, V]`` FP32 matrix)."""
     per_token = kv_token_bytes(model)
     if kv_cache_dtype == "fp8_e4m3":
         per_token //= next(model.parameters()).element_size()
     memory = model.checkpoint.memory
     heads, keys, values = memory.state_shape()[1:]
     return {"kv_tokens": kv_tokens, "kv_bytes_per_token": per_token, "kv_bytes": None if kv_tokens is None else kv_tokens * per_token,
-            "kv_cache_dtype": kv_cache_dtype, "memory_state_bytes": 4 * heads * keys * values * len(memory.memory_layers)}
+            "kv_cache_dtype": kv_cache_dtype, "memory_state_bytes": 4 * heads * keys * values * len(memory.memory_layers),
+            "kv_pool": pool.describe() if pool is not None else "dynamic"}

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from transformers.cache_utils import DynamicLayer, LinearAttentionLayer
 
 from memt_core.engine.fp8_kv import Fp8Layer
+from memt_core.engine.paged_kv import PagedLayer
 
 #: layers whose keys and values have a length axis to pad and cut (FP8 ones with one scale for all rows)
 KV_LAYERS = (DynamicLayer, Fp8Layer)
@@ -23,7 +24,7 @@ KV_LAYERS = (DynamicLayer, Fp8Layer)
 
 def batchable(cache) -> bool:
     """True when every layer of ``cache`` is a kind this module can join and split."""
-    return all(type(layer) in (*KV_LAYERS, LinearAttentionLayer) for layer in cache.layers)
+    return all(type(layer) in (*KV_LAYERS, PagedLayer, LinearAttentionLayer) for layer in cache.layers)
 
 
 def _clone_layer(layer):
@@ -47,7 +48,9 @@ def join(a, mask_a: torch.Tensor, b, mask_b: torch.Tensor):
     layers = []
     for la, lb in zip(a.layers, b.layers):
         layer = _clone_layer(la)
-        if type(la) in KV_LAYERS:
+        if type(la) is PagedLayer:  # block tables move; the pool's tensors stay
+            layer = la.joined(lb)
+        elif type(la) in KV_LAYERS:
             if la.is_initialized and lb.is_initialized:
                 layer.keys = torch.cat([F.pad(la.keys, (0, 0, pad_a, 0)), F.pad(lb.keys, (0, 0, pad_b, 0))], dim=0)
                 layer.values = torch.cat([F.pad(la.values, (0, 0, pad_a, 0)), F.pad(lb.values, (0, 0, pad_b, 0))], dim=0)
@@ -72,7 +75,9 @@ def select(cache, mask: torch.Tensor, rows: list[int]):
     layers = []
     for layer in cache.layers:
         clone = _clone_layer(layer)
-        if type(layer) in KV_LAYERS:
+        if type(layer) is PagedLayer:
+            clone = layer.selected(rows, start)
+        elif type(layer) in KV_LAYERS:
             if layer.is_initialized:
                 clone.keys = layer.keys.index_select(0, index.to(layer.keys.device))[:, :, start:]
                 clone.values = layer.values.index_select(0, index.to(layer.values.device))[:, :, start:]

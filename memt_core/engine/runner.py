@@ -54,10 +54,17 @@ class ModelRunner:
         cuda_graph_max_tokens: int = 4096,
         max_rows: int = 32,
         kv_cache_dtype: str = "auto",  # fp8_e4m3: full-attention keys and values stored in FP8 (memt_core.engine.fp8_kv)
+        kv_pool_tokens: int | None = None,  # a paged KV pool of this many tokens, allocated now (memt_core.engine.paged_kv)
     ):
         self.model = model
         self.kv_cache_dtype = kv_cache_dtype
         self.device = next(model.parameters()).device
+        self.pool = None
+        if kv_pool_tokens is not None:
+            from memt_core.engine.paged_kv import KVPool
+
+            weight = next(model.parameters())
+            self.pool = KVPool(model.config, kv_pool_tokens, rows=2 * max_rows + 64, dtype=weight.dtype, device=weight.device)
         # the shared batch's decode step, compiled with --enable-torch-compile, and short prompts' prefills once
         # warmed up (``warm``); longer prefills and commits stay eager
         self.compiled = torch_compile
@@ -89,7 +96,7 @@ class ModelRunner:
 
     def new_cache(self):
         """A fresh KV cache for one request (its full-attention layers in FP8 with ``--kv-cache-dtype fp8_e4m3``)."""
-        return new_cache(self.model.config, self.kv_cache_dtype)
+        return self.pool.new_cache() if self.pool is not None else new_cache(self.model.config, self.kv_cache_dtype)
 
     # ------------------------------------------------------------------ memory states
 
@@ -167,6 +174,7 @@ class ModelRunner:
 
     def _prefill(self, p: Prefill):
         self.reads[p.request] = p.memory  # owned by the request from now on, let go when it leaves
+        cache = None
         try:
             cache = self.caches.pop(p.retained) if p.retained is not None else self.new_cache()
             feed = torch.tensor([p.tokens], dtype=torch.long, device=self.device)
@@ -174,6 +182,8 @@ class ModelRunner:
         except Exception as exc:
             log.exception("prefill failed")
             self.memories.pop(self.reads.pop(p.request), None)
+            if self.pool is not None:
+                self.pool.release(cache)  # not left to the traceback the error carries
             return exc
         self.caches[p.request] = out.past_key_values
         return out.logits[0, -1]

@@ -335,3 +335,19 @@ ENGINE_EFFECTS = frozenset({fx.CancelRequest})
 _unhandled = set(fx.Effect.__subclasses__()) - set(MemoryStore.HANDLERS) - ENGINE_EFFECTS
 if _unhandled:  # a new effect without a handler fails on import, not on its first use
     raise TypeError(f"MemoryStore has no handler for {', '.join(sorted(e.__name__ for e in _unhandled))}")
+
+
+def shared_stores(checkpoint, options) -> tuple:
+    """``--snapshot-store``'s durable store and ``--ownership``'s owner of sessions, each None when not asked for."""
+    durable = owned = None
+    if options.snapshot_store:
+        from memt_core.memory.durable import DirectorySnapshotStore
+
+        memory = checkpoint.memory
+        durable = DirectorySnapshotStore(options.snapshot_store, identity=checkpoint.identity(),
+                                         layers=memory.memory_layers, shape=memory.state_shape())
+    if options.ownership:
+        from memt_core.memory.ownership import Owned, RedisOwnership
+
+        owned = Owned(RedisOwnership(options.ownership, owner=options.node_id or "memt", ttl=options.ownership_ttl))
+    return durable, owned

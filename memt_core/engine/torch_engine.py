@@ -30,7 +30,7 @@ from memt_core.engine.device import cpu_threads, cuda_kv_budget, inductor_option
 from memt_core.engine.jobs import CommitJob, QueryJob, put_all, set_exception, set_result
 from memt_core.engine.runner import COMPILED_PREFILL_TOKENS, ModelRunner, fused_decoder  # noqa: F401 (re-exported)
 from memt_core.engine.step import Commit, Decode, Handles, Leave, Prefill, Step, StepResult
-from memt_core.engine.store import MemoryStore, RetainedKV
+from memt_core.engine.store import MemoryStore, RetainedKV, shared_stores
 from memt_core.engine.warmup import WarmupPlan, including
 from memt_core.errors import BadGeneration, CheckpointError, MemTError, WorkerUnavailable
 from memt_core.models.memt import MemTForCausalLM
@@ -103,7 +103,8 @@ class TorchEngine(Engine):
             from memt_core.parallel import dp, ranks
 
             runner_options = {"fused_decode": options.fused_decode and not parallel.dp_attention, "max_rows": options.max_running_requests,
-                              "kv_cache_dtype": options.budget.kv_cache_dtype}
+                              "kv_cache_dtype": options.budget.kv_cache_dtype,
+                              "kv_pool_tokens": options.budget.max_total_tokens if options.budget.kv_pool == "paged" else None}
             model, group, processes = ranks.start(checkpoint, parallel, device=options.device, dtype=options.dtype,
                                                   runner_options=runner_options, threads=cpu_threads(options),
                                                   deterministic=options.deterministic_communication)
@@ -112,23 +113,13 @@ class TorchEngine(Engine):
                 runner = dp.DataParallelDriver(runner, parallel.dp)
         else:
             model = load_model(checkpoint, device=options.device, dtype=DTYPES[options.dtype])
-        durable = None
-        if options.snapshot_store:
-            from memt_core.memory.durable import DirectorySnapshotStore
-
-            memory = checkpoint.memory
-            durable = DirectorySnapshotStore(options.snapshot_store, identity=checkpoint.identity(),
-                                             layers=memory.memory_layers, shape=memory.state_shape())
-        owned = None
-        if options.ownership:
-            from memt_core.memory.ownership import Owned, RedisOwnership
-
-            owned = Owned(RedisOwnership(options.ownership, owner=options.node_id or "memt", ttl=options.ownership_ttl))
+        durable, owned = shared_stores(checkpoint, options)
+        kv_budget = options.budget.max_total_tokens or cuda_kv_budget(model, options.budget.mem_fraction_static)
         return cls(
             model, runner=runner, state_directory=options.state_directory, snapshot_store=durable, owned=owned,
             max_running_requests=options.max_running_requests, max_commit_batch=options.max_commit_batch * parallel.session_ranks,
-            max_total_tokens=options.budget.max_total_tokens or cuda_kv_budget(model, options.budget.mem_fraction_static),
-            max_queued_requests=options.budget.max_queued_requests, kv_cache_dtype=options.budget.kv_cache_dtype,
+            max_total_tokens=kv_budget, max_queued_requests=options.budget.max_queued_requests,
+            kv_cache_dtype=options.budget.kv_cache_dtype, kv_pool_tokens=kv_budget if options.budget.kv_pool == "paged" else None,
             torch_compile=options.torch_compile, threads=cpu_threads(options), fused_decode=options.fused_decode,
             cuda_graphs=options.cuda_graphs, cuda_graph_max_tokens=options.cuda_graph_max_tokens,
             warmup=warmup.plan(options.warmup, torch.device(options.device).type, max_rows=options.max_running_requests,
@@ -179,11 +170,12 @@ class TorchEngine(Engine):
         max_total_tokens: int | None = None,  # the KV budget of the running queries (memt_core.engine.admission)
         max_queued_requests: int | None = None,  # queries that may wait for admission (beyond: 503)
         kv_cache_dtype: str = "auto",  # fp8_e4m3: the KV cache in FP8 (memt_core.engine.fp8_kv)
+        kv_pool_tokens: int | None = None,  # a paged KV pool of this many tokens (memt_core.engine.paged_kv)
     ):
         self.runner = runner or ModelRunner(
             model, torch_compile=torch_compile, compile_options=compile_options, module_guards=module_guards,
             fused_decode=fused_decode, cuda_graphs=cuda_graphs, cuda_graph_max_tokens=cuda_graph_max_tokens,
-            max_rows=max_running_requests, kv_cache_dtype=kv_cache_dtype,
+            max_rows=max_running_requests, kv_cache_dtype=kv_cache_dtype, kv_pool_tokens=kv_pool_tokens,
         )
         self.threads = threads
         self.checkpoint = getattr(model.checkpoint, "whole", model.checkpoint)  # a rank's share names the whole
@@ -280,7 +272,8 @@ class TorchEngine(Engine):
 
     def capabilities(self) -> dict:
         return {"device": str(self.device), "dtype": str(next(self.runner.model.parameters()).dtype).removeprefix("torch."),
-                "memory_budget": memory_budget(self.runner.model, self.admission.budget, self.runner.kv_cache_dtype)}
+                "memory_budget": memory_budget(self.runner.model, self.admission.budget, self.runner.kv_cache_dtype,
+                                               pool=getattr(self.runner, "pool", None))}
 
     # ------------------------------------------------------------------ asyncio-side API
 

@@ -8,6 +8,9 @@ per engine: queries answered, refused with 503 (the queue was full), the most th
 running queries reserved at most against the budget, the KV tokens the runner's caches really held at most (sampled
 every few milliseconds), and the burst's wall time.
 
+Then decode tokens/s with the paged KV pool (``--kv-pool paged``) against transformers' growing cache, at 1 and 16
+sessions, alternating, medians of ``--repeats``.
+
     PYTHONPATH=. python scripts/bench/budget.py
     PYTHONPATH=. python scripts/bench/budget.py --budget 4096 --queue 8 --burst 32
 """
@@ -92,6 +95,27 @@ def run(model, prompts, new_tokens: int, **limits) -> dict:
     return {**found, "seconds": time.perf_counter() - started, "held_peak": peak[0], "reserved_peak": engine.stats.kv_reserved_peak}
 
 
+def decode_rate(engine, prompts, new_tokens: int) -> float:
+    """Decode tokens/s of ``prompts`` together, from the moment each has its first token."""
+    params = SamplingParams(max_new_tokens=new_tokens, temperature=0, skip_eos=True)
+    firsts, ends, counts = [], [], []
+
+    async def one(i, prompt):
+        times = []
+        async for event in engine.query(f"d{time.monotonic_ns()}-{i}", prompt, params):
+            if event.token is not None:
+                times.append(time.perf_counter())
+        firsts.append(times[0])
+        ends.append(times[-1])
+        counts.append(len(times) - 1)
+
+    async def all_of():
+        await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
+
+    asyncio.run(all_of())
+    return sum(counts) / max(max(ends) - max(firsts), 1e-9)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-path", default="memt_core/bundled/memt-tiny-demo")
@@ -100,6 +124,7 @@ def main() -> int:
     parser.add_argument("--new-tokens", type=int, default=24, help="max_new_tokens of each (default 24)")
     parser.add_argument("--budget", type=int, default=1024, help="--max-total-tokens of the bounded engine (default 1024)")
     parser.add_argument("--queue", type=int, default=12, help="--max-queued-requests of the bounded engine (default 12)")
+    parser.add_argument("--repeats", type=int, default=3, help="alternating decode runs, medians taken (default 3)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     model = load_model(Path(args.model_path))
@@ -116,6 +141,31 @@ def main() -> int:
         r = run(model, prompts, args.new_tokens, **limits)
         print(f"{name:<34} {r['answered']:>8} {r['refused']:>7} {r['most_waiting']:>12} {r['reserved_peak']:>13,} "
               f"{r['held_peak']:>12,} {r['seconds']:>8.2f}")
+    import statistics
+
+    budget = 16 * (args.prompt_tokens + 2 * args.new_tokens)
+    engines = {"growing cache (dynamic)": TorchEngine(model, max_running_requests=16, max_total_tokens=budget).start(),
+               "paged pool (--kv-pool paged)": TorchEngine(model, max_running_requests=16, max_total_tokens=budget,
+                                                           kv_pool_tokens=budget).start()}
+    rates = {name: {1: [], 16: []} for name in engines}
+    try:
+        for repeat in range(args.repeats + 1):  # the first round warms up, untimed
+            for sessions in (1, 16):
+                for name, engine in engines.items():
+                    rate = decode_rate(engine, prompts[:sessions] * (sessions // len(prompts[:sessions])), args.new_tokens * 2)
+                    if repeat:
+                        rates[name][sessions].append(rate)
+    finally:
+        for engine in engines.values():
+            engine.stop()
+    print()
+    header = f"{'decode, the same prompts':<30} {'1 session tok/s':>15} {'16 sessions tok/s':>17}"
+    print(header)
+    print("-" * len(header))
+    base = {n: statistics.median(rates["growing cache (dynamic)"][n]) for n in (1, 16)}
+    for name, found in rates.items():
+        one, many = statistics.median(found[1]), statistics.median(found[16])
+        print(f"{name:<30} {one:>9,.0f} ({one / base[1]:.2f}×) {many:>10,.0f} ({many / base[16]:.2f}×)")
     return 0
 
 

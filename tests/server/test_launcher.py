@@ -127,6 +127,7 @@ def _cases(c: dict[str, Path]) -> dict[str, Case]:
         "fraction beyond one": Case(["--model-path", nano, *dry, "--mem-fraction-static", "1.5"]),
         "graphs both ways": Case(["--model-path", nano, *dry, "--device", "cpu", "--disable-cuda-graph", "--enable-cuda-graph"]),
         "bf16 kv on float32": Case(["--model-path", nano, *dry, "--device", "cpu", "--kv-cache-dtype", "bf16"]),
+        "paged without budget": Case(["--model-path", nano, *dry, "--kv-pool", "paged"]),
         "engine kv too small": Case(["--model-path", nano, *dry, "--max-running-requests", "1", "--context-length", "100",
                                      "--min-kv-tokens", "101"]),
         # the start scripts
@@ -150,7 +151,7 @@ IN_PROCESS = {
     "engine flag unused", "engine kv too small", "bundled default", "bundled path given", "nano tp 2", "nano dp attention",
     "flash tp without dp attention", "flash dp below tp", "ep beyond experts", "tp beyond heads", "nccl on cpu",
     "dp without dp attention", "backend not here", "chunked prefill on", "total below min kv", "fraction beyond one",
-    "graphs both ways", "bf16 kv on float32",
+    "graphs both ways", "bf16 kv on float32", "paged without budget",
 }
 
 
@@ -316,6 +317,7 @@ def test_runtime_merge_order(runs):
         ("fraction beyond one", "--mem-fraction-static must be in \\(0, 1\\]"),
         ("graphs both ways", "--disable-cuda-graph and --enable-cuda-graph contradict"),
         ("bf16 kv on float32", "--kv-cache-dtype bf16 keeps the KV cache in the compute dtype"),
+        ("paged without budget", "--kv-pool paged allocates the KV budget at start: give --max-total-tokens"),
         ("engine kv too small", "min_kv_tokens \\(101\\).*--max-running-requests \\(1\\) × --context-length \\(100\\)"),
     ],
 )
