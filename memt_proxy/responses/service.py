@@ -175,6 +175,7 @@ class ResponsesService:
         if plan.raw:
             return await self._settle(plan, held, new_id("resp"), int(time.time()), [message_item(self.chat_format.decode(output_ids), logprobs=logprobs)], output_ids, _finish(body))
         parsed = self.parser.parse(plan.prefix + self.chat_format.decode(output_ids), thinking=plan.thinking)
+        plan.kept = parsed.text  # parsed once: the text the app receives is what memory keeps (``TurnRunner.reply_ids``)
         output = []
         if parsed.reasoning:
             output.append(reasoning_item(parsed.reasoning))
@@ -210,6 +211,7 @@ class ResponsesService:
             items.tokens(body["meta_info"])
             for event in items.feed(stream.finish(plan.prefix + decoder.update(body["output_ids"], final=True))) + items.close():
                 yield event
+            self._received(plan, body["output_ids"])
             response = await self._settle(plan, held, response_id, created, items.output, body["output_ids"], _finish(body))
             yield events.event("response.completed" if response["status"] == "completed" else "response.incomplete", response=response)
         except ProxyError as exc:
@@ -218,7 +220,8 @@ class ResponsesService:
     # ------------------------------------------------------------------ after the answer
 
     async def _settle(self, plan: Turn, held: HeldSession | None, response_id: str, created: int, output: list[dict], output_ids: list[int], finish: str) -> dict:
-        """Memory after the response (``TurnRunner.after``), its thread and its record; returns the response object."""
+        """Memory after the response (``TurnRunner.after``; ``plan.kept``, the answer as the app received it, set by the
+        caller), its thread and its record; returns the response object."""
         request, thread = plan.request, plan.thread
         calls = [item["call_id"] for item in output if item["type"] == "function_call"]
         incomplete = finish == "length"
@@ -228,7 +231,6 @@ class ResponsesService:
         )
         answer = item_messages(output)
         messages = (plan.context + plan.turn)[plan.as_text:] + answer
-        self._received(plan, output_ids)
         version = self.runner.after(plan, held, answer, output_ids, "tool_calls" if calls and not incomplete else finish, answered=body)
         self.runner.usage(plan, len(output_ids))
         if thread is None:
@@ -242,8 +244,9 @@ class ResponsesService:
         return body
 
     def _received(self, plan: Turn, output_ids: list[int]) -> None:
-        """The answer's text as the app received it, as memory keeps it (``TurnRunner.reply_ids``): without the stray
-        or malformed markup the parser dropped; a structured answer as generated."""
+        """A streamed answer's text as the app received it, as memory keeps it (``TurnRunner.reply_ids``): without the
+        stray or malformed markup the parser dropped; a structured answer as generated (``_run`` sets it from its own
+        parse)."""
         if not plan.raw:
             plan.kept = self.parser.parse(plan.prefix + self.chat_format.decode(output_ids), thinking=plan.thinking).text
 

@@ -5,6 +5,8 @@ the refusals made before anything runs (tiny Nano checkpoint's real chat format 
 from __future__ import annotations
 
 import asyncio
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +20,9 @@ from memt_proxy.session.sessions import PendingTurn, Sessions, SessionState
 from memt_proxy.session.transcript import message_hash
 from memt_proxy.prompt import encode
 from memt_proxy.request_context import RequestContext
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "session"))  # the session harness
+from session_harness import run, surfaces  # noqa: E402
 
 TOOL = {"type": "function", "name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
 CHAT_TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": TOOL["parameters"]}}
@@ -160,3 +165,42 @@ def test_a_large_input_is_planned_off_the_event_loop(service):
         del service.plans.plan
     assert seen and seen[0].startswith("memt-prepare"), seen
     assert made.turn == [{"role": "user", "content": "word " * 20_000}]
+
+
+class CountedParser:
+    """The real output parser, counting its whole-answer parses."""
+
+    def __init__(self, parser):
+        self.parser, self.parsed = parser, 0
+
+    def parse(self, *args, **kwargs):
+        self.parsed += 1
+        return self.parser.parse(*args, **kwargs)
+
+    def stream(self, *args, **kwargs):
+        return self.parser.stream(*args, **kwargs)
+
+
+def test_an_answer_is_parsed_once_and_memory_keeps_the_text_the_app_received():
+    """On the session harness: a non-streamed answer is parsed once (it was parsed again to find what memory keeps), as
+    a streamed one is once at its end; either way the turn's ``kept`` is the text the app received."""
+    async def body(h):
+        _, responses = surfaces(h)
+        counted = responses.parser = CountedParser(responses.parser)
+        kept, after = [], responses.runner.after
+
+        def recording(turn, *args, **kwargs):
+            kept.append(turn.kept)
+            return after(turn, *args, **kwargs)
+
+        responses.runner.after = recording
+        answer = await responses.create(ResponseRequest.model_validate({"model": "m", "input": "Hello", "max_output_tokens": 6}), tenant="t")
+        once = counted.parsed
+        events = [event async for event in await responses.create(
+            ResponseRequest.model_validate({"model": "m", "input": "Hello", "max_output_tokens": 6, "stream": True}), tenant="t")]
+        return once, counted.parsed - once, kept, answer, events[-1]["response"]
+
+    once, streamed, kept, answer, last = run(body)
+    assert once == 1 and streamed == 1
+    texts = [answer["output"][0]["content"][0]["text"], last["output"][0]["content"][0]["text"]]
+    assert [text.strip() for text in kept] == texts and texts[0]  # the parser's text keeps the answer's leading space

@@ -10,6 +10,8 @@ and over, so ``Harness.memory`` (or a query) shows exactly what a session's memo
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +21,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "server"))  # fake_
 
 from fake_engine import FakeEngine  # noqa: E402
 
+import httpx  # noqa: E402
+
+from memt_core.bundled import BUNDLED_MODEL  # noqa: E402
+from memt_core.client.chat_format import load_chat_format, load_tokenizer  # noqa: E402
 from memt_core.client.native import new_transaction  # noqa: E402
 from memt_core.launch import assemble, build_parser, plan_launch  # noqa: E402
 from memt_proxy.http.embedded import InProcessNativeClient  # noqa: E402
@@ -262,3 +268,37 @@ async def kept_state(sessions: Sessions, tenant: str, hashes: list[str], ids: li
         sessions.kept.move(state, chain(tenant, hashes)[-1])
         await sessions.writes.write(state, held.lease, [ids], hashes)
     return state
+
+
+# ---- the surfaces and the proxy's app over the harness's session layer
+
+
+@functools.lru_cache(maxsize=1)
+def chat_format_and_parser():
+    """The chat format and output parser of the checkpoint the harness's core serves (the bundled demo model's)."""
+    return load_chat_format(BUNDLED_MODEL, tokenizer=load_tokenizer(BUNDLED_MODEL))
+
+
+def surfaces(h: Harness, *, records=None, **options):
+    """The real ``ChatService`` and ``ResponsesService`` (sharing one turn runner, as the proxy builds them) over the
+    harness's session layer; ``records``: the Responses records (in memory unless given); ``options``: both services'."""
+    from memt_proxy.chat.service import ChatService
+    from memt_proxy.responses.records import ResponseRecords
+    from memt_proxy.responses.service import ResponsesService
+
+    chat_format, parser = chat_format_and_parser()
+    chat = ChatService(h.sessions, chat_format, parser, model_names=["m"], **options)
+    responses = ResponsesService(h.sessions, chat_format, parser, records or ResponseRecords(None), model_names=["m"], runner=chat.runner, **options)
+    return chat, responses
+
+
+@contextlib.asynccontextmanager
+async def proxy(h: Harness, *, api_keys: dict[str, str] | None = None, **options):
+    """The proxy's whole app (``create_app``: routes, auth, error bodies, metrics) over the harness's session layer, and
+    an ``httpx.AsyncClient`` that calls it in-process: yields (client, chat service, responses service)."""
+    from memt_proxy.http.app import create_app
+
+    chat, responses = surfaces(h)
+    app = create_app(chat, responses=responses, api_keys=api_keys, **options)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://proxy") as client:
+        yield client, chat, responses
