@@ -200,3 +200,18 @@ def test_no_session_test_sleeps():
     folder = Path(__file__).resolve().parent / "session"
     sleeping = [p.name for p in folder.glob("test_*.py") if re.search(r"time\.sleep|asyncio\.sleep", p.read_text())]
     assert sleeping == []
+
+
+def test_the_tests_mirror_the_code():
+    """Issue 59 (5): each module of the session layer, the surfaces and the HTTP shell has its own test file, named after
+    it (``memt_proxy/<part>/<module>.py`` → ``tests/proxy/<part>/test_<part>_<module>.py``)."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    missing = [
+        str(module.relative_to(root))
+        for part in ("session", "chat", "responses", "http")
+        for module in sorted((root / "memt_proxy" / part).glob("*.py"))
+        if module.name != "__init__.py" and not (root / "tests" / "proxy" / part / f"test_{part}_{module.stem}.py").exists()
+    ]
+    assert not missing, missing

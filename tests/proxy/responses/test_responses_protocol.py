@@ -1,19 +1,16 @@
 """Responses API wire shapes without a server: request checks, input items → chat messages, response
-objects and stream events as the official ``openai`` SDK's typed models validate them, cursor pages,
-and streamed items reassembled equal to the non-streamed output (tiny Nano's real parser)."""
+objects and stream events as the official ``openai`` SDK's typed models validate them, cursor pages. Streamed items:
+``test_responses_stream.py``."""
 
 from __future__ import annotations
 
 import pytest
 from openai.types.conversations import Conversation, ConversationItemList
-from openai.types.responses import Response, ResponseItemList, ResponseStreamEvent
-from pydantic import TypeAdapter
+from openai.types.responses import Response, ResponseItemList
 
-from memt_core.client.chat_format import load_chat_format, load_tokenizer
 from memt_proxy.errors import ProxyError
-from memt_proxy.responses.stream import StreamedItems
 from memt_proxy.responses.protocol import (
-    Events, InputItems, ResponseRequest, conversation_object, function_call_item, item_list, message_item, reasoning_item,
+    InputItems, ResponseRequest, conversation_object, function_call_item, item_list, message_item, reasoning_item,
     response_object, usage,
 )
 
@@ -99,42 +96,3 @@ def test_item_pages_follow_the_cursor():
     assert [i["id"] for i in item_list(items, after=None, limit=2, order="desc")["data"]] == ["i4", "i3"]
     with pytest.raises(ProxyError):
         item_list(items, after="nope", limit=2, order="asc")
-
-
-@pytest.fixture(scope="module")
-def nano(nano_checkpoint):
-    return load_chat_format(nano_checkpoint, tokenizer=load_tokenizer(nano_checkpoint))
-
-
-@pytest.mark.parametrize("text", [
-    "Plain answer.",
-    "",
-    "Checking.\n{call}",
-    "{call}{call}",
-])
-@pytest.mark.parametrize("one_call", [False, True])
-def test_streamed_items_reassemble_to_the_parsed_output(nano, text, one_call):
-    parser = nano[1]
-    calls = text.count("{call}")
-    text = text.replace("{call}", _call_block(parser))
-    parsed = parser.parse(text)
-    assert len(parsed.tool_calls) == calls
-    expected = [("message", parsed.content)] if parsed.content or not parsed.tool_calls else []
-    expected += [("function_call", c.name, c.arguments) for c in parsed.tool_calls[: 1 if one_call else None]]
-    events, stream = Events(), parser.stream()
-    items = StreamedItems(events, one_call=one_call)
-    emitted = []
-    for end in range(1, len(text) + 1):  # character by character, as a worst-case token stream
-        emitted += items.feed(stream.feed(text[:end]))
-    emitted += items.feed(stream.finish(text)) + items.close()
-    for event in emitted:
-        TypeAdapter(ResponseStreamEvent).validate_python(event)
-    assert [e["sequence_number"] for e in emitted] == list(range(len(emitted)))
-    got = [("message", i["content"][0]["text"]) if i["type"] == "message" else ("function_call", i["name"], i["arguments"]) for i in items.output]
-    assert got == expected, emitted
-    texts = "".join(e["delta"] for e in emitted if e["type"] == "response.output_text.delta")
-    assert texts == (parsed.content if expected and expected[0][0] == "message" else "")
-
-
-def _call_block(parser) -> str:
-    return f'{parser.call_open}{{"name": "get_weather", "arguments": {{"city": "Oslo"}}}}{parser.call_close}'
