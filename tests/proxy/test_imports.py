@@ -200,6 +200,9 @@ def test_no_session_test_sleeps():
     folder = Path(__file__).resolve().parent / "session"
     sleeping = [p.name for p in folder.glob("test_*.py") if re.search(r"time\.sleep|asyncio\.sleep", p.read_text())]
     assert sleeping == []
+    # nor does the harness they share: its waits (``until``, ``turns``) yield event-loop rounds, ``asyncio.sleep(0)``
+    harness = (folder / "session_harness.py").read_text()
+    assert not re.search(r"time\.sleep|asyncio\.sleep\((?!0\))", harness), re.findall(r".*asyncio\.sleep\((?!0\)).*", harness)
 
 
 def test_the_tests_mirror_the_code():

@@ -217,12 +217,13 @@ def run(body: Callable[[Harness], Awaitable[Any]], *, core: tuple[str, ...] = ()
 
 
 async def until(condition: Callable[[], bool], timeout: float = 5.0, what: str = "the condition") -> None:
-    """Yield to the event loop until ``condition()`` holds (bounded: AssertionError after ``timeout`` seconds)."""
+    """Let the event loop run, a round at a time (as ``turns``: no sleep), until ``condition()`` holds; bounded:
+    AssertionError after ``timeout`` seconds of rounds (a condition that never comes)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while not condition():
         assert loop.time() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.005)
+        await asyncio.sleep(0)
 
 
 async def turns(count: int = 1) -> None:
