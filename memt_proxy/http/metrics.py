@@ -51,13 +51,13 @@ class _SessionCollector:
         yield GaugeMetricFamily("memt_proxy_sessions", "Session states the proxy keeps", value=len(states))
         yield GaugeMetricFamily("memt_proxy_sessions_in_use", "Sessions a request holds or waits for", value=sum(s.users > 0 for s in states))
         yield GaugeMetricFamily("memt_proxy_sessions_leased", "Sessions holding an upstream lease", value=sum(s.lease is not None for s in states))
-        yield GaugeMetricFamily("memt_proxy_memory_states", "Header-less branches whose memory state a resent transcript can resume", value=len(sessions.prefixes))
+        yield GaugeMetricFamily("memt_proxy_memory_states", "Kept conversation states a resent transcript can resume", value=len(sessions.prefixes))
         for name, value, text in (
             ("session_offloads", sessions.placement.offloads, "Upstream sessions offloaded to make room"),
             ("session_restores", sessions.placement.restores, "Offloaded sessions restored"),
             ("session_states_dropped", sessions.table.dropped, "Idle session states dropped to make room"),
             ("memory_writes", sessions.writes.published, "Memory changes published upstream (commits, restores, resets)"),
-            ("memory_states_closed", sessions.kept.closed, "Header-less branches closed to make room"),
+            ("memory_states_closed", sessions.kept.closed, "Kept conversation states closed to make room"),
         ):
             yield CounterMetricFamily(f"memt_proxy_{name}", text, value=value)
 

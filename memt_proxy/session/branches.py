@@ -145,7 +145,7 @@ async def resumable(sessions: Sessions, state: SessionState, plan: HeaderlessPla
         try:  # another node's (or one this core let go): brought back from the shared snapshot store
             await sessions.placement.ensure(state)
         except ProxyError as exc:
-            log.info("branch %s not taken over here (%s): answered from the text", state.native, exc.message)
+            log.info("kept state %s not taken over here (%s): answered from the text", state.native, exc.message)
             return False
     elif not state.exists and await sessions.upstream.call(sessions.placement.adopt_existing, state) is None:
         sessions.kept.move(state, None)
