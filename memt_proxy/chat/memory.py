@@ -45,7 +45,7 @@ class ChatMemory:
         return OnMemory(held, hold, prepare)
 
     async def headerless(self, request: ChatCompletionRequest, *, tenant: str, policy: str, size: int, digest: str, retry: bool, key: str | None) -> OnMemory:
-        """A conversation without X-MemT-Session, identified by its transcript (``memt_proxy.session.branches``): resumed
+        """A conversation without X-MemT-Session, identified by its transcript (``memt_proxy.session.headerless``): resumed
         from the deepest kept state its earlier messages reach; with none, a plain generation. Behind the answer
         the conversation's next state is forked (``TurnRunner.after``). A client's retry gets the kept answer."""
         kept = self.runner.retried(tenant, digest, retry, key)

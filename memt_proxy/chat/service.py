@@ -68,7 +68,7 @@ class ChatService:
         self.accepted = {*model_names, *aliases}  # also asked for by other names of the checkpoint
         self.default_memory = default_memory
         self.on_divergence = on_divergence
-        self.headerless = headerless  # requests without X-MemT-Session get memory too (``memt_proxy.session.branches``)
+        self.headerless = headerless  # requests without X-MemT-Session get memory too (``memt_proxy.session.headerless``)
         self.runner = runner or TurnRunner(sessions, chat_format)
         self.plans = ChatPlanner(chat_format, sessions, default_thinking=default_thinking)
         # which memory a turn runs on: a named session, or the kept state a header-less conversation reaches

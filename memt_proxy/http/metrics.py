@@ -11,7 +11,7 @@ sessions, and errors of the upstream MemT server by kind.
 * ``memt_proxy_sessions`` (states the proxy keeps), ``memt_proxy_sessions_in_use``,
   ``memt_proxy_sessions_leased``, and ``memt_proxy_session_offloads_total`` / ``…_restores_total`` /
   ``…_dropped_total``, ``memt_proxy_memory_writes_total`` (memory changes published: commits, restores,
-  resets), ``memt_proxy_memory_states`` (header-less branches whose state can be resumed) and
+  resets), ``memt_proxy_memory_states`` (kept conversation states a resent transcript can resume) and
   ``memt_proxy_memory_states_closed_total`` — read from the session layer at scrape time.
 * ``memt_proxy_upstream_errors_total{kind}`` — errors that came from the upstream (unavailable, timed out,
   invalid answer, its conflicts and rate limits), by their OpenAI error ``code``, whether answered as an

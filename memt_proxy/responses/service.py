@@ -69,7 +69,7 @@ class ResponsesService:
         self.accepted = {*model_names, *aliases}
         self.plans = ResponsesPlanner(chat_format, sessions, default_thinking=default_thinking)
         self.default_memory = default_memory  # the proxy's --memory
-        self.headerless = headerless  # an input carrying its history resumes from memory (``memt_proxy.session.branches``)
+        self.headerless = headerless  # an input carrying its history resumes from memory (``memt_proxy.session.headerless``)
         self.runner = runner or TurnRunner(sessions, chat_format)  # the turn runner both surfaces share
         self.memory_tokens = sessions.memory_tokens
         # conversations and chains of responses: which session, confirmed how, advanced after the answer
@@ -144,7 +144,7 @@ class ResponsesService:
     async def _headerless(self, request: ResponseRequest, context: RequestContext, items: list[dict]):
         """An input with neither conversation nor previous_response_id, as a header-less chat request: resumed
         from the deepest kept state of the history it carries, its next state forked behind the answer
-        (``memt_proxy.session.branches``). Its system/developer items are instructions, as a chat request's system messages:
+        (``memt_proxy.session.headerless``). Its system/developer items are instructions, as a chat request's system messages:
         sent with every input, never kept in a state."""
         messages = await off_loop(context.size, item_messages, items)
 

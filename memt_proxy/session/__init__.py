@@ -5,5 +5,5 @@ By floor: ``state`` (a session's state, its lifecycle transitions and the bounde
 (records on disk); the parts, each given the parts it uses (no part reaches another through a shared ``self``):
 ``upstream``, ``leases``, ``writes``, ``placement``, ``forks`` (a named session's kept states), ``held`` (one session
 held by one request); ``sessions`` (builds the parts: the per-request hold, commits behind answers, admin),
-``branches`` (header-less memory: resume and fork) and ``turn`` (the turn runner both surfaces use). No module here
+``headerless`` (header-less memory: resume and fork; its states kept by ``kept``) and ``turn`` (the turn runner both surfaces use). No module here
 knows a surface or HTTP."""

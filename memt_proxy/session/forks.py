@@ -44,12 +44,12 @@ class NamedForks:
 
     async def keep_parent(self, state: SessionState, parent: SessionState, link: str) -> None:
         """What a named session holds kept as the new state ``parent`` (held), found by the chain of its messages,
-        ``link`` (``parent_link``; ``memt_proxy.session.branches``), so that a request diverging from the change — a
+        ``link`` (``parent_link``; ``memt_proxy.session.headerless``), so that a request diverging from the change — a
         regenerate, an edit, an app's background task between turns — forks from it instead of starting over. Best
         effort: where it cannot be made, nothing is kept."""
         parent.origin = state.native  # it holds that session's memory: closed with it
         parent.extended = True  # the session goes on past it: room is made from such states first
-        self.kept.move(parent, link)  # recorded before it exists upstream (see ``branches._fork``)
+        self.kept.move(parent, link)  # recorded before it exists upstream (see ``headerless._fork``)
         try:
             async with self.kept.room(parent):
                 await self.placement.copy(parent, state, state.lease, make_room=False)  # never at a session's cost

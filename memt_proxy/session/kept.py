@@ -1,6 +1,6 @@
 """Kept states: the native sessions the proxy keeps of a conversation's memory, found by the chain of the messages they
 hold (``memt_proxy.session.prefix_index``) and never written once made — a header-less conversation's states
-(``memt_proxy.session.branches``) and the state a named session held before each change (``memt_proxy.session.forks``).
+(``memt_proxy.session.headerless``) and the state a named session held before each change (``memt_proxy.session.forks``).
 
 This part holds them within their bound and nothing else:
 
@@ -16,8 +16,8 @@ This part holds them within their bound and nothing else:
   beyond the bound closed.
 
 Room is made from the least recently used idle state of the tenant holding the most, one a later turn extended
-first (``state.evicted_first``). Every kept state is a ``SessionState`` whose name starts with ``BRANCH_PREFIX``
-(``SessionState.branch``): no client can name one.
+first (``state.evicted_first``). Every kept state is a ``SessionState`` whose name starts with ``KEPT_PREFIX``
+(``SessionState.is_kept``): no client can name one.
 """
 
 from __future__ import annotations
@@ -56,9 +56,9 @@ class KeptStates:
         self.prefixes = prefixes
         self.max_memory_states = max_memory_states  # kept states upstream at most
         self.making = asyncio.Lock()  # kept states are made one at a time (``room``)
-        self._recorded = records.branches()  # taken into the table once the upstream answers (``recorded``)
-        for branch in self._recorded:
-            prefixes.move(branch["name"], branch["head"])
+        self._recorded = records.kept_states()  # taken into the table once the upstream answers (``recorded``)
+        for recorded in self._recorded:
+            prefixes.move(recorded["name"], recorded["head"])
         self.closed = 0  # kept states closed to make room (or beyond the bound), since start
 
     def limit(self) -> int:
@@ -71,7 +71,7 @@ class KeptStates:
         """The kept state ``state`` now holds (or is about to hold) the messages whose chain is ``head``: index and record it."""
         self.prefixes.move(state.name, head)
         try:
-            self.records.save_branch(state.native, state.tenant, state.name, head, state.origin)
+            self.records.save_kept(state.native, state.tenant, state.name, head, state.origin)
         except OSError as exc:
             log.warning("could not record kept state %s: %s", state.native, exc)
 
@@ -92,7 +92,7 @@ class KeptStates:
         none takes more than its share. False where the rest are busy or cannot be closed now."""
         failed: list[SessionState] = []
         while True:
-            kept = [state for state in self.table if state.branch and state.exists and state is not keep]  # least recently used first
+            kept = [state for state in self.table if state.is_kept and state.exists and state is not keep]  # least recently used first
             if len(kept) < self.limit():
                 return True
             held = Counter(state.tenant for state in kept)
@@ -111,7 +111,7 @@ class KeptStates:
     def evicting(self, state: SessionState, why: str) -> None:
         """Say so where a header-less conversation used within ``LIVE_SECONDS`` loses its latest state: its next turn is
         then read as text."""
-        if state.branch and not state.extended and state.idle_since is not None and self.leases.clock.now() - state.idle_since < LIVE_SECONDS:
+        if state.is_kept and not state.extended and state.idle_since is not None and self.leases.clock.now() - state.idle_since < LIVE_SECONDS:
             log.warning("closing the latest state of a live header-less conversation (used %.0f s ago) to make room (%s): its next "
                         "turn is read as text", self.leases.clock.now() - state.idle_since, why)
 
@@ -138,7 +138,7 @@ class KeptStates:
     async def close_copies_of(self, state: SessionState) -> None:
         """Close the states kept before a named session's turns (``NamedForks.keep_parent``), which hold copies of its
         memory, as the session is closed or its memory reset: what a client deletes is gone, not kept elsewhere."""
-        for kept in [other for other in self.table if other.branch and other.exists and other.origin == state.native]:
+        for kept in [other for other in self.table if other.is_kept and other.exists and other.origin == state.native]:
             with kept.in_use():
                 async with kept.lock:
                     await self.close(kept)
@@ -148,11 +148,11 @@ class KeptStates:
         the table as it is yielded, for its caller to adopt (so that it counts against ``limit()`` and is closed to make
         room like any other) or ``forget``; those the table holds already are left out."""
         recorded, self._recorded = self._recorded, []
-        for branch in recorded:
-            state = self.table.entry(branch["tenant"], branch["name"])
+        for record in recorded:
+            state = self.table.entry(record["tenant"], record["name"])
             if state.exists:
                 continue
-            state.origin = branch.get("origin")
+            state.origin = record.get("origin")
             yield state
 
     def forget(self, state: SessionState) -> None:
@@ -163,7 +163,7 @@ class KeptStates:
     async def trim(self) -> None:
         """Close the kept states beyond ``limit()`` (after ``recorded``), so that a crash never leaves more states on the
         upstream than the bound; one whose lease is still held is closed to make room once it lapses."""
-        kept = [state for state in self.table if state.branch and state.exists]
+        kept = [state for state in self.table if state.is_kept and state.exists]
         for state in kept[: max(0, len(kept) - self.limit())]:
             async with state.lock:
                 await self.close(state)

@@ -55,7 +55,7 @@ class Placement:
             return
         # a record from an earlier life of this id (before an upstream restart); a kept state's own record, written
         # just before its creation, stays
-        self.records.delete(state.native, branch=False)
+        self.records.delete(state.native, kept=False)
         state.created()
 
     async def copy(self, state: SessionState, source: SessionState, lease: str, *, make_room: bool = True) -> None:
@@ -102,15 +102,15 @@ class Placement:
         moment ago, until that lease lapses) goes to the end of the list, for a later request; one gone upstream is
         dropped."""
         if self._recorded is None:
-            branches = {native_session_id(b["tenant"], b["name"]): b for b in self.records.branches()}
-            self._recorded = [(native, branches.get(native)) for native in self.records.sessions()]
+            kept = {native_session_id(k["tenant"], k["name"]): k for k in self.records.kept_states()}
+            self._recorded = [(native, kept.get(native)) for native in self.records.sessions()]
         held = {state.native for state in self.table}
         for _ in range(min(RECORDED_TRIES, len(self._recorded))):
-            native, branch = entry = self._recorded.pop(0)
+            native, record = entry = self._recorded.pop(0)
             if native == keep.native or native in held:
                 self._recorded.append(entry)
                 continue
-            state = SessionState(native=native, tenant=branch["tenant"] if branch else "", name=branch["name"] if branch else "")
+            state = SessionState(native=native, tenant=record["tenant"] if record else "", name=record["name"] if record else "")
             try:
                 if await self.adopt_existing(state) is None:
                     continue  # gone upstream: nothing to offload
@@ -142,7 +142,7 @@ class Placement:
                 lease = await self.leases.one_shot(state)
             except MemTClientError:
                 return False  # leased by another client, or gone: not ours to offload now
-            if state.branch:
+            if state.is_kept:
                 return await self.kept.close(state, lease)
             try:
                 # a name of its own (not the content's: equal memories would share one file), deleted once restored

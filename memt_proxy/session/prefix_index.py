@@ -9,7 +9,7 @@ it holds, per tenant::
 A request resumes from the deepest ``c_k`` of its earlier messages that names a kept state, and sends the model
 only the rest: reaching a state takes presenting every message it holds, and the tenant is in the root, so no
 tenant reaches another's. States are native sessions the proxy made for conversations identified by their
-transcript (``memt_proxy.session.branches``), each holding the messages its chain names and never written again; one
+transcript (``memt_proxy.session.headerless``), each holding the messages its chain names and never written again; one
 closed is dropped. Nothing here does I/O or reads a clock; the session layer holds the states, checks one
 under its lock and makes new ones.
 
@@ -54,18 +54,18 @@ def chain(tenant: str, hashes: list[str]) -> list[str]:
 
 @dataclass(frozen=True)
 class Found:
-    """The deepest kept state of a transcript: ``depth`` messages held by ``branch`` (a session name of ``tenant``)."""
+    """The deepest kept state of a transcript: ``depth`` messages held by the kept state ``name`` (a session name of ``tenant``)."""
 
     depth: int
-    branch: str
+    name: str
 
 
 class PrefixIndex:
-    """Kept heads (chain hash → branch) and answered transcripts, per tenant by construction of the chain."""
+    """Kept heads (chain hash → kept state's name) and answered transcripts, per tenant by construction of the chain."""
 
     def __init__(self, seen_limit: int = SEEN_LIMIT):
-        self._heads: dict[str, str] = {}  # chain hash → branch name
-        self._head_of: dict[str, str] = {}  # branch name → its head's chain hash (None-free)
+        self._heads: dict[str, str] = {}  # chain hash → kept state's name
+        self._head_of: dict[str, str] = {}  # kept state's name → its head's chain hash (None-free)
         self._seen: OrderedDict[str, None] = OrderedDict()
         self.seen_limit = seen_limit
         self._making: dict[str, asyncio.Event] = {}  # chain → set once the state it names is made (or not)
@@ -76,30 +76,30 @@ class PrefixIndex:
     def find(self, links: list[str]) -> Found | None:
         """The deepest kept head among ``links`` (a transcript's chain), or None."""
         for depth in range(len(links), 0, -1):
-            branch = self._heads.get(links[depth - 1])
-            if branch is not None:
-                return Found(depth, branch)
+            name = self._heads.get(links[depth - 1])
+            if name is not None:
+                return Found(depth, name)
         return None
 
-    def move(self, branch: str, head: str | None) -> None:
-        """``branch`` now holds the state named ``head`` (None: it holds nothing worth finding, e.g. empty)."""
-        old = self._head_of.pop(branch, None)
-        if old is not None and self._heads.get(old) == branch:
+    def move(self, name: str, head: str | None) -> None:
+        """The kept state ``name`` now holds the state named ``head`` (None: it holds nothing worth finding, e.g. empty)."""
+        old = self._head_of.pop(name, None)
+        if old is not None and self._heads.get(old) == name:
             del self._heads[old]
         if head is None:
             return
         other = self._heads.get(head)
-        if other is not None and other != branch:
-            self._head_of.pop(other, None)  # two branches with one state: the newer one is found
-        self._heads[head] = branch
-        self._head_of[branch] = head
+        if other is not None and other != name:
+            self._head_of.pop(other, None)  # two kept states holding the same messages: the newer one is found
+        self._heads[head] = name
+        self._head_of[name] = head
 
-    def drop(self, branch: str) -> None:
-        """``branch`` is gone (closed, evicted, or its native session lost)."""
-        self.move(branch, None)
+    def drop(self, name: str) -> None:
+        """The kept state ``name`` is gone (closed, evicted, or its native session lost)."""
+        self.move(name, None)
 
-    def head(self, branch: str) -> str | None:
-        return self._head_of.get(branch)
+    def head(self, name: str) -> str | None:
+        return self._head_of.get(name)
 
     def reserve(self, link: str) -> bool:
         """Claim the making of the state named ``link``: False if one is kept or being made already."""

@@ -84,7 +84,7 @@ from memt_proxy.session.leases import Leases
 from memt_proxy.session.placement import Placement
 from memt_proxy.session.prefix_index import PrefixIndex
 from memt_proxy.session.state import (
-    BRANCH_PREFIX,
+    KEPT_PREFIX,
     LEASE_IDLE,
     LEASE_TTL,
     MAX_MEMORY_STATES,
@@ -97,7 +97,7 @@ from memt_proxy.session.state import (
     SessionState,
     SessionTable,
     native_session_id,
-    new_branch_name,
+    new_kept_name,
     snapshot_file,
 )
 from memt_proxy.session.store import SessionRecordStore
@@ -105,7 +105,7 @@ from memt_proxy.session.upstream import Upstream
 from memt_proxy.session.writes import Writes
 
 __all__ = [
-    "BRANCH_PREFIX", "LEASE_IDLE", "MAX_MEMORY_STATES", "MAX_SESSIONS", "HeldSession", "MemoryFound", "PendingTurn", "SessionState",
+    "KEPT_PREFIX", "LEASE_IDLE", "MAX_MEMORY_STATES", "MAX_SESSIONS", "HeldSession", "MemoryFound", "PendingTurn", "SessionState",
     "SessionTable", "Sessions", "native_session_id", "snapshot_file",
 ]
 
@@ -133,7 +133,7 @@ class Sessions:
     ):
         self.records = records or SessionRecordStore(None)
         self.table = SessionTable(max_sessions)
-        self.prefixes = PrefixIndex()  # kept states (``memt_proxy.session.branches``, ``forks``), as recorded
+        self.prefixes = PrefixIndex()  # kept states (``memt_proxy.session.headerless``, ``forks``), as recorded
         self.memory_tokens = MemoryTokens()  # the prompt tokens each session's memory spares, for every surface
         self.behind: set[asyncio.Task] = set()  # commits and forks under way behind their answers
         self.upstream = Upstream(client, identity=identity, served=served, table=self.table)
@@ -228,7 +228,7 @@ class Sessions:
         """Release the leases of states dropped from the table to make room; close dropped kept states."""
         while self.table.evicted:
             state = self.table.evicted.pop()
-            if state.branch:
+            if state.is_kept:
                 await self.kept.close(state)
                 continue
             lease = state.drop_lease()
@@ -272,7 +272,7 @@ class Sessions:
         if link is None:
             return
         try:
-            async with self.turn(state.tenant, new_branch_name()) as held:
+            async with self.turn(state.tenant, new_kept_name()) as held:
                 await self.forks.keep_parent(state, held.state, link)
         except ProxyError as exc:  # e.g. every session state of the proxy in use
             log.info("the state before a turn of %s is not kept (%s)", state.native, exc.message)

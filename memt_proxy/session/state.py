@@ -33,7 +33,7 @@ DEPARTED_WAIT = 10.0  # seconds a session is kept from its next request while a 
 #: same time may each take the slot another one freed, so one request may need several
 OFFLOAD_TRIES = 16
 SNAPSHOT_NAME_LIMIT = 207  # the native snapshot-name grammar's longest name
-BRANCH_PREFIX = "~"  # header-less branches' session names start with it: no X-MemT-Session can
+KEPT_PREFIX = "~"  # kept states' session names start with it: no X-MemT-Session can
 
 
 def state_bytes(memory) -> int:
@@ -46,9 +46,9 @@ def states_within(budget_mib: int, memory) -> int:
     return max(1, budget_mib * 2**20 // state_bytes(memory))
 
 
-def new_branch_name() -> str:
-    """A name for a kept state of a conversation (``memt_proxy.session.branches``): outside the client's name grammar."""
-    return BRANCH_PREFIX + secrets.token_hex(12)
+def new_kept_name() -> str:
+    """A name for a kept state of a conversation (``memt_proxy.session.headerless``): outside the client's name grammar."""
+    return KEPT_PREFIX + secrets.token_hex(12)
 
 
 def native_session_id(tenant: str, session: str) -> str:
@@ -91,7 +91,7 @@ class SessionState:
 
     native: str
     tenant: str = ""
-    name: str = ""  # the session's name: a client's X-MemT-Session, or a header-less branch's (``memt_proxy.session.branches``)
+    name: str = ""  # the session's name: a client's X-MemT-Session, or a kept state's (``memt_proxy.session.kept``)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     committed: list[str] = field(default_factory=list)  # hashes of committed messages, in order
     history_known: bool = True  # False when we adopted a native session whose history we never saw
@@ -120,9 +120,9 @@ class SessionState:
             self.users -= 1
 
     @property
-    def branch(self) -> bool:
-        """A header-less conversation's state (its name is the proxy's, outside the client's grammar)."""
-        return self.name.startswith(BRANCH_PREFIX)
+    def is_kept(self) -> bool:
+        """A kept state of a conversation (its name is the proxy's, outside the client's grammar)."""
+        return self.name.startswith(KEPT_PREFIX)
 
     @property
     def empty(self) -> bool:
@@ -276,7 +276,7 @@ class SessionTable:
         for key in sorted(idle, key=lambda key: self._states[key].exists):
             state = self._states.pop(key)
             self.dropped += 1
-            if state.lease is not None or state.branch and state.exists:  # a branch's native session is closed with it
+            if state.lease is not None or state.is_kept and state.exists:  # a kept state's native session is closed with it
                 self.evicted.append(state)
             return
         raise RateLimited(
@@ -289,7 +289,7 @@ def evicted_first(states) -> list[SessionState]:
     """``states`` (least recently used first) in the order room is made: header-less states a later turn extended (kept
     for a regenerate or an edit), then the rest, each part least recently used first: a live conversation keeps its
     latest state while any other's older one can go."""
-    return sorted(states, key=lambda state: not (state.branch and state.extended))
+    return sorted(states, key=lambda state: not (state.is_kept and state.extended))
 
 
 class LeaseTaken(Exception):

@@ -42,8 +42,8 @@ from memt_proxy.session.transcript import HASH_SCHEME, LEGACY
 
 log = logging.getLogger("memt.proxy")
 
-BRANCHES = "branches"  # the records' subdirectory of header-less branches
-HEADS = "heads"  # beside them in shared records: one file per branch head, named by the head's chain hash
+KEPT = "branches"  # the records' subdirectory of kept states (named so on disk by earlier versions)
+HEADS = "heads"  # beside them in shared records: one file per kept state's head, named by the head's chain hash
 MEMORY_OFFLOADS = 65536  # offload records kept in memory without a directory (about 100 bytes each, plus hashes)
 
 
@@ -223,28 +223,28 @@ class SessionRecordStore:
             log.warning("ignoring the pending turn of unreadable session record %s: %s", self._path(native), exc)
             return None
 
-    def delete(self, native: str, *, branch: bool = True) -> None:
-        """Delete the session's record and (``branch``) its kept state's record. A directory that refuses (read-only)
+    def delete(self, native: str, *, kept: bool = True) -> None:
+        """Delete the session's record and (``kept``) its kept state's record. A directory that refuses (read-only)
         leaves them, with a warning: a record that no longer matches the session's version only counts its history
         as unknown, as a lost write does."""
         if self.records_directory is None:
             return
         try:
-            self._delete(native, branch=branch)
+            self._delete(native, kept=kept)
         except OSError as exc:
             log.warning("could not delete the records of %s: %s", native, exc)
 
-    def _delete(self, native: str, *, branch: bool) -> None:
+    def _delete(self, native: str, *, kept: bool) -> None:
         self._path(native).unlink(missing_ok=True)
-        if not branch:
+        if not kept:
             return
-        branch_path = self.records_directory / BRANCHES / f"{native}.json"
-        if not branch_path.exists():
-            return  # a session named by a header: no branch record
-        branch = self._read(f"{BRANCHES}/{native}") if self.shared else None  # its head file: shared records only
-        if branch is not None and isinstance(branch.get("head"), str):
-            self._head_path(branch["head"]).unlink(missing_ok=True)
-        branch_path.unlink(missing_ok=True)
+        kept_path = self.records_directory / KEPT / f"{native}.json"
+        if not kept_path.exists():
+            return  # a session named by a header: no kept state's record
+        record = self._read(f"{KEPT}/{native}") if self.shared else None  # its head file: shared records only
+        if record is not None and isinstance(record.get("head"), str):
+            self._head_path(record["head"]).unlink(missing_ok=True)
+        kept_path.unlink(missing_ok=True)
 
     def sessions(self) -> list[str]:
         """The native sessions with a per-session record (made or written by this proxy, or an earlier one)."""
@@ -252,45 +252,45 @@ class SessionRecordStore:
             return []
         return sorted(path.name[: -len(".json")] for path in self.records_directory.glob("*.json") if not path.name.endswith(".offload.json"))
 
-    def save_branch(self, native: str, tenant: str, name: str, head: str | None, origin: str | None = None) -> None:
-        """Record a kept state's name and head (``memt_proxy.session.branches``), and the named session it was kept for
+    def save_kept(self, native: str, tenant: str, name: str, head: str | None, origin: str | None = None) -> None:
+        """Record a kept state's name and head (``memt_proxy.session.headerless``), and the named session it was kept for
         (``origin``), so that a restarted proxy finds it again; what its memory holds is its per-session record's,
-        checked on use. Records shared by a cluster's proxies also name the state by its head (``branch_at``), for
+        checked on use. Records shared by a cluster's proxies also name the state by its head (``kept_at``), for
         the other nodes."""
         if self.records_directory is None:
             return
-        (self.records_directory / BRANCHES).mkdir(exist_ok=True)
+        (self.records_directory / KEPT).mkdir(exist_ok=True)
         if self.shared:
-            old = (self._read(f"{BRANCHES}/{native}") or {}).get("head")
+            old = (self._read(f"{KEPT}/{native}") or {}).get("head")
             if isinstance(old, str) and old != head:
                 self._head_path(old).unlink(missing_ok=True)
             if head is not None:
                 self._head_path(head).parent.mkdir(exist_ok=True)
-                self._write(f"{BRANCHES}/{HEADS}/{head}", {"tenant": tenant, "name": name})
-        self._write(f"{BRANCHES}/{native}", {"tenant": tenant, "name": name, "head": head, "origin": origin})
+                self._write(f"{KEPT}/{HEADS}/{head}", {"tenant": tenant, "name": name})
+        self._write(f"{KEPT}/{native}", {"tenant": tenant, "name": name, "head": head, "origin": origin})
 
     def _head_path(self, head: str) -> Path:
-        return self.records_directory / BRANCHES / HEADS / f"{head}.json"
+        return self.records_directory / KEPT / HEADS / f"{head}.json"
 
-    def branch_at(self, links: list[str]) -> tuple[int, str] | None:
-        """Shared records: the deepest of ``links`` that heads a branch another node recorded, as (depth, name)."""
+    def kept_at(self, links: list[str]) -> tuple[int, str] | None:
+        """Shared records: the deepest of ``links`` that heads a kept state another node recorded, as (depth, name)."""
         if not self.shared:
             return None
         for depth in range(len(links), 0, -1):
             if self._head_path(links[depth - 1]).exists():
-                record = self._read(f"{BRANCHES}/{HEADS}/{links[depth - 1]}")
+                record = self._read(f"{KEPT}/{HEADS}/{links[depth - 1]}")
                 if record is not None and isinstance(record.get("name"), str):
                     return depth, record["name"]
         return None
 
-    def branches(self) -> list[dict]:
+    def kept_states(self) -> list[dict]:
         """The recorded kept states, each ``{"tenant", "name", "head", "origin"}`` (unreadable ones skipped)."""
-        place = self.records_directory / BRANCHES if self.records_directory is not None else None
+        place = self.records_directory / KEPT if self.records_directory is not None else None
         if place is None or not place.is_dir():
             return []
         found = []
         for path in sorted(place.glob("*.json")):
-            record = self._read(f"{BRANCHES}/{path.stem}")
+            record = self._read(f"{KEPT}/{path.stem}")
             if record is not None and all(isinstance(record.get(key), str) for key in ("tenant", "name")) and isinstance(record.get("head"), (str, type(None))):
                 origin = record.get("origin")
                 found.append({**{key: record[key] for key in ("tenant", "name", "head")}, "origin": origin if isinstance(origin, str) else None})

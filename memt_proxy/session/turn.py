@@ -10,7 +10,7 @@ here, once, so both surfaces follow the same rules:
 * **memory after the answer** (``after``): function calls leave the turn pending (its exact tokens), a completed
   answer on memory policy ``auto`` is committed behind the answer (a named chat session keeping the state before it,
   ``keep_parent``; a session that forked follows the state it read, ``follower``), any other ends the turn as
-  context; a header-less turn forks the conversation's next state instead (``memt_proxy.session.branches``), a cut answer
+  context; a header-less turn forks the conversation's next state instead (``memt_proxy.session.headerless``), a cut answer
   included (closed with the end token, as the app's transcript closes it);
 * **retry**: every answer on memory is kept for a client's retry (``retried``; the rule is ``retries.retried``);
 * **usage**: ``on_usage`` once per finished answer (``usage``), with the prompt tokens memory spared.
@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 from memt_core.client.chat_format import ChatFormat
-from memt_proxy.session.branches import HeaderlessPlan, after_answer, closed, planned, resumable, resume
+from memt_proxy.session.headerless import HeaderlessPlan, after_answer, closed, planned, resumable, resume
 from memt_proxy.errors import ProxyError, Unavailable
 from memt_proxy.session.sessions import HeldSession, MemoryFound, PendingTurn, Sessions, SessionState
 from memt_proxy.session.transcript import message_hash, overlap
@@ -63,7 +63,7 @@ class Turn:
     digest: str = ""  # the request's digest (``retries.request_digest``): set, its answer is kept for a retry
     key: str | None = None  # the request's Idempotency-Key
     kept: str | None = None  # the answer as the app received it (set by the surface before ``after``)
-    headerless: HeaderlessPlan | None = None  # a conversation identified by its transcript (``memt_proxy.session.branches``)
+    headerless: HeaderlessPlan | None = None  # a conversation identified by its transcript (``memt_proxy.session.headerless``)
     opening: Callable[[], Awaitable[list[int]]] | None = None  # header-less, no kept state: its history and turn as committed
     follower: HeldSession | None = None  # a named session that follows the state the prompt reads (a fork)
     keep_parent: bool = False  # a commit first keeps the state before it (named chat sessions)
@@ -139,7 +139,7 @@ class TurnRunner:
                               plain: Callable[[HeaderlessPlan], Awaitable[Turn]],
                               plan: Callable[[SessionState, HeaderlessPlan], Awaitable[Turn]]) -> OnMemory:
         """Hold the memory of a conversation without a session name, for either surface: the deepest kept state its
-        ``messages`` reach (``branches.resume``), with the maker of its turn there (``plan(state, found)``); reaching none,
+        ``messages`` reach (``headerless.resume``), with the maker of its turn there (``plan(state, found)``); reaching none,
         the plain generation's turn (``plain(found)``). Either turn is the header-less plan's (``Turn.headerless``): its
         answer forks the conversation's next state (``after``)."""
         found, held, hold = await resume(self.sessions, messages, tenant, size)
@@ -167,7 +167,7 @@ class TurnRunner:
             return None
         origin_hold = contextlib.AsyncExitStack()
         try:
-            origin = await origin_hold.enter_async_context(self.sessions.turn(state.tenant, found.found.branch))
+            origin = await origin_hold.enter_async_context(self.sessions.turn(state.tenant, found.found.name))
             if not await resumable(self.sessions, origin.state, found):
                 await origin_hold.aclose()  # closed meanwhile: memory starts over instead
                 return None
@@ -319,7 +319,7 @@ class TurnRunner:
 
     def _fork_next(self, turn: Turn, held: HeldSession | None, answer: list[dict], output_ids: list[int], finish: str) -> None:
         """Header-less: an answer (not a function call) forks the conversation's next state from the one the request
-        read, or starts one for a conversation worth keeping (``memt_proxy.session.branches``)."""
+        read, or starts one for a conversation worth keeping (``memt_proxy.session.headerless``)."""
         plan = turn.headerless
         keep = finish in ("stop", "length") and turn.policy == "auto" and (held is not None or plan.worth_keeping)
         reply = closed(self.reply_ids(turn, output_ids), self.chat_format.tokenizer.eos_token_id, finish == "length") if keep else []

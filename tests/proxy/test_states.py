@@ -47,7 +47,7 @@ def run(nano_checkpoint, chat, body, **limits):
 
 
 def kept(sessions: Sessions, tenant: str | None = None) -> list:
-    return [s for s in sessions.table if s.branch and s.exists and (tenant is None or s.tenant == tenant)]
+    return [s for s in sessions.table if s.is_kept and s.exists and (tenant is None or s.tenant == tenant)]
 
 
 async def converse(service: ChatService, tenant: str, name: str, turns: int) -> list[int]:

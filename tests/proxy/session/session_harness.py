@@ -31,7 +31,7 @@ from memt_proxy.http.embedded import InProcessNativeClient  # noqa: E402
 from memt_proxy.session.clock import Clock  # noqa: E402
 from memt_proxy.session.prefix_index import chain  # noqa: E402
 from memt_proxy.session.sessions import Sessions  # noqa: E402
-from memt_proxy.session.state import new_branch_name  # noqa: E402
+from memt_proxy.session.state import new_kept_name  # noqa: E402
 from memt_proxy.session.store import SessionRecordStore  # noqa: E402
 
 Hook = Callable[[str, str | None, dict], Awaitable[None] | None]
@@ -257,12 +257,12 @@ async def committed_session(sessions: Sessions, tenant: str, name: str, ids: lis
 
 def kept(sessions: Sessions) -> list:
     """The kept states (header-less kind) that exist upstream."""
-    return [state for state in sessions.table if state.branch and state.exists]
+    return [state for state in sessions.table if state.is_kept and state.exists]
 
 
 async def kept_state(sessions: Sessions, tenant: str, hashes: list[str], ids: list[int]):
-    """A kept state holding ``ids``, recorded as holding ``hashes`` and indexed by their chain, as ``branches`` makes one."""
-    async with sessions.turn(tenant, new_branch_name()) as held:
+    """A kept state holding ``ids``, recorded as holding ``hashes`` and indexed by their chain, as ``headerless`` makes one."""
+    async with sessions.turn(tenant, new_kept_name()) as held:
         state = held.state
         async with sessions.kept.room(state):
             await held.start()

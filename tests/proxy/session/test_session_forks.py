@@ -84,7 +84,7 @@ def test_keep_parent_copies_a_sessions_memory_and_indexes_it(tmp_path):
             twice = len(kept(sessions))
         parents = kept(sessions)
         parent = parents[0]
-        record = [b for b in sessions.records.branches() if b["name"] == parent.name]
+        record = [b for b in sessions.records.kept_states() if b["name"] == parent.name]
         return (state, parent, again, twice, h.memory(parent.native), sessions.prefixes.find(chain("t", [H1, H2])), record,
                 sessions.records.load(parent.native, 0), sessions.memory_tokens.held(parent), h.memory(state.native))
 
@@ -106,7 +106,7 @@ def test_closing_a_session_closes_the_states_kept_for_it(tmp_path):
             await sessions.keep_parent(held.state)
         parent = kept(sessions)[0]
         await sessions.admin("t", "a", "close")
-        return parent, h.native(parent.native), sessions.prefixes.find(chain("t", [H1])), SessionRecordStore(tmp_path / "records").branches()
+        return parent, h.native(parent.native), sessions.prefixes.find(chain("t", [H1])), SessionRecordStore(tmp_path / "records").kept_states()
 
     parent, native, found, branches = run(body, state=tmp_path)
     assert not parent.exists and native is None and found is None and branches == []

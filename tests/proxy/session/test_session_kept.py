@@ -10,7 +10,7 @@ import random
 
 from memt_proxy.errors import ProxyError
 from memt_proxy.session.prefix_index import chain
-from memt_proxy.session.state import new_branch_name
+from memt_proxy.session.state import new_kept_name
 from session_harness import kept, kept_state, run, turns
 
 H1, H2, H3 = "1" * 64, "2" * 64, "3" * 64
@@ -31,7 +31,7 @@ def test_kept_states_stay_within_the_bound_however_many_are_made_at_once():
 
         async def make(index: int):
             await turns(random.randrange(20))
-            async with sessions.turn("t", new_branch_name()) as held:
+            async with sessions.turn("t", new_kept_name()) as held:
                 try:
                     async with sessions.kept.room(held.state):
                         await held.start()
@@ -79,10 +79,10 @@ def test_a_kept_state_that_cannot_be_closed_now_is_kept_and_counted(tmp_path):
             closed = await sessions.kept.close(state)
         snapshot = dict(
             closed=closed, exists=state.exists, record=sessions.records.known(state.native),
-            branch=[b["name"] for b in sessions.records.branches()], native=h.native(state.native) is not None,
+            branch=[b["name"] for b in sessions.records.kept_states()], native=h.native(state.native) is not None,
             found=sessions.prefixes.find(chain("t", [H1])), counted=sessions.kept.closed,
         )
-        newcomer = sessions.state("t", new_branch_name())
+        newcomer = sessions.state("t", new_kept_name())
         room = await sessions.kept.make_room(newcomer)
         await other.control("release", state.native, lease=theirs)
         async with sessions.turn("t", state.name):
@@ -93,7 +93,7 @@ def test_a_kept_state_that_cannot_be_closed_now_is_kept_and_counted(tmp_path):
     assert snapshot == {"closed": False, "exists": True, "record": True, "branch": [state.name], "native": True, "found": None, "counted": 0}
     assert room is False  # the bound (1) counts it
     assert closed_later and not state.exists and native is None
-    assert not sessions.records.known(state.native) and sessions.records.branches() == [] and sessions.kept.closed == 1
+    assert not sessions.records.known(state.native) and sessions.records.kept_states() == [] and sessions.kept.closed == 1
 
 
 
@@ -114,7 +114,7 @@ def test_a_restarted_proxy_takes_over_the_recorded_states_forgets_those_gone_and
         left = kept(later)
         return dict(
             left=[state.native for state in left], closed=later.kept.closed, upstream=h.proxy_sessions(),
-            records=sorted(b["name"] for b in later.records.branches()), gone_found=later.prefixes.find(chain("t", [H1])),
+            records=sorted(b["name"] for b in later.records.kept_states()), gone_found=later.prefixes.find(chain("t", [H1])),
             gone_recorded=later.records.known(gone.native),
         ), states
 

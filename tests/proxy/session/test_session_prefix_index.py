@@ -1,8 +1,8 @@
-"""The prefix index (``memt_proxy.session.prefix_index``) and header-less planning (``memt_proxy.session.branches``), without I/O."""
+"""The prefix index (``memt_proxy.session.prefix_index``) and header-less planning (``memt_proxy.session.headerless``), without I/O."""
 
 from __future__ import annotations
 
-from memt_proxy.session.branches import plan_headerless
+from memt_proxy.session.headerless import plan_headerless
 from memt_proxy.session.prefix_index import PrefixIndex, chain, extend, root
 from memt_proxy.protocol import Message
 from memt_proxy.session.store import SessionRecordStore
@@ -28,14 +28,14 @@ def test_find_returns_the_deepest_head_and_a_moved_head_is_no_longer_found():
     index.move("b1", links[1])
     index.move("b2", links[3])
     found = index.find(links)
-    assert (found.depth, found.branch) == (4, "b2")
+    assert (found.depth, found.name) == (4, "b2")
     index.move("b2", chain("t", ["m1", "m2", "m3", "other"])[3])  # b2 moved elsewhere: its old head is gone
-    assert (index.find(links).depth, index.find(links).branch) == (2, "b1")
+    assert (index.find(links).depth, index.find(links).name) == (2, "b1")
     index.drop("b1")
     assert index.find(links) is None and len(index) == 1
     index.move("b3", links[3])
-    index.move("b4", links[3])  # one state, two branches: the newer one is found, the older forgotten
-    assert index.find(links).branch == "b4" and index.head("b3") is None
+    index.move("b4", links[3])  # one state, two kept states holding it: the newer one is found, the older forgotten
+    assert index.find(links).name == "b4" and index.head("b3") is None
 
 
 def test_answered_transcripts_are_bounded_and_make_a_history_worth_keeping():
@@ -57,7 +57,7 @@ def test_plan_resumes_from_the_earlier_messages_only_and_skips_instructions():
     links = chain("t", hashes)
     index.move("b", links[1])
     plan = plan_headerless(conversation, "t", index)
-    assert plan.found.depth == 2 and plan.found.branch == "b" and plan.hashes == hashes[:2]
+    assert plan.found.depth == 2 and plan.found.name == "b" and plan.hashes == hashes[:2]
     assert plan.links == tuple(links[:2]) and plan.link == links[2] and plan.conversation == tuple(hashes)
     assert plan_headerless(conversation, "other", index).found is None  # another tenant's chain
     # the turn itself is never part of what is found: the same history with a new question finds the same state
@@ -80,14 +80,14 @@ def test_a_state_is_made_once_per_transcript():
     assert index.reserve("c1")
 
 
-def test_branch_records_survive_a_new_store_and_go_with_the_session(tmp_path):
+def test_kept_state_records_survive_a_new_store_and_go_with_the_session(tmp_path):
     store = SessionRecordStore(tmp_path)
-    store.save_branch("p-1", "alpha", "~n1", "h1")
-    store.save_branch("p-2", "beta", "~n2", None, "p-named")
+    store.save_kept("p-1", "alpha", "~n1", "h1")
+    store.save_kept("p-2", "beta", "~n2", None, "p-named")
     (tmp_path / "branches" / "p-3.json").write_text("{not json")
-    assert SessionRecordStore(tmp_path).branches() == [
+    assert SessionRecordStore(tmp_path).kept_states() == [
         {"tenant": "alpha", "name": "~n1", "head": "h1", "origin": None}, {"tenant": "beta", "name": "~n2", "head": None, "origin": "p-named"},
     ]
     store.delete("p-1")
-    assert [b["name"] for b in store.branches()] == ["~n2"]
-    assert SessionRecordStore(None).branches() == []
+    assert [b["name"] for b in store.kept_states()] == ["~n2"]
+    assert SessionRecordStore(None).kept_states() == []

@@ -17,7 +17,7 @@ import pytest
 
 from memt_proxy.errors import Unavailable
 from memt_proxy.session import turn as turn_module
-from memt_proxy.session.branches import plan_headerless
+from memt_proxy.session.headerless import plan_headerless
 from memt_proxy.session.prefix_index import Found, chain
 from memt_proxy.session.state import PendingTurn
 from memt_proxy.session.transcript import message_hash

@@ -35,14 +35,14 @@ from typing import Awaitable, Callable
 from memt_proxy.errors import ProxyError, Unavailable
 from memt_proxy.session.prefix_index import Found, PrefixIndex, chain, extend, root
 from memt_proxy.protocol import Message
-from memt_proxy.session.state import new_branch_name
+from memt_proxy.session.state import new_kept_name
 from memt_proxy.session.sessions import HeldSession, Sessions, SessionState
 from memt_proxy.session.transcript import message_hash
 from memt_proxy.worker import off_loop
 
 log = logging.getLogger("memt.proxy")
 
-BRANCH_TRIES = 4  # lookups of one request, each after a branch it found had moved on
+RESUME_TRIES = 4  # lookups of one request, each after a kept state it found had moved on
 
 
 @dataclass
@@ -98,18 +98,18 @@ async def planned(sessions: Sessions, messages: list[Message] | list[dict], tena
 async def resume(sessions: Sessions, messages: list[Message] | list[dict], tenant: str, size: int) -> tuple[HeaderlessPlan, HeldSession | None, contextlib.AsyncExitStack]:
     """Where a header-less request resumes, for either surface: its plan, the deepest kept state it reaches held
     (``Sessions.turn``; checked under its lock, ``resumable``: one closed meanwhile is looked for again, up to
-    ``BRANCH_TRIES`` times), and the stack that lets that state go; None held: answered from its text (no state
+    ``RESUME_TRIES`` times), and the stack that lets that state go; None held: answered from its text (no state
     reached, or every state in use)."""
-    for attempt in range(BRANCH_TRIES):
+    for attempt in range(RESUME_TRIES):
         plan = await planned(sessions, messages, tenant, size)
         find_shared(sessions, plan)
-        if attempt == BRANCH_TRIES - 1:
+        if attempt == RESUME_TRIES - 1:
             plan.found = None  # the states it found kept going away: answered from the text
         hold = contextlib.AsyncExitStack()
         if plan.found is None:
             return plan, None, hold
         try:
-            held = await hold.enter_async_context(sessions.turn(tenant, plan.found.branch))
+            held = await hold.enter_async_context(sessions.turn(tenant, plan.found.name))
             if await resumable(sessions, held.state, plan):
                 return plan, held, hold
         except ProxyError as exc:
@@ -130,7 +130,7 @@ def find_shared(sessions: Sessions, plan: HeaderlessPlan) -> None:
     node made (its memory in the shared snapshot store), and finds it from then on."""
     if plan.found is not None or not sessions.records.shared:
         return
-    shared = sessions.records.branch_at(list(plan.links))
+    shared = sessions.records.kept_at(list(plan.links))
     if shared is not None:
         depth, name = shared
         sessions.prefixes.move(name, plan.links[depth - 1])
@@ -138,7 +138,7 @@ def find_shared(sessions: Sessions, plan: HeaderlessPlan) -> None:
 
 
 async def resumable(sessions: Sessions, state: SessionState, plan: HeaderlessPlan) -> bool:
-    """Whether the held branch ``state`` still holds a prefix of the request's earlier messages (adopting its
+    """Whether the held kept state ``state`` still holds a prefix of the request's earlier messages (adopting its
     native session first, e.g. after a proxy restart; one that is gone, e.g. closed to make room since the
     request found it, is not made again). If not, the index is told what it holds now."""
     if not state.exists and sessions.records.recorded_elsewhere(state.native):
@@ -188,7 +188,7 @@ def after_answer(
 
 async def _fork(sessions: Sessions, tenant: str, parent: str | None, link: str, hashes: list[str], ids: Callable[[], Awaitable[list[int]]]) -> None:
     try:
-        async with sessions.turn(tenant, new_branch_name()) as held:
+        async with sessions.turn(tenant, new_kept_name()) as held:
             state = held.state
             # indexed (the conversation's next request waits for it) and recorded before it exists upstream: a proxy
             # killed from here on leaves no native session its records do not name (a restart adopts or forgets it)

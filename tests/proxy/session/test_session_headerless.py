@@ -1,4 +1,4 @@
-"""``memt_proxy.session.branches`` on the in-process harness: ``plan_headerless`` finds the deepest kept state a
+"""``memt_proxy.session.headerless`` on the in-process harness: ``plan_headerless`` finds the deepest kept state a
 request's earlier messages reach (its tenant's only); ``after_answer`` forks one state, written once, however many
 identical answers ask for it; ``resume`` looks again when the state it found was closed before it held it."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from memt_proxy.session.branches import after_answer, plan_headerless, resume, resumable
+from memt_proxy.session.headerless import after_answer, plan_headerless, resume, resumable
 from memt_proxy.session.prefix_index import Found, PrefixIndex, chain
 from memt_proxy.session.state import native_session_id
 from memt_proxy.session.transcript import message_hash
@@ -137,7 +137,7 @@ def test_a_conversations_next_request_waits_for_the_state_its_answer_makes():
         return found.found, name
 
     found, name = run(body)
-    assert found.depth == 4 and found.branch == name
+    assert found.depth == 4 and found.name == name
 
 
 def test_resume_looks_again_when_the_state_it_found_was_closed():
@@ -229,7 +229,7 @@ def test_a_proxy_killed_while_a_state_is_made_leaves_no_native_session_without_a
 
 def test_every_kept_state_is_recorded_and_adopted_by_a_restarted_proxy(tmp_path):
     """A conversation's first state (from its opening: no parent) and the state forked from it are both recorded as
-    kept states (branch records, not only their session records): a restarted proxy takes both into its table, so
+    kept states (their kept-state records, not only their session records): a restarted proxy takes both into its table, so
     they count against the bound and are closed to make room like any other."""
     async def body(h):
         sessions = h.sessions
@@ -245,13 +245,13 @@ def test_every_kept_state_is_recorded_and_adopted_by_a_restarted_proxy(tmp_path)
         after_answer(sessions, second, [assistant("3")], parent=parent, keep=True, ids=ids)
         await settle(sessions)
         made = {state.native for state in kept(sessions)}
-        branches = {native_session_id(b["tenant"], b["name"]) for b in sessions.records.branches()}
+        recorded = {native_session_id(b["tenant"], b["name"]) for b in sessions.records.kept_states()}
         restarted = h.life()
         await restarted.check_upstream()
-        adopted = {state.native for state in restarted.table if state.branch and state.exists}
-        return made, branches, adopted, h.proxy_sessions()
+        adopted = {state.native for state in restarted.table if state.is_kept and state.exists}
+        return made, recorded, adopted, h.proxy_sessions()
 
-    made, branches, adopted, upstream = run(body, state=tmp_path)
+    made, recorded, adopted, upstream = run(body, state=tmp_path)
     assert len(made) == 2 and upstream == made
-    assert branches == made, f"kept states without a branch record: {sorted(made - branches)}"
+    assert recorded == made, f"kept states without a kept-state record: {sorted(made - recorded)}"
     assert adopted == made
