@@ -124,8 +124,9 @@ def _add_error_handlers(app: FastAPI, metrics: ProxyMetrics) -> None:
     @app.exception_handler(ProxyError)
     async def proxy_error(request: Request, exc: ProxyError) -> JSONResponse:
         metrics.observe_error(exc)
-        # no room now (sessions or states in use, a slot still leased by a client gone a moment ago): worth a retry soon
-        headers = {"Retry-After": str(RETRY_AFTER_SECONDS)} if exc.status == 429 else None
+        # no room now (sessions or states in use, a slot still leased by a client gone a moment ago; the core's queue
+        # full or the upstream not ready): worth a retry soon
+        headers = {"Retry-After": str(RETRY_AFTER_SECONDS)} if exc.status in (429, 503) else None
         return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
     @app.exception_handler(StarletteHTTPException)

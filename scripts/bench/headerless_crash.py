@@ -15,7 +15,7 @@ request cut by the kill is sent again, as an app would). Every native session on
 
 * while the first proxy ran (the largest value sampled), and right after the kill;
 * once the restarted proxy is up but before it adopted anything, and once it adopted its records (``/health/ready``
-  runs ``check_upstream`` → ``adopt_branches``, which closes recorded states beyond the bound whose lease is free);
+  runs ``check_upstream``, whose adoption of the recorded kept states (``KeptStates``, session/kept.py) closes recorded states beyond the bound whose lease is free);
 * while the rest of the load ran (largest), at the end, and once more after ``--lease-ttl`` passed and a few more
   conversations ran (every lease the killed proxy held has lapsed by then, so every state beyond the bound can be
   closed);

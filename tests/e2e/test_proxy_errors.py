@@ -250,6 +250,7 @@ def test_upstream_unreachable_is_503(nano_checkpoint):
                 response = http.post("/v1/chat/completions", json={**GOOD, **extra}, headers=headers)
                 assert time.monotonic() - started < 10
                 assert_openai_error(response, 503, type="upstream_error", code="upstream_unavailable")
+                assert response.headers["retry-after"] == "1"  # the SDKs wait that long before their automatic retry
             assert_openai_error(http.get("/v1/memt/sessions/s"), 503, type="upstream_error")
         with pytest.raises(openai.InternalServerError) as info:
             dead.openai("unused").chat.completions.create(**GOOD)
