@@ -23,7 +23,7 @@ from typing import Any, AsyncIterator
 import torch
 
 from memt_core.checkpoint import Checkpoint
-from memt_core.engine import budget, warmup
+from memt_core.engine import budget, paged_kv, warmup
 from memt_core.engine.admission import Admission
 from memt_core.engine.base import CommitInfo, Engine, EngineOptions, EngineStats, TokenEvent
 from memt_core.engine.device import cpu_threads, cuda_kv_budget, inductor_options, memory_budget  # noqa: F401 (cpu_threads re-exported)
@@ -144,7 +144,8 @@ class TorchEngine(Engine):
                 batch_sizes=options.warmup_batch_sizes, compiled=options.torch_compile, graphs=options.cuda_graphs)),
             "inductor_options": inductor_options(options.device) if options.torch_compile else None,
             "torch_threads": cpu_threads(options) or f"torch's default ({torch.get_num_threads()})",
-            "kv_cache": "grows per request (transformers DynamicCache)",
+            "kv_cache": (f"a paged pool of {paged_kv.BLOCK}-token blocks, allocated at start (--kv-pool paged)" if options.budget.kv_pool == "paged"
+                         else "grows per request (transformers DynamicCache)"),
             "ranks_served": options.parallel.world,
             **options.budget.describe(),
         }
@@ -456,8 +457,9 @@ class TorchEngine(Engine):
             job = self._waiting[0]
             need = self.admission.need(len(job.prompt), job.params.max_new_tokens)
             retained = self.store.retained_tokens() if self.admission.budget is not None else 0
-            if self.admission.room(need, retained):  # retained contexts are evicted before a query waits
-                retained -= self.store.evict_retained(self.admission.room(need, retained))
+            missing = self.admission.room(need, retained)
+            if missing:  # retained contexts are evicted before a query waits
+                retained -= self.store.evict_retained(missing)
             if not (job.cancelled or self.admission.fits(need, alone=not (self._running or admitted), retained=retained)):
                 break  # it waits, first in line, for running queries to end
             self._waiting.popleft()
