@@ -7,13 +7,15 @@ nothing of the service back: it returns where the turn is answered (``OnMemory``
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 from memt_proxy.chat.plan import ChatPlanner, regenerates
 from memt_proxy.protocol import ChatCompletionRequest
+from memt_proxy.request_context import RequestContext
 from memt_proxy.session.sessions import Sessions
 from memt_proxy.session.transcript import as_dict
-from memt_proxy.session.turn import OnMemory, TurnRunner
+from memt_proxy.session.turn import MemoryPlan, OnMemory, Turn, TurnRunner
 from memt_proxy.worker import off_loop
 
 __all__ = ["ChatMemory", "OnMemory"]
@@ -27,40 +29,38 @@ class ChatMemory:
         self.runner = runner
         self.plans = plans
 
-    async def named(
-        self, request: ChatCompletionRequest, *, tenant: str, session: str, policy: str, strict: bool, size: int, digest: str, retry: bool, key: str | None,
-    ) -> OnMemory:
+    async def named(self, request: ChatCompletionRequest, context: RequestContext, *, session: str, strict: bool) -> OnMemory:
         """The turn on the named session ``session`` (``strict``: a request that does not continue its memory is refused,
         not forked); a client's retry of the session's last committed turn gets that turn's answer."""
 
-        def plan(state, hashes=None):
-            return off_loop(size, self.plans.on_memory, request, state, policy, hashes)
+        def plan(memory: MemoryPlan, hashes=None):
+            return off_loop(context.size, self.on_memory, request, context, memory, hashes)
 
-        held, hold, prepare = await self.runner.hold_named(
-            tenant, session, request.messages, policy=policy, strict=strict, size=size, digest=digest, retry=retry, key=key,
-            plan=plan, starts_over=functools.partial(regenerates, request),
+        return await self.runner.hold_named(
+            context, session, request.messages, strict=strict, plan=plan, starts_over=functools.partial(regenerates, request),
         )
-        if held is None:  # a client's retry of the session's last committed turn
-            return OnMemory(replay=prepare)
-        return OnMemory(held, hold, prepare)
 
-    async def headerless(self, request: ChatCompletionRequest, *, tenant: str, policy: str, size: int, digest: str, retry: bool, key: str | None) -> OnMemory:
+    async def headerless(self, request: ChatCompletionRequest, context: RequestContext) -> OnMemory:
         """A conversation without X-MemT-Session, identified by its transcript (``memt_proxy.session.headerless``): resumed
         from the deepest kept state its earlier messages reach; with none, a plain generation. Behind the answer
         the conversation's next state is forked (``TurnRunner.after``). A client's retry gets the kept answer."""
-        kept = self.runner.retried(tenant, digest, retry, key)
+        kept = self.runner.retried(context.tenant, context.digest, context.retry, context.key)
         if kept is not None:
             return OnMemory(replay=kept)
 
-        def plain(found):
-            turn = self.plans.stateless(request, tenant)
+        def plain(memory: MemoryPlan) -> Turn:
+            prompt = self.plans.stateless(request)
             conversation = [as_dict(m) for m in request.messages if m.role not in ("system", "developer")]
-            earlier, opened = conversation[: len(found.hashes)], conversation[len(found.hashes):]
-            turn.opening = functools.partial(off_loop, size, self.plans.opening_ids, earlier, opened, turn.thinking, turn.prefix)
-            return turn
+            hashes = memory.headerless.hashes
+            earlier, opened = conversation[: len(hashes)], conversation[len(hashes):]
+            opening = functools.partial(off_loop, context.size, self.plans.opening_ids, earlier, opened, prompt.thinking, prompt.prefix)
+            return Turn(prompt, dataclasses.replace(memory, opening=opening), context)
 
         return await self.runner.hold_headerless(
-            tenant, request.messages, policy=policy, size=size, digest=digest, key=key,
-            plain=lambda found: off_loop(size, plain, found),
-            plan=lambda state, found: off_loop(size, self.plans.on_memory, request, state, policy, found.hashes),
+            context, request.messages, plain=lambda memory: off_loop(context.size, plain, memory),
+            plan=lambda memory, found: off_loop(context.size, self.on_memory, request, context, memory, found.hashes),
         )
+
+    def on_memory(self, request: ChatCompletionRequest, context: RequestContext, memory: MemoryPlan, hashes: list[str] | None = None) -> Turn:
+        """The turn on the memory a hold planned (``ChatPlanner.on_memory``: the part of the transcript it lacks)."""
+        return Turn(self.plans.on_memory(request, memory.state, hashes), memory, context)

@@ -1,4 +1,4 @@
-"""A chat completion request read into a ``Turn``: what the model sees and how it samples.
+"""A chat completion request read into a ``Prompt``: what the model sees and how it samples.
 
 Thinking on or off, the tools in the template, the forced start of a call (``tool_choice``), the structured-output
 grammar, the native sampling params, and the prompt: the whole transcript for a stateless request, or the part
@@ -11,7 +11,7 @@ from memt_core.client.chat_format import ChatFormat
 from memt_proxy.errors import BadRequest
 from memt_proxy.protocol import ChatCompletionRequest, NamedToolChoice, logprobs_sampling
 from memt_proxy.session.state import SessionState
-from memt_proxy.session.turn import Turn
+from memt_proxy.session.turn import Prompt
 from memt_proxy.structured import structure
 from memt_proxy.session.transcript import as_dict, check_turn, matches, split_transcript
 from memt_proxy.prompt import check_prefill, check_text_fits, encode, fit_output, forced_prefix, prompt_ids
@@ -21,7 +21,7 @@ SEED_MODULUS = 1 << 63  # native seeds are in [0, 2**63); OpenAI's may be negati
 
 
 class ChatPlanner:
-    """Makes the ``Turn`` of a chat completion request for one chat format and upstream (``sessions``: its limits)."""
+    """Makes the ``Prompt`` of a chat completion request for one chat format and upstream (``sessions``: its limits)."""
 
     def __init__(self, chat_format: ChatFormat, sessions, *, default_thinking: bool = False):
         self.chat_format = chat_format
@@ -75,7 +75,7 @@ class ChatPlanner:
             sampling[grammar.field] = grammar.source
         return sampling
 
-    def stateless(self, request: ChatCompletionRequest, tenant: str = "") -> Turn:
+    def stateless(self, request: ChatCompletionRequest) -> Prompt:
         """The whole transcript as the prompt; no memory."""
         thinking, tools, prefix, parallel = self.options(request)
         check_turn([m for m in request.messages if m.role not in ("system", "developer")])  # as with a session
@@ -84,14 +84,14 @@ class ChatPlanner:
         prompt = self.chat_format.conversation_ids(messages, tools=tools, enable_thinking=thinking) + encode(self.chat_format, prefix)
         check_prefill(prompt, self.sessions.upstream.max_prefill_tokens, "messages")
         sampling = self.sampling(request, prompt, tools)
-        return Turn(tenant, "off", prompt, thinking=thinking, sampling=sampling, prefix=prefix, stops=sampling.get("stop", []),
-                    parallel_tools=parallel, raw="json_schema" in sampling, request=request)
+        return Prompt(prompt, thinking=thinking, sampling=sampling, prefix=prefix, stops=sampling.get("stop", []), parallel_tools=parallel,
+                      raw="json_schema" in sampling)
 
     def opening_ids(self, earlier: list[dict], turn: list[dict], thinking: bool, prefix: str) -> list[int]:
         """A conversation's history and open turn as a session would commit them (its answer's ids follow)."""
         return self.chat_format.history_ids(earlier) + self.chat_format.open_turn_ids(turn, enable_thinking=thinking) + encode(self.chat_format, prefix)
 
-    def on_memory(self, request: ChatCompletionRequest, state: SessionState, policy: str, hashes: list[str] | None = None) -> Turn:
+    def on_memory(self, request: ChatCompletionRequest, state: SessionState, hashes: list[str] | None = None) -> Prompt:
         """The part of the transcript memory (``state``) lacks as the prompt; ``hashes``: the earlier messages' hashes
         when the caller has them (a header-less plan). A turn continuing one that waits for tool results continues it
         from the model's exact tokens; any other abandons it."""
@@ -115,9 +115,9 @@ class ChatPlanner:
             # a continued turn stays pending until this request ends it (or calls tools again), so that a retry after
             # a failure, here or in a restarted proxy, continues it too
             self.sessions.writes.set_pending(state, None)
-        return Turn(
-            state.tenant, policy, prompt, turn_ids + forced, context_ids, context, turn, split.context_hashes, thinking, sampling, prefix,
-            sampling.get("stop", []), parallel, "json_schema" in sampling, state, self.sessions.memory_tokens.held(state), request=request,
+        return Prompt(
+            prompt, turn_ids + forced, context_ids, context, turn, split.context_hashes, thinking, sampling, prefix, sampling.get("stop", []),
+            parallel, "json_schema" in sampling,
         )
 
 

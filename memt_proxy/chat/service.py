@@ -18,9 +18,9 @@ completion (see ``ChatService``).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
+from dataclasses import dataclass
 from typing import AsyncIterator
 
 from memt_core.client.chat_format import ChatFormat
@@ -30,9 +30,9 @@ from memt_proxy.chat.plan import SEED_MODULUS, ChatPlanner
 from memt_proxy.chat.stream import deltas, replayed
 from memt_proxy.errors import BadRequest, NotFound
 from memt_proxy.protocol import ChatCompletionRequest, Usage, choice, chunk_body, completion_id, logprobs_content, response_body
-from memt_proxy.session.turn import Turn, TurnRunner
+from memt_proxy.request_context import RequestContext
+from memt_proxy.session.turn import NO_MEMORY, Prompt, Turn, TurnRunner
 from memt_proxy.session.sessions import HeldSession, Sessions
-from memt_proxy.session.retries import request_digest
 from memt_proxy.structured import RawStream
 from memt_proxy.worker import off_loop
 
@@ -74,20 +74,18 @@ class ChatService:
         # which memory a turn runs on: a named session, or the kept state a header-less conversation reaches
         self.memory = ChatMemory(sessions, self.runner, self.plans)
 
-    async def complete(
-        self, request: ChatCompletionRequest, *, tenant: str, session: str | None, memory: str | None, on_divergence: str | None = None,
-        retry: bool = False, key: str | None = None,
-    ) -> dict | AsyncIterator[dict]:
-        """A chat.completion body, or (``stream``) an iterator of chat.completion.chunk bodies. ``retry``: the client
-        says it sends this request again (the OpenAI SDKs' ``x-stainless-retry-count``); ``key``: its
-        ``Idempotency-Key``. A retry of an answered request gets its kept answer; the same request without either is
-        a regenerate: a new answer, which memory keeps in place of the old one."""
+    async def complete(self, request: ChatCompletionRequest, context: RequestContext, *, session: str | None, on_divergence: str | None = None,
+                       ) -> dict | AsyncIterator[dict]:
+        """A chat.completion body, or (``stream``) an iterator of chat.completion.chunk bodies. ``context``: the
+        request's tenant, memory policy, size, digest, and whether the client says it retries (the OpenAI SDKs'
+        ``x-stainless-retry-count``) or repeats an ``Idempotency-Key``. A retry of an answered request gets its kept
+        answer; the same request without either is a regenerate: a new answer, which memory keeps in place of the old one."""
         ignored = request.validate_semantics()
         if ignored:
             log.info("ignoring request field(s): %s", ", ".join(ignored))
         if request.model not in self.accepted:
             raise NotFound(f"model {request.model!r} does not exist; this proxy serves {', '.join(self.model_names)}", param="model", code="model_not_found")
-        policy = (memory or self.default_memory).lower()
+        policy = context.policy
         if policy not in POLICIES:
             raise BadRequest(f"X-MemT-Memory must be one of {', '.join(POLICIES)}", param="X-MemT-Memory")
         if (request.n or 1) > 1 and session is not None and policy != "off":
@@ -96,114 +94,99 @@ class ChatService:
                 "leave out X-MemT-Session or send X-MemT-Memory: off", param="n", code="unsupported_parameter",
             )
         await self.sessions.check_upstream()
-        dumped = request.model_dump_json()  # once: the size that decides where preparing runs, and the retry digest
-        size = len(dumped)
+        answering = ChatAnswer(self, request)
         if policy == "off" or session is None and ((request.n or 1) > 1 or not self.headerless):
-            return await self._respond(await off_loop(size, self.plans.stateless, request, tenant), None, None)
-        digest = request_digest(dumped)
+            turn = Turn(await off_loop(context.size, self.plans.stateless, request), NO_MEMORY, context)
+            return await self.runner.run(OnMemory(turn=turn), answering, stream=bool(request.stream))
         if session is None:
-            on = await self.memory.headerless(request, tenant=tenant, policy=policy, size=size, digest=digest, retry=retry, key=key)
+            on = await self.memory.headerless(request, context)
         else:
-            strict = (on_divergence or self.on_divergence) in STRICT
-            on = await self.memory.named(request, tenant=tenant, session=session, policy=policy, strict=strict, size=size, digest=digest, retry=retry, key=key)
-        return await self._on_memory(request, on)
-
-    async def _on_memory(self, request: ChatCompletionRequest, on: OnMemory):
-        """The answer where ``ChatMemory`` says: the kept answer replayed, a plain generation's, or the turn on the held
-        memory (``TurnRunner.answer``: a new session is created beside its answer)."""
-        if on.replay is not None:
-            return replayed(request, on.replay)
-        if on.held is None:
-            return await self._respond(on.turn, None, None)
-        return await self.runner.answer(on.held, on.hold, on.prepare, stream=bool(request.stream), run=self._run, streamed=self._stream, create=True)
-
-    async def _respond(self, turn: Turn, held: HeldSession | None, hold: contextlib.AsyncExitStack | None):
-        """A stateless turn's answer: a body, or a stream."""
-        return self._stream(turn, held, hold) if turn.request.stream else await self._run(turn, held)
+            on = await self.memory.named(request, context, session=session, strict=(on_divergence or self.on_divergence) in STRICT)
+        # a new session is created beside its (non-streamed) answer (``TurnRunner.answer``)
+        return await self.runner.run(on, answering, stream=bool(request.stream), create=True)
 
     # ---- generation
 
-    def _text(self, turn: Turn, output_ids: list[int], *, final: bool, decoder=None) -> tuple[str, bool]:
+    def _text(self, prompt: Prompt, output_ids: list[int], *, final: bool, decoder=None) -> tuple[str, bool]:
         """Decoded output with the forced prefix and stop strings applied; True if a stop string ended it.
 
         A stream passes its ``ChatFormat.output_decoder()``, so each frame decodes only its new tokens."""
         decoded = decoder.update(output_ids, final=final) if decoder is not None else self.chat_format.decode(output_ids)
-        text = turn.prefix + decoded
-        found = [at for at in (text.find(stop) for stop in turn.stops) if at >= 0]
+        text = prompt.prefix + decoded
+        found = [at for at in (text.find(stop) for stop in prompt.stops) if at >= 0]
         if found:  # the earliest stop string wins, whichever its place in the list
             return text[: min(found)], True
-        if not final and turn.stops:
-            text = hold_partial(text, tuple(turn.stops))
+        if not final and prompt.stops:
+            text = hold_partial(text, tuple(prompt.stops))
         return text, False
 
-    def _message(self, turn: Turn, text: str, finish: str) -> tuple[dict, str]:
-        """The assistant message of the answer ``text`` (its markup parsed) and its finish reason."""
-        turn.kept = text
-        if turn.raw:
-            return {"role": "assistant", "content": text}, finish
-        parsed = self.parser.parse(text, thinking=turn.thinking)
-        turn.kept = parsed.text
+    def _message(self, prompt: Prompt, text: str, finish: str) -> tuple[dict, str, str]:
+        """The assistant message of the answer ``text`` (its markup parsed), its finish reason, and its text as the app
+        receives it (what memory keeps, ``TurnRunner.reply_ids``)."""
+        if prompt.raw:
+            return {"role": "assistant", "content": text}, finish, text
+        parsed = self.parser.parse(text, thinking=prompt.thinking)
         calls = [c.to_openai() for c in parsed.tool_calls]
-        if calls and not turn.parallel_tools:
+        if calls and not prompt.parallel_tools:
             calls = calls[:1]
         message: dict = {"role": "assistant", "content": parsed.content or (None if calls else "")}
         if parsed.reasoning is not None:
             message["reasoning_content"] = parsed.reasoning
         if calls and finish != "length":
             message["tool_calls"] = calls
-            return message, "tool_calls"
-        return message, finish
+            return message, "tool_calls", parsed.text
+        return message, finish, parsed.text
 
-    def _after(self, turn: Turn, held: HeldSession | None, output_ids: list[int], message: dict, finish: str) -> None:
-        usage = Usage(prompt_tokens=len(turn.prompt), completion_tokens=len(output_ids), total_tokens=len(turn.prompt) + len(output_ids))
-        self.runner.after(turn, held, [message], output_ids, finish, answered={"message": message, "finish": finish, "usage": usage.model_dump()})
+    def _after(self, turn: Turn, held: HeldSession | None, output_ids: list[int], message: dict, finish: str, kept: str) -> None:
+        prompt_tokens = len(turn.prompt.ids)
+        usage = Usage(prompt_tokens=prompt_tokens, completion_tokens=len(output_ids), total_tokens=prompt_tokens + len(output_ids))
+        self.runner.after(turn, held, [message], output_ids, finish, kept=kept, answered={"message": message, "finish": finish, "usage": usage.model_dump()})
 
-    def _choice_sampling(self, turn: Turn, index: int) -> dict:
+    def _choice_sampling(self, prompt: Prompt, index: int) -> dict:
         """Choice ``index``'s sampling params: its own seed when the request gave one (``seed + index``)."""
-        if index == 0 or "seed" not in turn.sampling:
-            return turn.sampling
-        return {**turn.sampling, "seed": (turn.sampling["seed"] + index) % SEED_MODULUS}
+        if index == 0 or "seed" not in prompt.sampling:
+            return prompt.sampling
+        return {**prompt.sampling, "seed": (prompt.sampling["seed"] + index) % SEED_MODULUS}
 
-    async def _run(self, turn: Turn, held: HeldSession | None) -> dict:
-        request = turn.request
+    async def _run(self, request: ChatCompletionRequest, turn: Turn, held: HeldSession | None) -> dict:
+        prompt = turn.prompt
 
         async def one(index: int) -> tuple[dict, int]:
-            body = await self.runner.generate(turn, held, self._choice_sampling(turn, index))
+            body = await self.runner.generate(turn, held, self._choice_sampling(prompt, index))
             output_ids = body["output_ids"]
-            text, stopped = self._text(turn, output_ids, final=True)
+            text, stopped = self._text(prompt, output_ids, final=True)
             finish = "stop" if stopped or (body["meta_info"].get("finish_reason") or {}).get("type") == "stop" else "length"
-            message, finish = self._message(turn, text, finish)
-            self._after(turn, held, output_ids, message, finish)
+            message, finish, kept = self._message(prompt, text, finish)
+            self._after(turn, held, output_ids, message, finish, kept)
             logprobs = logprobs_content(body["meta_info"]) if request.logprobs else None
             return choice(index, message, finish, logprobs), len(output_ids)
 
         results = [await one(0)] if (request.n or 1) == 1 else await asyncio.gather(*(one(index) for index in range(request.n)))
         completion = sum(count for _, count in results)
         self.runner.usage(turn, completion)
-        usage = Usage(prompt_tokens=len(turn.prompt), completion_tokens=completion, total_tokens=len(turn.prompt) + completion)
+        usage = Usage(prompt_tokens=len(prompt.ids), completion_tokens=completion, total_tokens=len(prompt.ids) + completion)
         return response_body(id=completion_id(), model=request.model, choices=[c for c, _ in results], usage=usage)
 
     # ---- streaming
 
-    def _stream(self, turn: Turn, held: HeldSession | None, hold: contextlib.AsyncExitStack | None) -> AsyncIterator[dict]:
-        return self.runner.streaming(turn, hold, self._chunks(turn, held))
-
-    async def _chunks(self, turn: Turn, held: HeldSession | None) -> AsyncIterator[dict]:
-        request, cid, created = turn.request, completion_id(), int(time.time())
+    async def _chunks(self, request: ChatCompletionRequest, turn: Turn, held: HeldSession | None) -> AsyncIterator[dict]:
+        cid, created = completion_id(), int(time.time())
         completion = 0
         for index in range(request.n or 1):  # n > 1 (stateless only): the choices one after the other
             counted: list[int] = []
-            async for chunk in self._stream_choice(turn, held, index, cid, created, counted):
+            async for chunk in self._stream_choice(request, turn, held, index, cid, created, counted):
                 yield chunk
             completion += counted[0]
         self.runner.usage(turn, completion)
         if request.stream_options and request.stream_options.include_usage:
-            usage = Usage(prompt_tokens=len(turn.prompt), completion_tokens=completion, total_tokens=len(turn.prompt) + completion)
+            prompt_tokens = len(turn.prompt.ids)
+            usage = Usage(prompt_tokens=prompt_tokens, completion_tokens=completion, total_tokens=prompt_tokens + completion)
             yield chunk_body(id=cid, model=request.model, created=created, delta=None, usage=usage)
 
-    async def _stream_choice(self, turn: Turn, held: HeldSession | None, index: int, cid: str, created: int, counted: list[int]) -> AsyncIterator[dict]:
+    async def _stream_choice(self, request: ChatCompletionRequest, turn: Turn, held: HeldSession | None, index: int, cid: str, created: int,
+                             counted: list[int]) -> AsyncIterator[dict]:
         """One choice's chunks (role, deltas with their log-probabilities, finish); ``counted`` gets its token count."""
-        request = turn.request
+        prompt = turn.prompt
 
         def chunk(delta: dict, finish_reason: str | None = None) -> dict:
             nonlocal sent
@@ -215,28 +198,46 @@ class ChatService:
 
         sent, meta = 0, {}
         yield chunk_body(id=cid, model=request.model, created=created, delta={"role": "assistant", "content": ""}, index=index)
-        stream = RawStream() if turn.raw else self.parser.stream(thinking=turn.thinking)
+        stream = RawStream() if prompt.raw else self.parser.stream(thinking=prompt.thinking)
         decoder = self.chat_format.output_decoder()
         output_ids: list[int] = []
         finish = "length"
-        upstream = self.runner.generate_stream(turn, held, self._choice_sampling(turn, index))
+        upstream = self.runner.generate_stream(turn, held, self._choice_sampling(prompt, index))
         try:
             async for body in upstream:
                 output_ids, meta = body["output_ids"], body["meta_info"]
-                text, stopped = self._text(turn, output_ids, final=False, decoder=decoder)
+                text, stopped = self._text(prompt, output_ids, final=False, decoder=decoder)
                 reason = (meta.get("finish_reason") or {}).get("type")
-                for delta in deltas(stream.feed(text), turn.parallel_tools):
+                for delta in deltas(stream.feed(text), prompt.parallel_tools):
                     yield chunk(delta)
                 if stopped or reason is not None:
                     finish = "stop" if stopped or reason == "stop" else "length"
                     break
         finally:
             await upstream.aclose()
-        text, stopped = self._text(turn, output_ids, final=True, decoder=decoder)
+        text, stopped = self._text(prompt, output_ids, final=True, decoder=decoder)
         finish = "stop" if stopped else finish
-        for delta in deltas(stream.finish(text), turn.parallel_tools):
+        for delta in deltas(stream.finish(text), prompt.parallel_tools):
             yield chunk(delta)
-        message, finish = self._message(turn, text, finish)
-        self._after(turn, held, output_ids, message, finish)
+        message, finish, kept = self._message(prompt, text, finish)
+        self._after(turn, held, output_ids, message, finish, kept)
         yield chunk({}, finish)
         counted.append(len(output_ids))
+
+
+@dataclass(frozen=True)
+class ChatAnswer:
+    """The service's side of ``TurnRunner.run`` for one request (an ``Answerer``): its turn answered as a
+    chat.completion body or as chunks, or its kept answer replayed."""
+
+    service: ChatService
+    request: ChatCompletionRequest
+
+    def answer(self, turn: Turn, held: HeldSession | None):
+        return self.service._run(self.request, turn, held)
+
+    def events(self, turn: Turn, held: HeldSession | None) -> AsyncIterator[dict]:
+        return self.service._chunks(self.request, turn, held)
+
+    def replayed(self, kept: dict):
+        return replayed(self.request, kept)

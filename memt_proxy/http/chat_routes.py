@@ -8,7 +8,7 @@ from sse_starlette.sse import EventSourceResponse
 from memt_proxy.errors import BadRequest
 from memt_proxy.http.metrics import ProxyMetrics
 from memt_proxy.protocol import ChatCompletionRequest
-from memt_proxy.http.route_inputs import CONTROLS, DIVERGENCE_HEADER, SESSION_HEADER, Inputs, request_body, sse
+from memt_proxy.http.route_inputs import CONTROLS, DIVERGENCE_HEADER, SESSION_HEADER, Inputs, request_body, request_context, sse
 from memt_proxy.chat.service import DIVERGENCE, ChatService
 
 
@@ -26,10 +26,9 @@ def add_chat_routes(app: FastAPI, service: ChatService, inputs: Inputs, metrics:
         if controls.on_divergence not in (None, *DIVERGENCE):
             where = DIVERGENCE_HEADER if DIVERGENCE_HEADER in request.headers else f"metadata.{CONTROLS[DIVERGENCE_HEADER]}"
             raise BadRequest(f"{where} must be one of {', '.join(DIVERGENCE)}", param=where)
-        result = await service.complete(
-            completion, tenant=tenant, session=inputs.session(x_memt_session), memory=controls.memory, on_divergence=controls.on_divergence,
-            retry=controls.retry, key=controls.idempotency_key,
-        )
+        session = inputs.session(x_memt_session)
+        context = request_context(tenant, completion, controls, service.default_memory)
+        result = await service.complete(completion, context, session=session, on_divergence=controls.on_divergence)
         if isinstance(result, dict):
             return result
         return EventSourceResponse(sse(result, metrics.observe_stream_error), sep="\n", ping=15)

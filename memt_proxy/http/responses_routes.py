@@ -17,7 +17,7 @@ from memt_proxy.errors import BadRequest, ProxyError, from_native
 from memt_proxy.http.metrics import ProxyMetrics
 from memt_proxy.responses.service import ResponsesService
 from memt_proxy.responses.protocol import ConversationRequest, ItemsRequest, ResponseRequest
-from memt_proxy.http.route_inputs import Inputs, request_body
+from memt_proxy.http.route_inputs import Inputs, request_body, request_context
 
 ORDER = Query(default="desc", pattern="^(asc|desc)$")
 LIMIT = Query(default=20, ge=1, le=100)
@@ -33,7 +33,7 @@ def add_responses_routes(app: FastAPI, service: ResponsesService, inputs: Inputs
         tenant = inputs.tenant(request)
         body = await inputs.model(request, ResponseRequest)
         controls = inputs.controls(request, body.metadata)
-        result = await service.create(body, tenant=tenant, memory=controls.memory, retry=controls.retry, key=controls.idempotency_key)
+        result = await service.create(body, request_context(tenant, body, controls, service.default_memory))
         if isinstance(result, dict):
             return result
         return EventSourceResponse(_sse(result, metrics.observe_stream_error), sep="\n", ping=15)

@@ -1,5 +1,5 @@
 """What every route of the proxy reads from a request, read one way: its tenant, its session header, its
-per-request controls, its body.
+per-request controls, its body; and from them, once for either surface, the request's ``RequestContext``.
 
 Each per-request control (memory policy, on-divergence, idempotency key) is a header or, the same value, a
 key of the body's ``metadata`` (``CONTROLS``): a router such as SMG forwards the body's ``metadata`` but drops
@@ -28,6 +28,8 @@ from memt_core.errors import InvalidRequest, PayloadTooLarge, RequestTimeout
 from memt_core.protocol.events import check_name
 from memt_core.request_body import read_json
 from memt_proxy.errors import BadRequest, BodyTimeout, ProxyError, TooLarge, Unauthorized, from_native
+from memt_proxy.request_context import RequestContext
+from memt_proxy.session.retries import request_digest
 
 SESSION_HEADER = "X-MemT-Session"
 MEMORY_HEADER = "X-MemT-Memory"
@@ -129,6 +131,14 @@ class Inputs:
             first = exc.errors()[0]
             param = _field_path(body, first.get("loc", ())) or None
             raise BadRequest(f"invalid request: {param}: {first.get('msg')}", param=param) from None
+
+
+def request_context(tenant: str, body: BaseModel, controls: Controls, default_memory: str) -> RequestContext:
+    """The context of a request with ``body`` (either surface's model), built once: its tenant, its memory policy (the
+    control, else the proxy's ``default_memory``, --memory), its JSON dumped once for its size (where its prompt is
+    prepared, ``worker.off_loop``) and its digest (a retry of the same request has the same), and its retry controls."""
+    dumped = body.model_dump_json()
+    return RequestContext(tenant, (controls.memory or default_memory).lower(), len(dumped), request_digest(dumped), controls.retry, controls.idempotency_key)
 
 
 def keyed(request: Request, keys) -> Any:

@@ -26,9 +26,9 @@ Completions (``memt_proxy.structured``); the turn runner both surfaces share (``
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
+from dataclasses import dataclass
 from typing import AsyncIterator
 
 from memt_core.client.chat_format import ChatFormat
@@ -36,7 +36,7 @@ from memt_core.client.parsers import OutputParser
 from memt_proxy.errors import NotFound, ProxyError
 from memt_proxy.protocol import logprobs_content
 from memt_proxy.request_context import RequestContext
-from memt_proxy.responses.plan import ResponsesPlanner
+from memt_proxy.responses.plan import ResponsesPlanner, ResponseTurn
 from memt_proxy.responses.protocol import (
     Events, InputItems, ResponseRequest, function_call_item, item_messages, message_item, new_id, reasoning_item, response_object, usage,
 )
@@ -45,8 +45,7 @@ from memt_proxy.responses.stored import StoredResponses
 from memt_proxy.responses.stream import StreamedItems, replayed
 from memt_proxy.responses.threads import Threads, ThreadTurn
 from memt_proxy.session.sessions import HeldSession, Sessions
-from memt_proxy.session.turn import Turn, TurnRunner
-from memt_proxy.session.retries import request_digest
+from memt_proxy.session.turn import NO_MEMORY, MemoryPlan, OnMemory, Turn, TurnRunner
 from memt_proxy.structured import RawStream
 from memt_proxy.worker import off_loop
 
@@ -77,54 +76,57 @@ class ResponsesService:
 
     # ------------------------------------------------------------------ POST /v1/responses
 
-    async def create(self, request: ResponseRequest, *, tenant: str, memory: str | None = None, retry: bool = False, key: str | None = None) -> dict | AsyncIterator[dict]:
-        """A response object, or (``stream``) an iterator of Responses stream events; ``memory``: the X-MemT-Memory
-        policy (below; None: the proxy's default). ``retry``: the
-        client says it sends this request again (the openai SDK's ``x-stainless-retry-count``), as does a repeated
-        ``key`` (``Idempotency-Key``): if an identical request was answered on memory, that response is returned again
-        and nothing is committed twice (an identical input that is no retry is a new turn: "Next." may well be said
-        twice)."""
+    async def create(self, request: ResponseRequest, context: RequestContext) -> dict | AsyncIterator[dict]:
+        """A response object, or (``stream``) an iterator of Responses stream events. ``context.policy``: the
+        X-MemT-Memory policy (below, else the proxy's --memory); ``context.retry``: the client says it sends this request
+        again (the openai SDK's ``x-stainless-retry-count``), as does a repeated ``context.key`` (``Idempotency-Key``): if
+        an identical request was answered on memory, that response is returned again and nothing is committed twice (an
+        identical input that is no retry is a new turn: "Next." may well be said twice)."""
         ignored = request.checked()
         if ignored:
             log.info("ignoring request field(s): %s", ", ".join(ignored))
         if request.model not in self.accepted:
             raise NotFound(f"model {request.model!r} does not exist; this proxy serves {', '.join(self.model_names)}", param="model", code="model_not_found")
-        dumped = request.model_dump_json()
-        # the memory policy (X-MemT-Memory, else --memory): "read" reads memory and commits nothing (the turn stays
-        # context, sent with the next input); "off" answers an input without conversation or previous response from
-        # its text (one that names them asks for that memory: read and committed as "auto")
-        context = RequestContext(tenant, memory or self.default_memory, len(dumped), request_digest(dumped), retry, key)
-        kept = self.runner.retried(tenant, context.digest, retry, key)
+        # the memory policy: "read" reads memory and commits nothing (the turn stays context, sent with the next input);
+        # "off" answers an input without conversation or previous response from its text (one that names them asks
+        # for that memory: read and committed as "auto")
+        answering = ResponseAnswer(self, request)
+        kept = self.runner.retried(context.tenant, context.digest, context.retry, context.key)
         if kept is not None:
             log.info("an identical retry of a response: answered again")
-            return replayed(kept) if request.stream else kept
+            return answering.replayed(kept)
         items = await off_loop(context.size, lambda: InputItems.of(request.input).items)
         await self.sessions.check_upstream()
         if request.conversation_id is not None or request.previous_response_id is not None:
-            return await self._on_thread(request, context, items, await self.threads.hold(request, context))
-        if self.headerless and context.policy != "off":
-            return await self._headerless(request, context, items)
-        plan = await self._planned(request, context, items, None, [], [], None)
-        return self._stream(plan, None, None) if request.stream else await self._run(plan, None)
+            on = await self._on_thread(request, context, items, await self.threads.hold(request, context))
+        elif self.headerless and context.policy != "off":
+            on = await self._headerless(request, context, items)
+        else:
+            on = OnMemory(turn=await self._planned(request, context, items, None, [], [], None))
+        return await self.runner.run(on, answering, stream=bool(request.stream))
 
-    async def _planned(self, request: ResponseRequest, context: RequestContext, *args, **kwargs) -> Turn:
-        """``ResponsesPlanner.plan`` for the request's tenant, off the event loop for a large request (``worker.off_loop``)."""
-        return await off_loop(context.size, self.plans.plan, request, context.tenant, *args, **kwargs)
+    async def _planned(self, request: ResponseRequest, context: RequestContext, items: list[dict], thread, uncommitted: list[dict], calls: list[str],
+                       pending, memory: MemoryPlan = NO_MEMORY, *, base_version: int = 0, as_text: int = 0, held: int = 0, lift: bool = False) -> ResponseTurn:
+        """The request's turn on ``memory``: its prompt (``ResponsesPlanner.plan``, off the event loop for a large
+        request, ``worker.off_loop``) and what the surface keeps beside it."""
+        prompt = await off_loop(context.size, self.plans.plan, request, items, uncommitted, calls, pending, held=held, lift=lift)
+        return ResponseTurn(Turn(prompt, memory, context), thread, items, base_version, as_text)
 
-    async def _on_thread(self, request: ResponseRequest, context: RequestContext, items: list[dict], on: ThreadTurn):
-        """Answer on a conversation or chain (``Threads.hold``): its memory confirmed before the prompt is planned on it
-        (a refusal of the plan creates nothing upstream), the held session let go when the answer ends."""
+    async def _on_thread(self, request: ResponseRequest, context: RequestContext, items: list[dict], on: ThreadTurn) -> OnMemory:
+        """Where a request on a conversation or chain (``Threads.hold``) is answered: its memory confirmed before the
+        prompt is planned on it (a refusal of the plan creates nothing upstream), the held session let go when the
+        answer ends. Its answer is kept for a retry in the runner's ``answers`` (and the thread's record)."""
         if on.replay is not None:
-            return replayed(on.replay) if request.stream else on.replay
+            return OnMemory(replay=on.replay)
         thread, held, hold = on.thread, on.held, on.hold
         handed_off = False
         try:
             if context.policy == "off":
                 known = await self.threads.known_messages(context, thread)
-                plan = await self._planned(request, context, items, thread, known, thread.calls, None)
-                plan.base_version, plan.digest, plan.key, plan.as_text = thread.version, context.digest, context.key, len(known) - len(thread.uncommitted)
+                plan = await self._planned(request, context, items, thread, known, thread.calls, None, MemoryPlan("off", retries=self.runner.answers),
+                                           base_version=thread.version, as_text=len(known) - len(thread.uncommitted))
                 handed_off = True
-                return await self._answer(plan, None, hold)
+                return OnMemory(hold=hold, turn=plan)
             await self._planned(request, context, items, thread, thread.uncommitted, thread.calls, None)  # a refusal creates nothing upstream
             await held.start(with_answer=True)
             if on.restore is not None:
@@ -132,123 +134,130 @@ class ResponsesService:
             state = held.state
             if on.restore is None:
                 await self.threads.confirm(held, thread)
-            plan = await self._planned(request, context, items, thread, thread.uncommitted, thread.calls, state.pending)
-            plan.base_version, plan.state, plan.policy = state.version, state, "read" if context.policy == "read" else "auto"
-            plan.saved, plan.digest, plan.key = self.memory_tokens.held(state), context.digest, context.key
+            memory = self.runner.memory("read" if context.policy == "read" else "auto", state, retries=self.runner.answers)
+            plan = await self._planned(request, context, items, thread, thread.uncommitted, thread.calls, state.pending, memory, base_version=state.version)
             handed_off = True
-            return await self._answer(plan, held, hold)
+            return OnMemory(held, hold, turn=plan)
         finally:
             if not handed_off:
                 await hold.aclose()
 
-    async def _headerless(self, request: ResponseRequest, context: RequestContext, items: list[dict]):
+    async def _headerless(self, request: ResponseRequest, context: RequestContext, items: list[dict]) -> OnMemory:
         """An input with neither conversation nor previous_response_id, as a header-less chat request: resumed
         from the deepest kept state of the history it carries, its next state forked behind the answer
         (``memt_proxy.session.headerless``). Its system/developer items are instructions, as a chat request's system messages:
         sent with every input, never kept in a state."""
         messages = await off_loop(context.size, item_messages, items)
 
-        async def on_memory(state, found) -> Turn:
-            plan = await self._planned(request, context, items, None, [], [], None, held=len(state.committed), lift=True)
-            plan.state, plan.saved = state, self.memory_tokens.held(state)
-            return plan
+        def on_memory(memory: MemoryPlan, found):
+            return self._planned(request, context, items, None, [], [], None, memory, held=len(memory.state.committed), lift=True)
 
-        on = await self.runner.hold_headerless(
-            context.tenant, messages, policy=context.policy, size=context.size, digest=context.digest, key=context.key,
-            plain=lambda found: self._planned(request, context, items, None, [], [], None, lift=True), plan=on_memory,
+        return await self.runner.hold_headerless(
+            context, messages, plain=lambda memory: self._planned(request, context, items, None, [], [], None, memory, lift=True), plan=on_memory,
         )
-        if on.held is None:
-            return self._stream(on.turn, None, None) if request.stream else await self._run(on.turn, None)
-        return await self.runner.answer(on.held, on.hold, on.prepare, stream=bool(request.stream), run=self._run, streamed=self._stream)
-
-    async def _answer(self, plan: Turn, held: HeldSession | None, hold: contextlib.AsyncExitStack):
-        """Answer ``plan`` on the held session, which is let go when the answer ends (a stream: when it does)."""
-        answer = self.runner.handed(plan, held, hold, stream=bool(plan.request.stream), run=self._run, streamed=self._stream)
-        return answer if plan.request.stream else await answer
 
     # ------------------------------------------------------------------ generation
 
-    async def _run(self, plan: Turn, held: HeldSession | None) -> dict:
-        body = await self.runner.generate(plan, held)
+    async def _run(self, request: ResponseRequest, plan: ResponseTurn, held: HeldSession | None) -> dict:
+        prompt = plan.turn.prompt
+        body = await self.runner.generate(plan.turn, held)
         output_ids = body["output_ids"]
-        logprobs = logprobs_content(body["meta_info"]) if plan.request.logprobs else None
-        if plan.raw:
-            return await self._settle(plan, held, new_id("resp"), int(time.time()), [message_item(self.chat_format.decode(output_ids), logprobs=logprobs)], output_ids, _finish(body))
-        parsed = self.parser.parse(plan.prefix + self.chat_format.decode(output_ids), thinking=plan.thinking)
-        plan.kept = parsed.text  # parsed once: the text the app receives is what memory keeps (``TurnRunner.reply_ids``)
+        logprobs = logprobs_content(body["meta_info"]) if request.logprobs else None
+        if prompt.raw:
+            output = [message_item(self.chat_format.decode(output_ids), logprobs=logprobs)]
+            return await self._settle(request, plan, held, new_id("resp"), int(time.time()), output, output_ids, _finish(body), None)
+        parsed = self.parser.parse(prompt.prefix + self.chat_format.decode(output_ids), thinking=prompt.thinking)
         output = []
         if parsed.reasoning:
             output.append(reasoning_item(parsed.reasoning))
         calls = [call.to_openai() for call in parsed.tool_calls]
         if parsed.content or not calls:
             output.append(message_item(parsed.content, logprobs=logprobs))
-        output += [function_call_item(call) for call in calls[: None if plan.request.parallel_tool_calls is not False else 1]]
-        return await self._settle(plan, held, new_id("resp"), int(time.time()), output, output_ids, _finish(body))
+        output += [function_call_item(call) for call in calls[: None if request.parallel_tool_calls is not False else 1]]
+        # parsed once: the text the app receives is what memory keeps (``TurnRunner.reply_ids``)
+        return await self._settle(request, plan, held, new_id("resp"), int(time.time()), output, output_ids, _finish(body), parsed.text)
 
-    def _stream(self, plan: Turn, held: HeldSession | None, hold: contextlib.AsyncExitStack | None) -> AsyncIterator[dict]:
+    async def _events(self, request: ResponseRequest, plan: ResponseTurn, held: HeldSession | None) -> AsyncIterator[dict]:
         """The Responses stream events; the last one (``response.completed``) carries the settled response."""
-        return self.runner.streaming(plan, hold, self._events(plan, held))
-
-    async def _events(self, plan: Turn, held: HeldSession | None) -> AsyncIterator[dict]:
+        prompt = plan.turn.prompt
         response_id, created, events = new_id("resp"), int(time.time()), Events()
         try:
-            opening = response_object(plan.request, response_id=response_id, created_at=created, status="in_progress", output=[], usage=None)
+            opening = response_object(request, response_id=response_id, created_at=created, status="in_progress", output=[], usage=None)
             yield events.event("response.created", response=opening)
             yield events.event("response.in_progress", response=opening)
-            items = StreamedItems(events, one_call=not plan.parallel_tools, logprobs=plan.request.logprobs)
-            stream, decoder = RawStream() if plan.raw else self.parser.stream(thinking=plan.thinking), self.chat_format.output_decoder()
-            upstream = self.runner.generate_stream(plan, held)
+            items = StreamedItems(events, one_call=not prompt.parallel_tools, logprobs=request.logprobs)
+            stream, decoder = RawStream() if prompt.raw else self.parser.stream(thinking=prompt.thinking), self.chat_format.output_decoder()
+            upstream = self.runner.generate_stream(plan.turn, held)
             body: dict = {"output_ids": [], "meta_info": {}}
             try:
                 async for body in upstream:
                     items.tokens(body["meta_info"])
-                    for event in items.feed(stream.feed(plan.prefix + decoder.update(body["output_ids"]))):
+                    for event in items.feed(stream.feed(prompt.prefix + decoder.update(body["output_ids"]))):
                         yield event
                     if (body["meta_info"].get("finish_reason") or {}).get("type") is not None:
                         break
             finally:
                 await upstream.aclose()
             items.tokens(body["meta_info"])
-            for event in items.feed(stream.finish(plan.prefix + decoder.update(body["output_ids"], final=True))) + items.close():
+            for event in items.feed(stream.finish(prompt.prefix + decoder.update(body["output_ids"], final=True))) + items.close():
                 yield event
-            self._received(plan, body["output_ids"])
-            response = await self._settle(plan, held, response_id, created, items.output, body["output_ids"], _finish(body))
+            kept = self._received(prompt, body["output_ids"])
+            response = await self._settle(request, plan, held, response_id, created, items.output, body["output_ids"], _finish(body), kept)
             yield events.event("response.completed" if response["status"] == "completed" else "response.incomplete", response=response)
         except ProxyError as exc:
             yield events.event("error", code=exc.code, message=exc.message, param=exc.param)
 
     # ------------------------------------------------------------------ after the answer
 
-    async def _settle(self, plan: Turn, held: HeldSession | None, response_id: str, created: int, output: list[dict], output_ids: list[int], finish: str) -> dict:
-        """Memory after the response (``TurnRunner.after``; ``plan.kept``, the answer as the app received it, set by the
-        caller), its thread and its record; returns the response object."""
-        request, thread = plan.request, plan.thread
+    async def _settle(self, request: ResponseRequest, plan: ResponseTurn, held: HeldSession | None, response_id: str, created: int, output: list[dict],
+                      output_ids: list[int], finish: str, kept: str | None) -> dict:
+        """Memory after the response (``TurnRunner.after``; ``kept``: the answer as the app received it), its thread and
+        its record; returns the response object."""
+        turn, thread = plan.turn, plan.thread
         calls = [item["call_id"] for item in output if item["type"] == "function_call"]
         incomplete = finish == "length"
         body = response_object(
             request, response_id=response_id, created_at=created, status="incomplete" if incomplete else "completed", output=output,
-            usage=usage(len(plan.prompt), len(output_ids)), incomplete="max_output_tokens" if incomplete else None,
+            usage=usage(len(turn.prompt.ids), len(output_ids)), incomplete="max_output_tokens" if incomplete else None,
         )
         answer = item_messages(output)
-        messages = (plan.context + plan.turn)[plan.as_text:] + answer
-        version = self.runner.after(plan, held, answer, output_ids, "tool_calls" if calls and not incomplete else finish, answered=body)
-        self.runner.usage(plan, len(output_ids))
+        messages = (turn.prompt.context + turn.prompt.turn)[plan.as_text:] + answer
+        version = self.runner.after(turn, held, answer, output_ids, "tool_calls" if calls and not incomplete else finish, kept=kept, answered=body)
+        self.runner.usage(turn, len(output_ids))
         if thread is None:
             uncommitted, version, snapshot_of = messages, 0, None
         else:
-            thread.remember_answer(plan.digest, plan.key, response_id, body)
-            self.threads.advance(plan, thread, response_id, messages, [] if incomplete else calls, output, version)
+            thread.remember_answer(turn.context.digest, turn.context.key, response_id, body)
+            self.threads.advance(thread, response_id, messages, [] if incomplete else calls, output, version, base_version=plan.base_version, items=plan.items)
             uncommitted, version, snapshot_of = list(thread.uncommitted), thread.version, thread.snapshot_of
         if request.stored:
-            self.records.save(ResponseRecord(response_id, plan.tenant, body, plan.items, thread.id if thread else None, version, snapshot_of, uncommitted, calls if not incomplete else []))
+            self.records.save(ResponseRecord(response_id, turn.context.tenant, body, plan.items, thread.id if thread else None, version, snapshot_of, uncommitted, calls if not incomplete else []))
         return body
 
-    def _received(self, plan: Turn, output_ids: list[int]) -> None:
+    def _received(self, prompt, output_ids: list[int]) -> str | None:
         """A streamed answer's text as the app received it, as memory keeps it (``TurnRunner.reply_ids``): without the
-        stray or malformed markup the parser dropped; a structured answer as generated (``_run`` sets it from its own
-        parse)."""
-        if not plan.raw:
-            plan.kept = self.parser.parse(plan.prefix + self.chat_format.decode(output_ids), thinking=plan.thinking).text
+        stray or malformed markup the parser dropped; a structured answer as generated (None: the generated ids)."""
+        if prompt.raw:
+            return None
+        return self.parser.parse(prompt.prefix + self.chat_format.decode(output_ids), thinking=prompt.thinking).text
+
+
+@dataclass(frozen=True)
+class ResponseAnswer:
+    """The service's side of ``TurnRunner.run`` for one request (an ``Answerer``): its ``ResponseTurn`` answered as a
+    response object or as stream events, or a kept response replayed."""
+
+    service: ResponsesService
+    request: ResponseRequest
+
+    def answer(self, plan: ResponseTurn, held: HeldSession | None):
+        return self.service._run(self.request, plan, held)
+
+    def events(self, plan: ResponseTurn, held: HeldSession | None) -> AsyncIterator[dict]:
+        return self.service._events(self.request, plan, held)
+
+    def replayed(self, kept: dict):
+        return replayed(kept) if self.request.stream else kept
 
 
 def _finish(body: dict) -> str:

@@ -23,7 +23,6 @@ from memt_proxy.request_context import RequestContext
 from memt_proxy.responses.protocol import ResponseRequest, item_messages, new_id
 from memt_proxy.responses.records import ResponseRecord, ResponseRecords, Thread, session_name
 from memt_proxy.session.sessions import HeldSession, Sessions
-from memt_proxy.session.turn import Turn
 from memt_proxy.session.retries import retried
 from memt_proxy.worker import off_loop
 
@@ -158,8 +157,10 @@ class Threads:
             thread.keep_snapshot(thread.snapshot_of, file, self.snapshots_per_chain)
         self.records.save(thread)
 
-    def advance(self, plan: Turn, thread: Thread, response_id: str, messages: list[dict], calls: list[str], output: list[dict], version: int | None) -> None:
+    def advance(self, thread: Thread, response_id: str, messages: list[dict], calls: list[str], output: list[dict], version: int | None, *,
+                base_version: int, items: list[dict]) -> None:
         """The thread after this response: its turn committed behind the answer (``version``: the one that publishes),
-        left pending (``calls``: the function calls it waits for), or left open (cut by max_output_tokens)."""
-        thread.answered_by(response_id, messages=messages, calls=calls, version=version, base_version=plan.base_version, items=plan.items + output)
+        left pending (``calls``: the function calls it waits for), or left open (cut by max_output_tokens).
+        ``base_version``: the memory version its prompt read; ``items``: its input items, which the output's join."""
+        thread.answered_by(response_id, messages=messages, calls=calls, version=version, base_version=base_version, items=items + output)
         self.records.save(thread)

@@ -13,6 +13,7 @@ import pytest
 
 from memt_core.client.chat_format import load_chat_format, load_tokenizer
 from memt_proxy.http.embedded import InProcessNativeClient, build_core, core_plan
+from memt_proxy.http.route_inputs import Controls, request_context
 from memt_proxy.protocol import ChatCompletionRequest
 from memt_proxy.chat.service import ChatService
 from memt_proxy.session.sessions import Sessions
@@ -56,7 +57,7 @@ async def converse(service: ChatService, tenant: str, name: str, turns: int) -> 
     for turn in range(turns):
         history.append({"role": "user", "content": f"{name}, turn {turn}."})
         request = ChatCompletionRequest.model_validate({"model": MODEL, "messages": history, "max_tokens": 4, "temperature": 1.0, "seed": turn})
-        body = await service.complete(request, tenant=tenant, session=None, memory=None)
+        body = await service.complete(request, request_context(tenant, request, Controls(), service.default_memory), session=None)
         prompts.append(body["usage"]["prompt_tokens"])
         history.append({"role": "assistant", "content": body["choices"][0]["message"]["content"]})
         while service.sessions.behind:  # the states made behind this conversation's answers (and any other's)

@@ -18,10 +18,12 @@ from memt_core.grammar import GrammarCompiler
 from memt_proxy.responses.records import ResponseRecords
 from memt_proxy.errors import ProxyError
 from memt_proxy.protocol import ChatCompletionRequest, logprobs_content, output_schema
+from memt_proxy.request_context import RequestContext
+from memt_proxy.responses.plan import ResponseTurn
 from memt_proxy.responses.service import ResponsesService
 from memt_proxy.responses.protocol import InputItems, ResponseRequest, message_item
 from memt_proxy.chat.service import ChatService
-from memt_proxy.session.turn import Turn
+from memt_proxy.session.turn import NO_MEMORY, MemoryPlan, Prompt, Turn
 from memt_proxy.structured import RawStream
 from memt_proxy.session.state import MemoryTokens
 from memt_proxy.session.sessions import Sessions, SessionState
@@ -104,9 +106,9 @@ def test_response_format_becomes_json_schema_and_turns_thinking_off(service, com
 
 
 def test_a_raw_answer_is_returned_as_it_is(service):
-    prepared = Turn("t", "off", [], raw=True)
+    prepared = Prompt([], raw=True)
     text = '{"note":"<tool_call>\\n{\\"name\\": \\"add\\"}"}'
-    assert service._message(prepared, text, "stop") == ({"role": "assistant", "content": text}, "stop")
+    assert service._message(prepared, text, "stop") == ({"role": "assistant", "content": text}, "stop", text)
     stream = RawStream()
     assert [d.text for d in stream.feed('{"a"')] == ['{"a"'] and stream.feed('{"a"') == []
     assert [d.text for d in stream.finish('{"a":1}')] == [":1}"]
@@ -184,15 +186,15 @@ def test_logprobs_in_openai_shape():
 
 def test_n_with_a_session_is_refused_before_anything_runs(service):
     with pytest.raises(ProxyError) as info:
-        asyncio.run(service.complete(request(n=2), tenant="t", session="s", memory=None))
+        asyncio.run(service.complete(request(n=2), RequestContext("t", "auto", 0, "d"), session="s"))
     assert info.value.status == 400 and info.value.param == "n" and "stateless" in info.value.message
 
 
 def test_choices_get_their_own_seeds(service):
-    prepared = Turn("t", "off", [], sampling={"seed": (1 << 63) - 1})
+    prepared = Prompt([], sampling={"seed": (1 << 63) - 1})
     assert service._choice_sampling(prepared, 0)["seed"] == (1 << 63) - 1
     assert service._choice_sampling(prepared, 1)["seed"] == 0
-    unseeded = Turn("t", "off", [], sampling={"temperature": 1.0})
+    unseeded = Prompt([], sampling={"temperature": 1.0})
     assert service._choice_sampling(unseeded, 3) == {"temperature": 1.0}
 
 
@@ -201,12 +203,13 @@ def test_choices_get_their_own_seeds(service):
 
 def test_on_usage_is_called_with_the_contracted_fields_and_never_fails_a_request(service):
     fresh = ChatService(service.sessions, service.chat_format, service.parser, model_names=["m"])
-    prepared = Turn("t", "auto", [1] * 7, state=SessionState(native="n"), saved=40)  # read a session's memory
+    context = RequestContext("t", "auto", 0, "")
+    prepared = Turn(Prompt([1] * 7), MemoryPlan("auto", SessionState(native="n"), saved=40), context)  # read a session's memory
     fresh.runner.usage(prepared, 3)  # the default observer: nobody counting
     seen = []
     fresh.runner.on_usage = lambda **fields: seen.append(fields)
     fresh.runner.usage(prepared, 3)
-    fresh.runner.usage(Turn("t", "off", [1] * 7), 2)  # no memory read
+    fresh.runner.usage(Turn(Prompt([1] * 7), NO_MEMORY, context), 2)  # no memory read
     assert seen == [{"prompt_tokens": 7, "completion_tokens": 3, "saved_tokens": 40, "memory": True},
                     {"prompt_tokens": 7, "completion_tokens": 2, "saved_tokens": 0, "memory": False}]
     fresh.runner.on_usage = lambda **fields: 1 / 0
@@ -230,10 +233,12 @@ def test_responses_plan_and_usage(service):
     """The Responses surface: ``text.format`` becomes the same grammar, and ``on_usage`` hears of a settled response."""
     responses = ResponsesService(service.sessions, service.chat_format, service.parser, ResponseRecords(None), model_names=["m"])
     request = ResponseRequest.model_validate({"model": "m", "input": "hi", "store": False, "reasoning": {"effort": "high"}, "text": {"format": {"type": "json_schema", "name": "w", "schema": WEATHER}}})
-    plan = responses.plans.plan(request, "t", InputItems.of(request.input).items, None, [], [], None)
-    assert json.loads(plan.sampling["json_schema"]) == WEATHER and plan.raw and plan.thinking is False
+    items = InputItems.of(request.input).items
+    prompt = responses.plans.plan(request, items, [], [], None)
+    assert json.loads(prompt.sampling["json_schema"]) == WEATHER and prompt.raw and prompt.thinking is False
     seen = []
     responses.runner.on_usage = lambda **fields: seen.append(fields)
-    body = asyncio.run(responses._settle(plan, None, "resp_1", 0, [message_item('{"city":"Oslo","degrees":3}')], [5, 6, 7], "stop"))
+    plan = ResponseTurn(Turn(prompt, NO_MEMORY, RequestContext("t", "auto", 0, "")), items=items)
+    body = asyncio.run(responses._settle(request, plan, None, "resp_1", 0, [message_item('{"city":"Oslo","degrees":3}')], [5, 6, 7], "stop", None))
     assert body["text"] == {"format": request.text["format"]}
-    assert seen == [{"prompt_tokens": len(plan.prompt), "completion_tokens": 3, "saved_tokens": 0, "memory": False}]
+    assert seen == [{"prompt_tokens": len(prompt.ids), "completion_tokens": 3, "saved_tokens": 0, "memory": False}]

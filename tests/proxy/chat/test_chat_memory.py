@@ -16,6 +16,8 @@ from memt_core.client.chat_format import load_chat_format, load_tokenizer  # noq
 from memt_proxy.chat.memory import ChatMemory  # noqa: E402
 from memt_proxy.chat.plan import ChatPlanner  # noqa: E402
 from memt_proxy.protocol import ChatCompletionRequest  # noqa: E402
+from memt_proxy.request_context import RequestContext  # noqa: E402
+from memt_proxy.session.retries import IN_SESSION_RECORD  # noqa: E402
 from memt_proxy.session.turn import TurnRunner  # noqa: E402
 from session_harness import run  # noqa: E402
 
@@ -35,20 +37,21 @@ def test_a_named_turn_is_held_with_the_maker_of_its_turn_and_a_retry_gets_the_ke
     async def body(h):
         memory = memory_of(h.sessions, chat_format)
         request = ChatCompletionRequest.model_validate(ASK)
-        named = dict(tenant="t", session="a", policy="auto", strict=False, size=10, digest="d1", retry=False, key=None)
-        on = await memory.named(request, **named)
+        context = RequestContext("t", "auto", 10, "d1")
+        on = await memory.named(request, context, session="a", strict=False)
         turn = await on.prepare()
         held = (on.held.state.name, on.held.state.lock.locked(), on.replay, on.turn)
         on.held.state.last_turn = {"digest": "d1", "key": None, "version": on.held.state.version, "message": {"role": "assistant", "content": "Hi."}}
         await on.hold.aclose()
-        retried = await memory.named(request, **{**named, "retry": True})
-        again = await memory.named(request, **named)  # the same request, no retry: a regenerate, held again
+        retried = await memory.named(request, RequestContext("t", "auto", 10, "d1", retry=True), session="a", strict=False)
+        again = await memory.named(request, context, session="a", strict=False)  # the same request, no retry: a regenerate, held again
         await again.hold.aclose()
         return held, turn, retried, h.sessions.state("t", "a").lock.locked(), again.held is not None
 
     held, turn, retried, locked, regenerate = run(body)
     assert held == ("a", True, None, None)
-    assert turn.keep_parent and turn.digest == "d1" and turn.turn == [ASK["messages"][0]] and turn.state is not None
+    assert turn.memory.keep_parent and turn.context.digest == "d1" and turn.prompt.turn == [ASK["messages"][0]] and turn.memory.state is not None
+    assert turn.memory.retries is IN_SESSION_RECORD  # a named session's answer is kept in its record
     assert retried.replay["message"]["content"] == "Hi." and retried.held is None and not locked  # let go at once
     assert regenerate
 
@@ -57,15 +60,17 @@ def test_a_headerless_request_without_a_kept_state_is_a_plain_generation_and_its
     async def body(h):
         memory = memory_of(h.sessions, chat_format)
         request = ChatCompletionRequest.model_validate(ASK)
-        fields = dict(tenant="t", policy="auto", size=10, digest="d2", retry=False, key="k")
-        on = await memory.headerless(request, **fields)
+        context = RequestContext("t", "auto", 10, "d2", key="k")
+        on = await memory.headerless(request, context)
         memory.runner.answers.keep("t", "d2", "k", {"kept": True})
-        by_key = await memory.headerless(request, **fields)  # the same Idempotency-Key: a retry
-        other = await memory.headerless(request, **{**fields, "key": "other"})  # another key, no retry: answered anew
-        return on, by_key, other, len(h.sessions.table)
+        by_key = await memory.headerless(request, context)  # the same Idempotency-Key: a retry
+        other = await memory.headerless(request, RequestContext("t", "auto", 10, "d2", key="other"))  # another key, no retry: answered anew
+        return on, by_key, other, len(h.sessions.table), memory.runner.answers
 
-    on, by_key, other, states = run(body)
+    on, by_key, other, states, answers = run(body)
     assert on.held is None and on.hold is None and on.replay is None
-    assert on.turn.headerless is not None and on.turn.state is None and on.turn.digest == "d2" and on.turn.opening is not None
+    turn = on.turn
+    assert turn.memory.headerless is not None and turn.memory.state is None and turn.context.digest == "d2" and turn.memory.opening is not None
+    assert turn.memory.policy == "auto" and turn.memory.retries is answers  # kept for a retry by the runner
     assert by_key.replay == {"kept": True} and other.replay is None and other.turn is not None
     assert states == 0  # nothing was held or made

@@ -67,20 +67,20 @@ def test_on_memory_the_prompt_is_only_what_memory_lacks(service):
     refuses a resent transcript as edited; a stateless turn reads it all."""
     plans, chat_format = service.plans, service.chat_format
     chat = request(messages=CONVERSATION)
-    whole = plans.stateless(chat, "t")
+    whole = plans.stateless(chat)
     state = SessionState(native="n", tenant="t", name="a")
     state.adopted(1, [message_hash(m) for m in CONVERSATION[1:3]])
-    on = plans.on_memory(chat, state, "auto")
-    assert whole.policy == "off" and whole.state is None
-    assert on.state is state and on.context == [] and on.turn == [CONVERSATION[3]]
-    assert len(on.prompt) < len(whole.prompt) and chat_format.decode(on.prompt).count("Ada") == 0
-    assert "Ada" in chat_format.decode(whole.prompt)
+    on = plans.on_memory(chat, state)
+    assert whole.context == [] and whole.turn_ids == []  # a stateless prompt commits nothing
+    assert on.context == [] and on.turn == [CONVERSATION[3]]
+    assert len(on.ids) < len(whole.ids) and chat_format.decode(on.ids).count("Ada") == 0
+    assert "Ada" in chat_format.decode(whole.ids)
     empty = SessionState(native="e", tenant="t", name="b")
     empty.adopted(0, [])
-    again = plans.on_memory(chat, empty, "auto")
+    again = plans.on_memory(chat, empty)
     assert again.context == CONVERSATION[1:3] and again.turn == [CONVERSATION[3]] and len(again.context_ids) > 0
     unknown = SessionState(native="u", tenant="t", name="c")
     unknown.adopted(1, None)
     with pytest.raises(ProxyError) as refused:
-        plans.on_memory(chat, unknown, "auto")
+        plans.on_memory(chat, unknown)
     assert refused.value.code == "transcript_diverged"

@@ -10,7 +10,8 @@ from memt_core.client.chat_format import load_chat_format, load_tokenizer
 from memt_core.client.native import AsyncNativeClient
 from memt_proxy.protocol import ChatCompletionRequest
 from memt_proxy.chat.service import ChatService
-from memt_proxy.session.turn import Turn
+from memt_proxy.request_context import RequestContext
+from memt_proxy.session.turn import NO_MEMORY, Prompt, Turn
 from memt_proxy.session.sessions import Sessions
 
 @pytest.fixture(scope="module")
@@ -23,15 +24,14 @@ def request(**fields) -> ChatCompletionRequest:
     return ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "hi"}], **fields})
 
 
-def prepared(service, *, stops=(), prefix="", parallel=True, thinking=False) -> Turn:
-    return Turn("t", "auto", [], thinking=thinking, prefix=prefix, stops=list(stops), parallel_tools=parallel)
+def prepared(service, *, stops=(), prefix="", parallel=True, thinking=False) -> Prompt:
+    return Prompt([], thinking=thinking, prefix=prefix, stops=list(stops), parallel_tools=parallel)
 
 
-def reply_ids(service, turn: Turn, ids: list[int]) -> list[int]:
+def reply_ids(service, prompt: Prompt, ids: list[int]) -> list[int]:
     """What memory keeps of an answer, as the service does it: the text the app received, then its ids."""
-    if turn.kept is None:
-        service._message(turn, service._text(turn, ids, final=True)[0], "stop")
-    return service.runner.reply_ids(turn, ids)
+    kept = service._message(prompt, service._text(prompt, ids, final=True)[0], "stop")[2]
+    return service.runner.reply_ids(Turn(prompt, NO_MEMORY, RequestContext("t", "auto", 0, "")), ids, kept)
 
 
 def test_earliest_stop_string_wins(service):
@@ -73,7 +73,7 @@ def test_markup_the_app_never_sees_is_never_committed(service, generated, receiv
     eos = chat_format.tokenizer.eos_token_id
     ids = chat_format._encode(generated) + [eos]
     ready = prepared(service)
-    message, finish = service._message(ready, service._text(ready, ids, final=True)[0], "stop")
+    message, finish, _ = service._message(ready, service._text(ready, ids, final=True)[0], "stop")
     assert (message["content"], finish) == (received.strip(), "stop")
     committed = reply_ids(service, ready, ids)
     assert committed[-1] == eos and chat_format.decode(committed) == received
@@ -87,15 +87,15 @@ def test_markup_the_app_never_sees_is_never_committed(service, generated, receiv
 
 def test_tool_call_messages(service):
     text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
-    message, finish = service._message(prepared(service), text, "stop")
+    message, finish, _ = service._message(prepared(service), text, "stop")
     assert finish == "tool_calls" and message["content"] is None
     assert [(c["function"]["name"], c["function"]["arguments"]) for c in message["tool_calls"]] == [("get_weather", '{"city": "Oslo"}')]
     two = text + "\n" + text.replace("Oslo", "Rome")
     assert len(service._message(prepared(service), two, "stop")[0]["tool_calls"]) == 2
     assert len(service._message(prepared(service, parallel=False), two, "stop")[0]["tool_calls"]) == 1
-    message, finish = service._message(prepared(service), text, "length")  # a truncated reply is not a tool call
+    message, finish, _ = service._message(prepared(service), text, "length")  # a truncated reply is not a tool call
     assert finish == "length" and "tool_calls" not in message
-    message, finish = service._message(prepared(service, thinking=True), "plan</think>Answer", "stop")
+    message, finish, _ = service._message(prepared(service, thinking=True), "plan</think>Answer", "stop")
     assert message == {"role": "assistant", "content": "Answer", "reasoning_content": "plan"} and finish == "stop"
 
 
@@ -140,10 +140,10 @@ def test_a_pending_tool_turn_is_kept_until_a_request_ends_it(nano_checkpoint, tm
     def prepare(messages, **fields):
         asked = request(messages=messages, **fields)
 
-        async def plan(state, hashes=None):
-            return service.plans.on_memory(asked, state, "auto", hashes)
+        async def plan(memory, hashes=None):
+            return service.plans.on_memory(asked, memory.state, hashes)
 
-        return asyncio.run(service.runner._on_named(state, True, plan, lambda state: False))  # strict: no starting over
+        return asyncio.run(service.runner._on_named(state, "auto", True, plan, lambda state: False))  # strict: no starting over
 
     results = [question, call, {"role": "tool", "tool_call_id": "call_1", "content": "3 degrees"}]
     continued = prepare(results)
@@ -151,7 +151,7 @@ def test_a_pending_tool_turn_is_kept_until_a_request_ends_it(nano_checkpoint, tm
     assert state.pending is pending and store.load_pending(state.native, 0) is not None  # kept until the turn ends
     assert prepare(results).turn_ids == continued.turn_ids  # so a retry continues it the same way
 
-    service.sessions.upstream.max_prefill_tokens = len(continued.prompt) - 1
+    service.sessions.upstream.max_prefill_tokens = len(continued.ids) - 1
     refusals = {"context_length_exceeded": results, "tool_results_missing": [question, call, {"role": "user", "content": "never mind"}]}
     for code, messages in refusals.items():
         with pytest.raises(ProxyError) as refused:

@@ -13,7 +13,8 @@ from starlette.requests import Request
 
 from memt_core.client.errors import MemTClientError
 from memt_proxy.errors import NotFound, ProxyError
-from memt_proxy.http.route_inputs import Controls, Inputs, request_body, sse
+from memt_proxy.http.route_inputs import Controls, Inputs, request_body, request_context, sse
+from memt_proxy.session.retries import request_digest
 
 
 def request(headers: dict | None = None, body: bytes | None = None) -> Request:
@@ -104,3 +105,13 @@ def test_sse_frames_end_in_done_with_an_error_frame_before_it():
     assert json.loads(failed[1]["data"])["error"]["code"] == "gone" and failed[-1] == {"data": "[DONE]"} and len(seen) == 1
     native, mapped = asyncio.run(frames(MemTClientError("upstream failed", stage="query", status=503)))
     assert json.loads(native[1]["data"])["error"]["message"] and native[-1] == {"data": "[DONE]"} and mapped[0].status == 503
+
+
+def test_a_requests_context_is_built_once_from_its_body_and_controls():
+    body = Body(name="a", size=3)
+    dumped = body.model_dump_json()
+    context = request_context("t", body, Controls(memory="read", idempotency_key="k", retry=True), "auto")
+    assert (context.tenant, context.policy, context.size, context.digest, context.retry, context.key) == ("t", "read", len(dumped), request_digest(dumped), True, "k")
+    default = request_context("t", body, Controls(), "OFF")  # no control: the proxy's --memory
+    assert default.policy == "off" and not default.retry and default.key is None
+    assert request_context("t", Body(name="b", size=3), Controls(), "auto").digest != context.digest

@@ -39,7 +39,7 @@ def service(nano_checkpoint):
 
 def plan(service, input, *, thread=None, uncommitted=(), calls=(), pending=None, held=0, lift=False, **fields):
     request = ResponseRequest.model_validate({"model": "m", "input": input, **fields})
-    return service.plans.plan(request, "t", InputItems.of(request.input).items, thread, list(uncommitted), list(calls), pending, held=held, lift=lift)
+    return service.plans.plan(request, InputItems.of(request.input).items, list(uncommitted), list(calls), pending, held=held, lift=lift)
 
 
 def test_a_prompt_without_memory_holds_the_system_block_the_context_and_the_open_turn(service):
@@ -47,7 +47,7 @@ def test_a_prompt_without_memory_holds_the_system_block_the_context_and_the_open
     history = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Bye"}]
     made = plan(service, history, instructions="Be brief.", tools=[TOOL], max_output_tokens=7, temperature=0.5)
     assert made.context == history[:2] and made.turn == history[2:]
-    assert made.prompt == chat_format.bos_ids + chat_format.system_ids("Be brief.", [CHAT_TOOL]) + chat_format.history_ids(history[:2]) + chat_format.open_turn_ids(history[2:], enable_thinking=False)
+    assert made.ids == chat_format.bos_ids + chat_format.system_ids("Be brief.", [CHAT_TOOL]) + chat_format.history_ids(history[:2]) + chat_format.open_turn_ids(history[2:], enable_thinking=False)
     assert made.context_ids == chat_format.history_ids(history[:2])
     assert made.sampling["max_new_tokens"] == 7 and made.sampling["temperature"] == 0.5
 
@@ -55,9 +55,9 @@ def test_a_prompt_without_memory_holds_the_system_block_the_context_and_the_open
 def test_tool_choice_required_or_named_prefills_the_call(service):
     required = plan(service, "Weather?", tools=[TOOL], tool_choice="required")
     named = plan(service, "Weather?", tools=[TOOL], tool_choice={"type": "function", "name": "get_weather"})
-    assert required.prefix == service.chat_format.tool_call_prefix() and required.prompt[-len(encode(service.chat_format, required.prefix)):] == encode(service.chat_format, required.prefix)
+    assert required.prefix == service.chat_format.tool_call_prefix() and required.ids[-len(encode(service.chat_format, required.prefix)):] == encode(service.chat_format, required.prefix)
     assert named.prefix == service.chat_format.tool_call_prefix("get_weather")
-    assert plan(service, "Weather?", tools=[TOOL], tool_choice="none").prompt == plan(service, "Weather?").prompt  # no tools in the template
+    assert plan(service, "Weather?", tools=[TOOL], tool_choice="none").ids == plan(service, "Weather?").ids  # no tools in the template
 
 
 def test_function_outputs_continue_the_pending_turn_from_its_exact_tokens(service):
@@ -93,9 +93,9 @@ def test_a_headerless_input_lifts_its_system_items_and_leaves_out_what_memory_ho
     ]
     lifted = plan(service, history, instructions="Answer in English.", lift=True)
     assert lifted.context == history[1:3] and lifted.turn == history[3:]
-    assert lifted.prompt == chat_format.bos_ids + chat_format.system_ids("Answer in English.\n\nBe brief.", []) + chat_format.history_ids(history[1:3]) + chat_format.open_turn_ids(history[3:], enable_thinking=False)
+    assert lifted.ids == chat_format.bos_ids + chat_format.system_ids("Answer in English.\n\nBe brief.", []) + chat_format.history_ids(history[1:3]) + chat_format.open_turn_ids(history[3:], enable_thinking=False)
     on_memory = plan(service, history, instructions="Answer in English.", lift=True, held=2)  # memory holds the first exchange
     assert on_memory.context == [] and on_memory.turn == history[3:] and on_memory.context_ids == []
-    assert on_memory.prompt == chat_format.bos_ids + chat_format.system_ids("Answer in English.\n\nBe brief.", []) + chat_format.open_turn_ids(history[3:], enable_thinking=False)
+    assert on_memory.ids == chat_format.bos_ids + chat_format.system_ids("Answer in English.\n\nBe brief.", []) + chat_format.open_turn_ids(history[3:], enable_thinking=False)
     kept = plan(service, history)  # without lift a system item stays a message of the transcript
     assert kept.context == history[:3]

@@ -18,9 +18,10 @@ from memt_proxy.responses.service import ResponsesService
 from memt_proxy.responses.protocol import InputItems, ResponseRequest
 from memt_proxy.session.sessions import Sessions, SessionState
 from memt_proxy.request_context import RequestContext
+from memt_proxy.session.turn import NO_MEMORY, Turn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "session"))  # the session harness
-from session_harness import run, surfaces  # noqa: E402
+from session_harness import asked, run, surfaces  # noqa: E402
 
 QUESTION = {"role": "user", "content": "Weather in Oslo?"}
 
@@ -34,7 +35,7 @@ def service(nano_checkpoint):
 
 def plan(service, input, *, thread=None, uncommitted=(), calls=(), pending=None, **fields):
     request = ResponseRequest.model_validate({"model": "m", "input": input, **fields})
-    return service.plans.plan(request, "t", InputItems.of(request.input).items, thread, list(uncommitted), list(calls), pending)
+    return service.plans.plan(request, InputItems.of(request.input).items, list(uncommitted), list(calls), pending)
 
 
 @pytest.mark.parametrize(("upstream", "expected"), [(3, "landed"), (2, "lost"), (1, "refused"), (4, "refused")])
@@ -80,8 +81,7 @@ def test_a_conversation_whose_memory_the_upstream_lost_is_rebuilt_from_its_items
 
 def received(service, made, ids: list[int]) -> list[int]:
     """What memory keeps of the answer ``ids``, as the service settles it."""
-    service._received(made, ids)
-    return service.runner.reply_ids(made, ids)
+    return service.runner.reply_ids(Turn(made, NO_MEMORY, RequestContext("t", "auto", 0, "")), ids, service._received(made, ids))
 
 
 def test_an_answer_is_committed_without_the_markup_the_app_never_saw(service):
@@ -115,7 +115,8 @@ def test_a_large_input_is_planned_off_the_event_loop(service):
     finally:
         del service.plans.plan
     assert seen and seen[0].startswith("memt-prepare"), seen
-    assert made.turn == [{"role": "user", "content": "word " * 20_000}]
+    assert made.turn.prompt.turn == [{"role": "user", "content": "word " * 20_000}]
+    assert made.turn.context is context and made.turn.memory.state is None
 
 
 class CountedParser:
@@ -141,14 +142,14 @@ def test_an_answer_is_parsed_once_and_memory_keeps_the_text_the_app_received():
         kept, after = [], responses.runner.after
 
         def recording(turn, *args, **kwargs):
-            kept.append(turn.kept)
+            kept.append(kwargs["kept"])
             return after(turn, *args, **kwargs)
 
         responses.runner.after = recording
-        answer = await responses.create(ResponseRequest.model_validate({"model": "m", "input": "Hello", "max_output_tokens": 6}), tenant="t")
+        answer = await responses.create(*asked(ResponseRequest.model_validate({"model": "m", "input": "Hello", "max_output_tokens": 6})))
         once = counted.parsed
         events = [event async for event in await responses.create(
-            ResponseRequest.model_validate({"model": "m", "input": "Hello", "max_output_tokens": 6, "stream": True}), tenant="t")]
+            *asked(ResponseRequest.model_validate({"model": "m", "input": "Hello", "max_output_tokens": 6, "stream": True})))]
         return once, counted.parsed - once, kept, answer, events[-1]["response"]
 
     once, streamed, kept, answer, last = run(body)

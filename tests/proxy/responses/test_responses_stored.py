@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "session"))  # the 
 from memt_proxy.errors import ProxyError  # noqa: E402
 from memt_proxy.responses.protocol import ConversationRequest, ResponseRequest  # noqa: E402
 from memt_proxy.session.sessions import native_session_id  # noqa: E402
-from session_harness import run, settle, surfaces  # noqa: E402
+from session_harness import asked, run, settle, surfaces  # noqa: E402
 
 SAY = [{"type": "message", "role": "user", "content": "I live in Lisbon."}, {"type": "message", "role": "user", "content": "Hi."}]
 
@@ -29,8 +29,8 @@ def test_a_stored_response_is_read_paged_and_deleted_under_its_own_tenant():
     async def body(h):
         _, responses = surfaces(h)
         stored = responses.stored
-        answer = await responses.create(ResponseRequest.model_validate({"model": "m", "input": SAY, "max_output_tokens": 4}), tenant="t")
-        unstored = await responses.create(ResponseRequest.model_validate({"model": "m", "input": "Hi.", "store": False, "max_output_tokens": 4}), tenant="t")
+        answer = await responses.create(*asked(ResponseRequest.model_validate({"model": "m", "input": SAY, "max_output_tokens": 4})))
+        unstored = await responses.create(*asked(ResponseRequest.model_validate({"model": "m", "input": "Hi.", "store": False, "max_output_tokens": 4})))
         seen = dict(
             got=stored.get("t", answer["id"]) == answer,
             first=stored.input_items("t", answer["id"], after=None, limit=1, order="asc"),
@@ -60,7 +60,7 @@ def test_a_conversation_is_created_read_added_to_and_deleted_with_its_memory():
         items = stored.conversation_items("t", made["id"], after=None, limit=10, order="asc")
         thread = responses.records.thread("t", made["id"])
         uncommitted = list(thread.uncommitted)
-        await responses.create(ResponseRequest.model_validate({"model": "m", "input": "Hi.", "conversation": made["id"], "max_output_tokens": 4}), tenant="t")
+        await responses.create(*asked(ResponseRequest.model_validate({"model": "m", "input": "Hi.", "conversation": made["id"], "max_output_tokens": 4})))
         await settle(h.sessions)
         native = native_session_id("t", thread.session)
         upstream = h.native(native) is not None

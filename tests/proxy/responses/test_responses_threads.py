@@ -19,16 +19,16 @@ def threads(records: ResponseRecords) -> Threads:
 def test_a_committed_turn_goes_behind_and_a_chain_exports_its_snapshot_next():
     records = ResponseRecords(None)
     chain = Thread(id="chain_1", tenant="t", session="s", version=1, uncommitted=[{"role": "user", "content": "earlier"}])
-    threads(records).advance(SimpleNamespace(base_version=1, items=ITEMS), chain, "resp_2", SAID, [], OUTPUT, 2)
+    threads(records).advance(chain, "resp_2", SAID, [], OUTPUT, 2, base_version=1, items=ITEMS)
     assert (chain.head, chain.version, chain.behind, chain.uncommitted, chain.snapshot_of) == ("resp_2", 2, SAID, [], "resp_2")
     assert chain.items == [] and records.thread("t", "chain_1") is chain
     conversation = Thread(id="conv_1", tenant="t", session="s", version=1)
-    threads(records).advance(SimpleNamespace(base_version=1, items=ITEMS), conversation, "resp_3", SAID, [], OUTPUT, 2)
+    threads(records).advance(conversation, "resp_3", SAID, [], OUTPUT, 2, base_version=1, items=ITEMS)
     assert conversation.snapshot_of is None and conversation.items == ITEMS + OUTPUT  # a conversation keeps its items
 
 
 def test_a_pending_or_cut_turn_stays_open_at_the_version_it_read():
     records = ResponseRecords(None)
     thread = Thread(id="conv_1", tenant="t", session="s", version=4)
-    threads(records).advance(SimpleNamespace(base_version=4, items=ITEMS), thread, "resp_5", SAID, ["c1"], OUTPUT, None)
+    threads(records).advance(thread, "resp_5", SAID, ["c1"], OUTPUT, None, base_version=4, items=ITEMS)
     assert (thread.head, thread.version, thread.uncommitted, thread.calls, thread.behind) == ("resp_5", 4, SAID, ["c1"], [])

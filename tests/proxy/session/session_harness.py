@@ -293,6 +293,14 @@ def surfaces(h: Harness, *, records=None, **options):
     return chat, responses
 
 
+def asked(body, tenant: str = "t", **controls) -> tuple:
+    """A surface's arguments for a request ``body``: the body and its ``RequestContext``, built as the routes build it
+    (``route_inputs.request_context``; ``controls``: ``Controls``' fields, the memory policy "auto" unless given)."""
+    from memt_proxy.http.route_inputs import Controls, request_context
+
+    return body, request_context(tenant, body, Controls(**controls), "auto")
+
+
 @contextlib.asynccontextmanager
 async def proxy(h: Harness, *, api_keys: dict[str, str] | None = None, **options):
     """The proxy's whole app (``create_app``: routes, auth, error bodies, metrics) over the harness's session layer, and

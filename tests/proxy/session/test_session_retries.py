@@ -1,9 +1,12 @@
 """``memt_proxy.session.retries``: a retry only when the client says so, answers kept per tenant and request, the newest
-``limit`` of them."""
+``limit`` of them; the two retry stores a memory plan names (``KeptAnswers``: kept when answered; ``InSessionRecord``:
+kept in the record of the state a commit lands in, and only then)."""
 
 from __future__ import annotations
 
-from memt_proxy.session.retries import KeptAnswers, request_digest, retried
+from memt_proxy.request_context import RequestContext
+from memt_proxy.session.retries import IN_SESSION_RECORD, KeptAnswers, request_digest, retried
+from memt_proxy.session.state import SessionState
 
 
 def test_a_repeat_is_a_retry_only_when_the_client_says_so_or_repeats_the_idempotency_key():
@@ -28,3 +31,15 @@ def test_answers_are_kept_per_tenant_and_request_the_newest_limit():
 
 def test_a_request_digest_is_the_same_for_the_same_request_only():
     assert request_digest('{"a": 1}') == request_digest('{"a": 1}') != request_digest('{"a": 2}')
+
+
+def test_the_retry_stores_keep_an_answer_where_they_say():
+    context = RequestContext("t", "auto", 10, "d", key="k")
+    answers, state = KeptAnswers(), SessionState(native="n")
+    answers.answered(context, {"message": "a"})  # kept as soon as answered
+    answers.committed(context, {"message": "a"}, state, 3)
+    assert answers.retried("t", "d", False, "k") == {"message": "a"} and state.last_turn is None
+    IN_SESSION_RECORD.answered(context, {"message": "b"})  # a named session's: nothing until a commit
+    assert state.last_turn is None
+    IN_SESSION_RECORD.committed(context, {"message": "b"}, state, 3)
+    assert state.last_turn == {"digest": "d", "key": "k", "version": 3, "message": "b"}

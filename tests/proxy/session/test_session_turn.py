@@ -5,23 +5,27 @@ as context; ``auto`` commits behind the answer, a named session keeping the stat
 session following a kept state it forked from commits from a copy of it (``source``); a header-less turn forks the
 conversation's next state instead. Answers are kept for a client's retry only when the turn has a ``digest``.
 ``answer``/``handed``/``streaming``: a held session is let go when its answer ends, when its stream ends (or is
-left), and when its stream is never started (after ``STREAM_START_TIMEOUT``).
+left), and when its stream is never started (after ``STREAM_START_TIMEOUT``). ``run``, the one entry: a kept answer
+replayed, a plain turn answered holding nothing. A turn's parts are frozen.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 
 import pytest
 
 from memt_proxy.errors import Unavailable
+from memt_proxy.request_context import RequestContext
 from memt_proxy.session import turn as turn_module
 from memt_proxy.session.headerless import plan_headerless
 from memt_proxy.session.prefix_index import Found, chain
 from memt_proxy.session.state import PendingTurn
+from memt_proxy.session.retries import IN_SESSION_RECORD
 from memt_proxy.session.transcript import message_hash
-from memt_proxy.session.turn import Turn, TurnRunner
+from memt_proxy.session.turn import MemoryPlan, OnMemory, Prompt, Turn, TurnRunner
 from session_harness import kept, kept_state, committed_session, run, settle, until
 
 EOS = 99
@@ -53,6 +57,29 @@ async def keep(sessions, tenant: str, messages: list[dict], ids: list[int]):
     return await kept_state(sessions, tenant, [message_hash(m) for m in messages], ids)
 
 
+def planned(policy: str = "auto", *, digest: str = "", key: str | None = None, prompt: Prompt | None = None, **memory) -> Turn:
+    """A turn of tenant "t" as a surface builds it: its prompt, the memory plan (``memory``: ``MemoryPlan``'s fields)
+    and the request's context."""
+    return Turn(prompt or Prompt([1]), MemoryPlan(policy, **memory), RequestContext("t", policy, 0, digest, key=key))
+
+
+class Answering:
+    """A surface's side of ``TurnRunner.run`` (an ``Answerer``): ``answered(turn, held)`` (else a native generation), the
+    native stream's bodies as its events, a kept answer replayed as it is."""
+
+    def __init__(self, runner, answered=None):
+        self.runner, self.answered = runner, answered
+
+    def answer(self, turn, held):
+        return (self.answered or self.runner.generate)(turn, held)
+
+    def events(self, turn, held):
+        return self.runner.generate_stream(turn, held)
+
+    def replayed(self, kept):
+        return {"replayed": kept}
+
+
 # ---- after the answer
 
 
@@ -63,15 +90,16 @@ def test_tool_calls_leave_the_turn_pending_with_its_exact_tokens(tmp_path):
         state = await committed_session(sessions, "t", "a", [1, 2], [H1])
         async with sessions.turn("t", "a") as held:
             await held.start()
-            turn = Turn("t", "auto", prompt=[3], turn_ids=[3], turn=[user("look it up")], keep_parent=True)
-            version = runner.after(turn, held, [CALL], [7, 8], "tool_calls")
+            turn = planned(prompt=Prompt([3], [3], turn=[user("look it up")]), keep_parent=True, retries=IN_SESSION_RECORD, digest="d")
+            version = runner.after(turn, held, [CALL], [7, 8], "tool_calls", answered={"message": "call"})
             later = held.later
         await settle(sessions)
-        return version, later, state, sessions.records.load_pending(state.native, 1), h.memory(state.native), kept(sessions)
+        return version, later, state, sessions.records.load_pending(state.native, 1), h.memory(state.native), kept(sessions), runner
 
-    version, later, state, recorded, memory, states = run(body, state=tmp_path)
+    version, later, state, recorded, memory, states, runner = run(body, state=tmp_path)
     hashes = [message_hash(user("look it up")), message_hash(CALL)]
     assert version is None and later is None and states == []  # nothing written, nothing kept
+    assert state.last_turn is None and not runner.answers._kept  # a named session keeps an answer for a retry only with a commit
     assert state.pending == PendingTurn(hashes, [3, 7, 8], False)
     assert recorded == {"hashes": hashes, "ids": [3, 7, 8], "thinking": False}  # a restarted proxy continues it
     assert state.version == 1 and memory == (1, 2)
@@ -86,7 +114,7 @@ def test_a_read_turn_or_a_cut_answer_ends_the_turn_as_context(tmp_path, policy, 
         async with sessions.turn("t", "a") as held:
             await held.start()
             sessions.writes.set_pending(held.state, PendingTurn([HX], [5], False))  # an earlier tool round
-            turn = Turn("t", policy, prompt=[3], turn_ids=[3], turn=[user("go on")], keep_parent=True)
+            turn = planned(policy, prompt=Prompt([3], [3], turn=[user("go on")]), keep_parent=True)
             version = runner.after(turn, held, [assistant("done")], [4], finish)
             later = held.later
         await settle(sessions)
@@ -105,8 +133,8 @@ def test_auto_commits_behind_the_answer_keeping_the_state_before_it(tmp_path):
         state = await committed_session(sessions, "t", "a", [1, 2], [H1])
         async with sessions.turn("t", "a") as held:
             await held.start()
-            turn = Turn("t", "auto", prompt=[3, 4], context_ids=[3], context=[assistant("before")], turn_ids=[4], turn=[user("now")],
-                        keep_parent=True, digest="d")
+            prompt = Prompt([3, 4], turn_ids=[4], context_ids=[3], context=[assistant("before")], turn=[user("now")])
+            turn = planned(prompt=prompt, keep_parent=True, retries=IN_SESSION_RECORD, digest="d")
             version = runner.after(turn, held, [assistant("answer")], [5, 6], "stop", answered={"message": "answer"})
             later = held.later
             written_yet = state.version
@@ -128,7 +156,7 @@ def test_auto_commits_behind_the_answer_keeping_the_state_before_it(tmp_path):
 
 
 def test_a_session_following_a_kept_state_commits_from_a_copy_of_it():
-    """A named session's request forked from a kept state (``Turn.follower``): the session becomes a copy of that
+    """A named session's request forked from a kept state (``MemoryPlan.follower``): the session becomes a copy of that
     state with the turn written in (``Later.source``); the kept state stays as it was."""
     async def body(h):
         sessions = h.sessions
@@ -138,7 +166,7 @@ def test_a_session_following_a_kept_state_commits_from_a_copy_of_it():
         async with sessions.turn("t", origin.name) as origin_held, sessions.turn("t", "f") as follower:
             await origin_held.start()
             await follower.start()
-            turn = Turn("t", "auto", prompt=[4], turn_ids=[4], turn=[user("two")], follower=follower, digest="d")
+            turn = planned(prompt=Prompt([4], [4], turn=[user("two")]), follower=follower, retries=IN_SESSION_RECORD, digest="d")
             version = runner.after(turn, origin_held, [assistant("2")], [5], "stop", answered={"message": "2"})
             later, origin_later = follower.later, origin_held.later
         await settle(sessions)
@@ -168,7 +196,7 @@ def test_a_headerless_turn_forks_the_conversations_next_state(finish, expected):
         assert plan.found == Found(2, parent.name)
         async with sessions.turn("t", parent.name) as held:
             await held.start()
-            turn = Turn("t", "auto", prompt=[3], turn_ids=[3], turn=[user("two")], headerless=plan)
+            turn = planned(prompt=Prompt([3], [3], turn=[user("two")]), headerless=plan)
             version = runner.after(turn, held, [answer], [5, 6], finish)
             later = held.later
         await settle(sessions)
@@ -185,7 +213,7 @@ def test_a_headerless_turn_forks_the_conversations_next_state(finish, expected):
 
 
 def test_a_headerless_turn_without_a_state_starts_one_from_its_opening():
-    """No kept state, but a conversation worth keeping: its whole history and turn (``Turn.opening``) and the answer
+    """No kept state, but a conversation worth keeping: its whole history and turn (``MemoryPlan.opening``) and the answer
     start the conversation's first state."""
     conversation = [user("one"), assistant("1"), user("two"), assistant("2"), user("three")]
 
@@ -198,7 +226,7 @@ def test_a_headerless_turn_without_a_state_starts_one_from_its_opening():
         async def opening():
             return [1, 2, 3, 4, 5]
 
-        turn = Turn("t", "auto", prompt=[1, 2, 3, 4, 5], headerless=plan, opening=opening)
+        turn = planned(prompt=Prompt([1, 2, 3, 4, 5]), headerless=plan, opening=opening)
         runner.after(turn, None, [assistant("3")], [6], "stop")
         await settle(sessions)
         return kept(sessions), [h.memory(s.native) for s in kept(sessions)]
@@ -208,18 +236,18 @@ def test_a_headerless_turn_without_a_state_starts_one_from_its_opening():
     assert states[0].committed == [message_hash(m) for m in (*conversation, assistant("3"))]
 
 
-def test_answers_are_kept_for_a_retry_only_with_a_digest():
+def test_answers_are_kept_for_a_retry_only_where_the_memory_plan_says():
     async def body(h):
         runner = TurnRunner(h.sessions, Format())
         answered = {"message": "kept"}
-        runner.after(Turn("t", "off", prompt=[1]), None, [assistant("x")], [1], "stop", answered=answered)
-        without = runner.retried("t", "", True, None)
-        runner.after(Turn("t", "off", prompt=[1], digest="d", key="k"), None, [assistant("x")], [1], "stop", answered=answered)
+        runner.after(planned("off", digest="d", key="k"), None, [assistant("x")], [1], "stop", answered=answered)
+        without = runner.retried("t", "d", True, None)
+        runner.after(planned("off", digest="d", key="k", retries=runner.answers), None, [assistant("x")], [1], "stop", answered=answered)
         return (without, runner.retried("t", "d", True, None), runner.retried("t", "d", False, None),
                 runner.retried("t", "d", False, "k"), runner.retried("u", "d", True, None))
 
     without, retry, regenerate, same_key, other_tenant = run(body)
-    assert without is None  # no digest: nothing kept
+    assert without is None  # no retry store in the plan (a stateless turn): nothing kept
     assert retry == same_key == {"message": "kept"}  # the SDK's retry header, or the same Idempotency-Key
     assert regenerate is None and other_tenant is None  # the same request otherwise is a regenerate
 
@@ -235,7 +263,7 @@ async def _held(sessions, name: str):
 
 def _turn(made: list):
     async def prepare() -> Turn:
-        turn = Turn("t", "auto", prompt=[1, 2], sampling={"max_new_tokens": 3})
+        turn = planned(prompt=Prompt([1, 2], sampling={"max_new_tokens": 3}))
         made.append(turn)
         return turn
     return prepare
@@ -252,7 +280,7 @@ def test_an_answer_lets_the_session_go_when_it_ends():
             during.append(held.state.lock.locked())
             return await runner.generate(turn, held)
 
-        result = await runner.answer(held, hold, _turn([]), stream=False, run=answer, streamed=None, create=True)
+        result = await runner.answer(held, hold, _turn([]), Answering(runner, answer), stream=False, create=True)
         state = held.state
         after = (state.lock.locked(), state.users, state.idle_since is not None, state.exists, state.lease is not None)
 
@@ -261,7 +289,7 @@ def test_an_answer_lets_the_session_go_when_it_ends():
 
         held, hold = await _held(sessions, "a")
         with pytest.raises(RuntimeError):
-            await runner.answer(held, hold, _turn([]), stream=False, run=fails, streamed=None)
+            await runner.answer(held, hold, _turn([]), Answering(runner, fails), stream=False)
         return result, during, after, (state.lock.locked(), state.users)
 
     result, during, after, after_failure = run(body)
@@ -274,19 +302,17 @@ def test_a_stream_lets_the_session_go_when_it_ends_or_is_left():
     async def body(h):
         sessions = h.sessions
         runner = TurnRunner(sessions, Format())
-
-        def streamed(turn, held, hold):
-            return runner.streaming(turn, hold, runner.generate_stream(turn, held))
+        answering = Answering(runner)
 
         held, hold = await _held(sessions, "a")
-        stream = await runner.answer(held, hold, _turn([]), stream=True, run=None, streamed=streamed)
+        stream = await runner.answer(held, hold, _turn([]), answering, stream=True)
         state = held.state
         before = state.lock.locked()
         bodies = [body async for body in stream]
         await until(lambda: not state.lock.locked() and state.users == 0, what="the session let go after its stream")
 
         held, hold = await _held(sessions, "a")
-        stream = await runner.answer(held, hold, _turn([]), stream=True, run=None, streamed=streamed)
+        stream = await runner.answer(held, hold, _turn([]), answering, stream=True)
         first = await anext(stream)
         left_locked = state.lock.locked()
         await stream.aclose()  # the client went away after the first body
@@ -307,16 +333,14 @@ def test_a_stream_its_client_left_is_over_upstream_before_the_next_request(tmp_p
         sessions = h.sessions
         runner = TurnRunner(sessions, Format())
         await committed_session(sessions, "t", "a", [5, 6], [H1])
-
-        def streamed(turn, held, hold):
-            return runner.streaming(turn, hold, runner.generate_stream(turn, held))
+        answering = Answering(runner)
 
         async def long() -> Turn:
-            return Turn("t", "auto", prompt=[1, 2], sampling={"max_new_tokens": 4000})
+            return planned(prompt=Prompt([1, 2], sampling={"max_new_tokens": 4000}))
 
         held, hold = await _held(sessions, "a")
         native = held.state.native
-        stream = await runner.answer(held, hold, long, stream=True, run=None, streamed=streamed)
+        stream = await runner.answer(held, hold, long, answering, stream=True)
         await anext(stream)  # the client reads a frame and leaves: the stream is dropped where it stands
         running = list(h.native(native).in_flight)
         stream.aclose().close()  # (a client's task cancelled mid-stream never finishes its generators' clean-up)
@@ -324,7 +348,7 @@ def test_a_stream_its_client_left_is_over_upstream_before_the_next_request(tmp_p
         held, hold = await _held(sessions, "a")  # the next request, at once
         try:
             await held.start()
-            answer = await runner.generate(Turn("t", "auto", prompt=[1, 2], sampling={"max_new_tokens": 2}), held)
+            answer = await runner.generate(planned(prompt=Prompt([1, 2], sampling={"max_new_tokens": 2})), held)
         finally:
             await hold.aclose()
         return running, answer, list(h.native(native).in_flight)
@@ -341,12 +365,10 @@ def test_a_stream_never_started_lets_the_session_go_after_the_start_timeout(monk
         sessions = h.sessions
         runner = TurnRunner(sessions, Format())
         made = []
-
-        def streamed(turn, held, hold):
-            return runner.streaming(turn, hold, runner.generate_stream(turn, held))
+        answering = Answering(runner)
 
         held, hold = await _held(sessions, "a")
-        stream = await runner.answer(held, hold, _turn(made), stream=True, run=None, streamed=streamed)
+        stream = await runner.answer(held, hold, _turn(made), answering, stream=True)
         state = held.state
         before = state.lock.locked()
         await until(lambda: not state.lock.locked() and state.users == 0, what="the unstarted stream's session let go")
@@ -354,10 +376,10 @@ def test_a_stream_never_started_lets_the_session_go_after_the_start_timeout(monk
             await anext(stream)
         async with sessions.turn("t", "a") as again:  # the next request holds it at once
             free = again.state is state
-        return before, made[0].started, expired.value, free, h.client.count("query"), h.client.calls
+        return before, expired.value, free, h.client.count("query"), h.client.calls
 
-    before, started, expired, free, queried, calls = run(body, lease_wait=0.5)
-    assert before and started and free
+    before, expired, free, queried, calls = run(body, lease_wait=0.5)
+    assert before and free
     assert expired.code == "stream_expired" and expired.status == 503
     assert queried == 0 and not any(action == "acquire" for action, _ in calls)  # nothing was generated or leased
 
@@ -405,12 +427,42 @@ def test_a_turn_planned_on_memory_that_is_gone_is_planned_again_on_the_new_empty
 
         async def prepare() -> Turn:
             seen.append(list(state.committed))
-            return Turn("t", "auto", prompt=[1, 2], sampling={"max_new_tokens": 2})
+            return planned(prompt=Prompt([1, 2], sampling={"max_new_tokens": 2}))
 
         held, hold = await _held(sessions, "a")
-        answer = await runner.answer(held, hold, prepare, stream=False, run=lambda turn, held: runner.generate(turn, held), streamed=None)
+        answer = await runner.answer(held, hold, prepare, Answering(runner), stream=False)
         return seen, answer
 
     seen, answer = run(body)
     assert seen == [[H1], []]  # planned on the memory it believed in, then again on the memory it found
     assert len(answer["output_ids"]) == 2
+
+
+# ---- the one entry, and the frozen parts
+
+
+def test_run_replays_a_kept_answer_and_answers_a_plain_turn_holding_nothing():
+    async def body(h):
+        runner = TurnRunner(h.sessions, Format())
+        answering = Answering(runner)
+        replayed = await runner.run(OnMemory(replay={"message": "kept"}), answering, stream=False)
+        plain = await runner.run(OnMemory(turn=planned("off", prompt=Prompt([1, 2], sampling={"max_new_tokens": 2}))), answering, stream=False)
+        streamed = await runner.run(OnMemory(turn=planned("off", prompt=Prompt([1, 2], sampling={"max_new_tokens": 2}))), answering, stream=True)
+        bodies = [body async for body in streamed]
+        return replayed, plain, bodies, len(h.sessions.table)
+
+    replayed, plain, bodies, held = run(body)
+    assert replayed == {"replayed": {"message": "kept"}}  # nothing generated for a retry
+    assert len(plain["output_ids"]) == 2 and len(bodies[-1]["output_ids"]) == 2
+    assert held == 0  # no session was held or made
+
+
+def test_a_turns_parts_are_frozen():
+    turn = planned(prompt=Prompt([1]), keep_parent=True)
+    for part, field in ((turn, "memory"), (turn.prompt, "ids"), (turn.memory, "keep_parent"), (turn.context, "digest")):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(part, field, None)
+    assert dataclasses.replace(turn.memory, keep_parent=False).keep_parent is False and turn.memory.keep_parent  # a new plan, not a change
+    # the session layer's turn holds no surface's concept and no progress of a run
+    fields = {f.name for part in (Turn, Prompt, MemoryPlan) for f in dataclasses.fields(part)}
+    assert not fields & {"request", "thread", "items", "base_version", "as_text", "started", "kept", "tenant", "digest", "key"}
