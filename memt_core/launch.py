@@ -144,7 +144,8 @@ class LaunchPlan:
         return EngineOptions(
             device=self.device, dtype=self.dtype, max_running_requests=self.max_running_requests,
             max_commit_batch=self.runtime.max_inflight_commits_per_rank, context_length=self.context_length,
-            min_kv_tokens=self.runtime.min_kv_tokens, enable_streaming_session=self.enable_streaming_session,
+            min_kv_tokens=self.runtime.min_kv_tokens, max_sessions=self.runtime.max_sessions_per_rank,
+            enable_streaming_session=self.enable_streaming_session,
             torch_compile=self.torch_compile, threads=self.torch_threads, fused_decode=self.fused_decode,
             cuda_graphs=self.cuda_graphs, cuda_graph_max_tokens=self.cuda_graph_max_tokens, warmup=self.warmup,
             warmup_lengths=self.warmup_lengths, warmup_batch_sizes=self.warmup_batch_sizes,

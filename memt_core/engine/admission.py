@@ -8,6 +8,11 @@ alone and stops when it reaches it (finish reason "length"), so the cache never 
 waiting for admission (accepted, not yet running) are counted; beyond ``max_queued`` a new one is refused with
 ``EngineBusy`` (503, ``Retry-After``).
 
+``padded``: the running queries' caches are one left-padded batch (the growing cache, ``memt_core.engine.kv``), so
+each row takes the longest row's length: what they hold together is their count × the largest reservation, and a
+query is admitted against that. In a paged pool (``padded=False``) each holds only its own, in whole blocks
+(``block``), and the sum counts.
+
 Pure bookkeeping, shared by the event loop (``enter``) and the engine's thread (the rest): one lock.
 """
 
@@ -27,9 +32,19 @@ class Admission:
     peak: int = 0  # the most ever held at once: reservations and retained contexts
     queued: int = 0  # accepted, not yet admitted nor ended
     refused: int = 0  # refused because the queue was full
+    padded: bool = False  # the running queries share one left-padded cache: count × the largest reservation
+    block: int = 1  # a paged pool's block: a reservation is whole blocks
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
+        self._running: list[int] = []  # the running queries' reservations
+
+    def _held(self, extra: int = 0) -> int:
+        """What the running queries (and one more reserving ``extra``) may come to hold together."""
+        if not self.padded:
+            return self.reserved + extra
+        count = len(self._running) + (1 if extra else 0)
+        return count * max(self._running + [extra], default=0)
 
     def enter(self, prompt_tokens: int) -> None:
         """A query arrives: refused (400) when its prompt alone fills the budget, (503) when the queue is full."""
@@ -51,13 +66,13 @@ class Admission:
         """The tokens a query reserves (0 without a budget)."""
         if self.budget is None:
             return 0
-        return min(prompt_tokens + max_new_tokens, self.budget)
+        return min(-(-(prompt_tokens + max_new_tokens) // self.block) * self.block, self.budget)
 
     def room(self, need: int, retained: int = 0) -> int:
         """Tokens missing for a query reserving ``need`` beside the running ones and ``retained`` tokens of retained
         contexts (0: it fits; always 0 without a budget)."""
         with self._lock:
-            return 0 if self.budget is None else max(0, self.reserved + retained + need - self.budget)
+            return 0 if self.budget is None else max(0, self._held(need) + retained - self.budget)
 
     def fits(self, need: int, alone: bool, retained: int = 0) -> bool:
         """Whether a query reserving ``need`` may start now (``alone``: nothing else runs or starts this step)."""
@@ -66,10 +81,13 @@ class Admission:
     def admit(self, need: int, retained: int = 0) -> None:
         with self._lock:
             self.reserved += need
-            self.peak = max(self.peak, self.reserved + retained)
+            self._running.append(need)
+            self.peak = max(self.peak, self._held() + retained)
 
     def release(self, need: int) -> None:
         with self._lock:
+            if need in self._running:
+                self._running.remove(need)
             self.reserved -= need
 
     def describe(self) -> dict:

@@ -59,6 +59,7 @@ class EngineStats:
     queued: int = 0  # queries accepted and not yet admitted (the inbox and the waiting queue)
     kv_reserved: int = 0  # KV tokens the running queries reserved against --max-total-tokens
     kv_reserved_peak: int = 0
+    kv_held_peak: int | None = None  # the most KV tokens the caches held after a step, measured (None: on other ranks)
     kv_budget: int | None = None  # --max-total-tokens (None: no bound)
     refused_queue_full: int = 0  # queries refused with 503 beyond --max-queued-requests
 
@@ -73,6 +74,7 @@ class EngineOptions:
     max_commit_batch: int = 1
     context_length: int = 32768
     min_kv_tokens: int = 1
+    max_sessions: int = 1  # sessions per rank (memt_runtime.max_sessions_per_rank): the memory state slots sized at start
     enable_streaming_session: bool = False
     torch_compile: bool = False  # compile the decode step and short prefills with torch.compile (engines that can)
     threads: int | None = None  # CPU threads of torch's intra-op pool (None: the engine's choice)

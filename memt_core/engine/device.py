@@ -75,10 +75,6 @@ def claim_architecture(model: MemTForCausalLM) -> None:
     _COMPILED_ARCHITECTURES[model] = mine
 
 
-#: of what ``--mem-fraction-static`` leaves after the weights, the share kept for activations (the rest is KV)
-ACTIVATION_SHARE = 0.2
-
-
 def kv_token_bytes(model: MemTForCausalLM) -> int:
     """Bytes one token's keys and values take in the KV cache: every decoder layer counted as full attention (an
     upper bound for hybrid backbones, whose linear-attention layers keep a fixed state instead)."""
@@ -89,35 +85,74 @@ def kv_token_bytes(model: MemTForCausalLM) -> int:
     return 2 * int(config.num_hidden_layers) * int(heads) * int(head_dim) * size
 
 
-def kv_budget_tokens(fraction: float, total: int, used: int, token_bytes: int) -> int:
-    """The KV tokens ``--mem-fraction-static`` allows on a device of ``total`` bytes with ``used`` taken (weights)."""
-    free = max(0.0, fraction * total - used) * (1 - ACTIVATION_SHARE)
-    return int(free // max(token_bytes, 1))
+def memory_state_bytes(model: MemTForCausalLM) -> int:
+    """Bytes of one session's memory state: every memory layer's ``[1, H, K, V]`` FP32 matrix (all heads: on a rank,
+    an upper bound)."""
+    heads, keys, values = model.checkpoint.memory.state_shape()[1:]
+    return 4 * heads * keys * values * len(model.checkpoint.memory.memory_layers)
 
 
-def cuda_kv_budget(model: MemTForCausalLM, fraction: float | None) -> int | None:
-    """On CUDA with ``--mem-fraction-static``: the KV budget in tokens (logged); else None (no bound)."""
+def kv_budget_tokens(fraction: float, total: int, used: int, token_bytes: int, *, activation: int, states: int = 0) -> int:
+    """The KV tokens ``--mem-fraction-static`` allows on a device of ``total`` bytes: what the fraction leaves after
+    ``used`` (the weights), the ``activation`` peak the warm-up's forward passes measured and the ``states`` bytes
+    the sessions' memory states take, divided by one token's KV bytes."""
+    free = fraction * total - used - activation - states
+    return int(max(0.0, free) // max(token_bytes, 1))
+
+
+def activation_peak(model: MemTForCausalLM, tokens: int) -> int:
+    """CUDA: the most bytes beyond what is allocated now that a prompt of ``tokens`` tokens and a commit of as many
+    take (the forward passes of the engine's largest served shape; the prompt's own KV excluded), measured."""
+    from memt_core.engine.fp8_kv import new_cache
+    from memt_core.memory.state import MemoryState
+    from memt_core.models.passes import commit_batch, memory_batch
+
+    device = next(model.parameters()).device
+    torch.cuda.synchronize(device)
+    base = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    ids = torch.zeros(1, tokens, dtype=torch.long, device=device)
+    with torch.no_grad():
+        model(ids, memory=memory_batch(model, [None]), past_key_values=new_cache(model.config, "auto"), use_cache=True,
+              logits_to_keep=1)
+        commit_batch(model, [MemoryState()], [ids[0]])
+    torch.cuda.synchronize(device)
+    return max(0, torch.cuda.max_memory_allocated(device) - base - tokens * kv_token_bytes(model))
+
+
+#: the prompt length the activation peak is measured at, at most (``--context-length`` when shorter): prompts are
+#: prefilled whole, so a longer one's activations go beyond the measured peak
+PROFILE_TOKENS = 8192
+
+
+def cuda_kv_budget(model: MemTForCausalLM, fraction: float | None, *, profile_tokens: int, state_slots: int) -> int | None:
+    """On CUDA with ``--mem-fraction-static``: the KV budget in tokens, sized once from the measured activation peak
+    of a ``profile_tokens`` prompt and ``state_slots`` sessions' memory states (logged); else None (no bound)."""
     device = next(model.parameters()).device
     if fraction is None or device.type != "cuda":
         return None
     total = torch.cuda.get_device_properties(device).total_memory
-    tokens = kv_budget_tokens(fraction, total, torch.cuda.memory_allocated(device), kv_token_bytes(model))
+    activation = activation_peak(model, profile_tokens)
+    states = state_slots * memory_state_bytes(model)
+    weights = torch.cuda.memory_allocated(device)
+    tokens = kv_budget_tokens(fraction, total, weights, kv_token_bytes(model), activation=activation, states=states)
     import logging
 
-    logging.getLogger("memt.engine").info("--mem-fraction-static %.2f of %.1f GB: a KV budget of %d tokens (%d bytes each)",
-                                          fraction, total / 1e9, tokens, kv_token_bytes(model))
+    logging.getLogger("memt.engine").info(
+        "--mem-fraction-static %.2f of %.1f GB: weights %.2f GB, activation peak %.2f GB (a %d-token prompt and commit, "
+        "measured), %d memory state slots %.2f GB: a KV budget of %d tokens (%d bytes each)",
+        fraction, total / 1e9, weights / 1e9, activation / 1e9, profile_tokens, state_slots, states / 1e9, tokens, kv_token_bytes(model))
     return tokens
 
 
-def memory_budget(model: MemTForCausalLM, kv_tokens: int | None, kv_cache_dtype: str = "auto", pool=None) -> dict:
+def memory_budget(model: MemTForCausalLM, kv_tokens: int | None, kv_cache_dtype: str = "auto", pool=None, state_slots: int = 1) -> dict:
     """What the server may hold, in ``/memt/capabilities``: the KV budget in tokens and bytes (None: unbounded), the
     paged pool's blocks (``--kv-pool paged``), and the bytes of one session's memory state (every memory layer's
     ``[1, H, K, V]`` FP32 matrix)."""
     per_token = kv_token_bytes(model)
     if kv_cache_dtype == "fp8_e4m3":
         per_token //= next(model.parameters()).element_size()
-    memory = model.checkpoint.memory
-    heads, keys, values = memory.state_shape()[1:]
     return {"kv_tokens": kv_tokens, "kv_bytes_per_token": per_token, "kv_bytes": None if kv_tokens is None else kv_tokens * per_token,
-            "kv_cache_dtype": kv_cache_dtype, "memory_state_bytes": 4 * heads * keys * values * len(memory.memory_layers),
+            "kv_cache_dtype": kv_cache_dtype, "memory_state_bytes": memory_state_bytes(model),
+            "memory_state_slots": state_slots, "memory_states_bytes": state_slots * memory_state_bytes(model),
             "kv_pool": pool.describe() if pool is not None else "dynamic"}

@@ -91,6 +91,15 @@ def select(cache, mask: torch.Tensor, rows: list[int]):
     return _new_cache(cache, layers), mask
 
 
+def held_tokens(cache) -> int:
+    """Token slots a cache's full-attention keys take: rows × length of its first such layer (padding included); 0
+    for a cache without one."""
+    for layer in cache.layers:
+        if type(layer) in KV_LAYERS and layer.is_initialized and layer.keys is not None:
+            return int(layer.keys.shape[0] * layer.keys.shape[-2])
+    return 0
+
+
 def extract(cache, mask: torch.Tensor, row: int):
     """One row as an unpadded batch-of-one cache (for retaining a session's native context)."""
     single, single_mask = select(cache, mask, [row])

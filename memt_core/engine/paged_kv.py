@@ -10,8 +10,10 @@ finds no free block fails alone (``PoolExhausted``), never the engine.
 To attention a ``PagedLayer`` looks like transformers' ``DynamicLayer``: ``update`` writes the new tokens into the
 rows' blocks and returns the rows' keys and values gathered, left-padded to the batch's width (as the batched
 ``DynamicLayer`` holds them, ``memt_core.engine.kv``). Joining two batches or dropping rows moves block tables, not
-tensors. The gather costs what ``DynamicLayer``'s concatenation costs (one copy of the context a step); the pool
-bounds the memory, a paged-attention kernel would read the blocks in place (not built: SDPA reads contiguous tensors).
+tensors. A step stores every row's new keys in one indexed write and reads the batch back in one gather through
+the layer's slot index, which costs what ``DynamicLayer``'s concatenation costs (one copy of the context a step);
+the pool bounds the memory, a paged-attention kernel would read the blocks in place (not built: SDPA reads
+contiguous tensors).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from transformers.cache_utils import CacheLayerMixin, DynamicCache, DynamicLayer
 
 from memt_core.errors import MemTError
@@ -33,11 +36,13 @@ class PoolExhausted(MemTError):
 
 
 class LayerPool:
-    """One layer's blocks: keys and values ``[blocks × BLOCK, heads, dim]``, and the free list."""
+    """One layer's blocks: keys and values ``[blocks × BLOCK + 1, heads, dim]`` (the last slot stays zero: what a
+    row's left padding reads), and the free list."""
 
     def __init__(self, blocks: int, heads: int, dim: int, *, dtype, device):
-        self.keys = torch.zeros(blocks * BLOCK, heads, dim, dtype=dtype, device=device)
+        self.keys = torch.zeros(blocks * BLOCK + 1, heads, dim, dtype=dtype, device=device)
         self.values = torch.zeros_like(self.keys)
+        self.zero = blocks * BLOCK
         self.free = list(range(blocks - 1, -1, -1))
         self.blocks = blocks
 
@@ -45,6 +50,13 @@ class LayerPool:
         if not self.free:
             raise PoolExhausted(f"the KV pool's {self.blocks} blocks of {BLOCK} tokens are all in use (--max-total-tokens)")
         return self.free.pop()
+
+    def write(self, slots: list[int], keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        """Store ``[N, heads, dim]`` keys and values at ``slots``; returns the slots as a tensor."""
+        index = torch.tensor(slots, dtype=torch.long, device=self.keys.device)
+        self.keys[index] = keys.to(self.keys.dtype)
+        self.values[index] = values.to(self.values.dtype)
+        return index
 
     @property
     def used(self) -> int:
@@ -56,65 +68,70 @@ class Table:
 
     def __init__(self, pool: LayerPool):
         self.pool, self.blocks, self.length = pool, [], 0
-        self.slots = torch.empty(0, dtype=torch.long, device=pool.keys.device)
+
+    def grow(self, count: int) -> list[int]:
+        """The pool slots of the row's next ``count`` tokens (blocks taken as needed); the row then holds them."""
+        while len(self.blocks) * BLOCK < self.length + count:
+            self.blocks.append(self.pool.take())
+        slots = [self.blocks[p // BLOCK] * BLOCK + p % BLOCK for p in range(self.length, self.length + count)]
+        self.length += count
+        return slots
+
+    def slots(self) -> list[int]:
+        return [self.blocks[p // BLOCK] * BLOCK + p % BLOCK for p in range(self.length)]
 
     def append(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Write ``[heads, T, dim]`` keys and values after the row's tokens."""
-        count = keys.shape[1]
-        while len(self.blocks) * BLOCK < self.length + count:
-            self.blocks.append(self.pool.take())
-        positions = torch.arange(self.length, self.length + count, device=self.slots.device)
-        blocks = torch.tensor(self.blocks, dtype=torch.long, device=self.slots.device)
-        slots = blocks[positions // BLOCK] * BLOCK + positions % BLOCK
-        self.pool.keys[slots] = keys.transpose(0, 1).to(self.pool.keys.dtype)
-        self.pool.values[slots] = values.transpose(0, 1).to(self.pool.values.dtype)
-        self.slots = torch.cat([self.slots, slots])
-        self.length += count
+        self.pool.write(self.grow(keys.shape[1]), keys.transpose(0, 1), values.transpose(0, 1))
 
     def release(self) -> None:
         """Give the blocks back now (a failed request's cache may live on in its error's traceback)."""
         if self.blocks:
             self.pool.free.extend(reversed(self.blocks))
             self.blocks, self.length = [], 0
-            self.slots = self.slots[:0]
 
     __del__ = release
 
 
 class PagedLayer(CacheLayerMixin):
     """A full-attention layer's cache for a batch of rows, each a ``Table`` in the pool; ``width``: the batch's
-    left-padded length."""
+    left-padded length; ``index [rows, width]``: the pool slot of every position (padding: the zero slot), so that a
+    step writes every row's new tokens in one store and reads the batch in one gather."""
 
     is_compileable = False
 
-    def __init__(self, pool: LayerPool, rows: list[Table] | None = None, width: int = 0):
+    def __init__(self, pool: LayerPool, rows: list[Table] | None = None, width: int = 0, index: torch.Tensor | None = None):
         super().__init__()
         self.pool, self.rows, self.width = pool, rows or [], width
         self.dtype, self.device = pool.keys.dtype, pool.keys.device
         self.is_initialized = bool(self.rows)
+        if index is None:
+            index = torch.tensor([[pool.zero] * (width - row.length) + row.slots() for row in self.rows],
+                                 dtype=torch.long, device=self.device).reshape(len(self.rows), width)
+        self.index = index
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.dtype, self.device = key_states.dtype, key_states.device
         self.rows = [Table(self.pool) for _ in range(key_states.shape[0])]
+        self.index = torch.empty(len(self.rows), 0, dtype=torch.long, device=self.pool.keys.device)
         self.is_initialized = True
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         self.dtype = key_states.dtype
-        for row, keys, values in zip(self.rows, key_states, value_states):
-            row.append(keys, values)
-        self.width += key_states.shape[2]
+        rows, heads, count, dim = key_states.shape
+        slots = [slot for row in self.rows for slot in row.grow(count)]
+        new = self.pool.write(slots, key_states.transpose(1, 2).reshape(rows * count, heads, dim),
+                              value_states.transpose(1, 2).reshape(rows * count, heads, dim))
+        self.index = torch.cat([self.index, new.view(rows, count)], dim=1)
+        self.width += count
         return self.gather()
 
     def gather(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The rows' keys and values ``[rows, heads, width, dim]``, each right-aligned (left padding zero)."""
-        heads, dim = self.pool.keys.shape[1:]
-        keys = torch.zeros(len(self.rows), heads, self.width, dim, dtype=self.dtype, device=self.pool.keys.device)
-        values = torch.zeros_like(keys)
-        for i, row in enumerate(self.rows):
-            keys[i, :, self.width - row.length:] = self.pool.keys[row.slots].transpose(0, 1)
-            values[i, :, self.width - row.length:] = self.pool.values[row.slots].transpose(0, 1)
+        keys = self.pool.keys[self.index].transpose(1, 2).to(self.dtype)
+        values = self.pool.values[self.index].transpose(1, 2).to(self.dtype)
         return keys, values
 
     def get_seq_length(self) -> int:
@@ -127,10 +144,14 @@ class PagedLayer(CacheLayerMixin):
         return -1
 
     def joined(self, other: "PagedLayer") -> "PagedLayer":
-        return PagedLayer(self.pool, self.rows + other.rows, max(self.width, other.width))
+        width = max(self.width, other.width)
+        index = torch.cat([F.pad(self.index, (width - self.width, 0), value=self.pool.zero),
+                           F.pad(other.index, (width - other.width, 0), value=self.pool.zero)])
+        return PagedLayer(self.pool, self.rows + other.rows, width, index)
 
     def selected(self, rows: list[int], start: int) -> "PagedLayer":
-        return PagedLayer(self.pool, [self.rows[i] for i in rows], self.width - start)
+        index = self.index[torch.tensor(rows, dtype=torch.long, device=self.index.device), start:]
+        return PagedLayer(self.pool, [self.rows[i] for i in rows], self.width - start, index)
 
 
 class KVPool:
@@ -158,6 +179,10 @@ class KVPool:
         cache = DynamicCache(config=self.config)
         cache.layers = [PagedLayer(self.layers[i]) if i in self.layers else layer for i, layer in enumerate(cache.layers)]
         return cache
+
+    def used_tokens(self) -> int:
+        """Token slots of the blocks in use (the fullest layer's)."""
+        return BLOCK * max((pool.used for pool in self.layers.values()), default=0)
 
     def describe(self) -> dict:
         pool = next(iter(self.layers.values()), None)

@@ -93,6 +93,7 @@ class ModelRunner:
         self.batch_cache = None
         self.batch_mask: torch.Tensor | None = None
         self._read: tuple[tuple[int, ...], dict | None] = ((), None)  # the rows the batch's read was stacked for, and it
+        self.kv_peak = 0  # the most KV tokens the caches held after a step (``kv.held_tokens``), measured
 
     def new_cache(self):
         """A fresh KV cache for one request (its full-attention layers in FP8 with ``--kv-cache-dtype fp8_e4m3``)."""
@@ -135,7 +136,16 @@ class ModelRunner:
         for handle in step.free:
             self.memories.pop(handle, None)
             self.caches.pop(handle, None)
+        self.kv_peak = max(self.kv_peak, self.kv_held())
         return result
+
+    def kv_held(self) -> int:
+        """The KV tokens the full-attention caches hold now: the paged pool's blocks in use, else every cache's
+        rows × length (the shared batch's padding included)."""
+        if self.pool is not None:
+            return self.pool.used_tokens()
+        caches = list(self.caches.values()) + ([self.batch_cache] if self.batch_cache is not None else [])
+        return sum(kv.held_tokens(cache) for cache in caches)
 
     def _leave(self, leaving: tuple[Leave, ...]) -> None:
         gone = []

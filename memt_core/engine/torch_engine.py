@@ -26,7 +26,7 @@ from memt_core.checkpoint import Checkpoint
 from memt_core.engine import budget, paged_kv, warmup
 from memt_core.engine.admission import Admission
 from memt_core.engine.base import CommitInfo, Engine, EngineOptions, EngineStats, TokenEvent
-from memt_core.engine.device import cpu_threads, cuda_kv_budget, inductor_options, memory_budget  # noqa: F401 (cpu_threads re-exported)
+from memt_core.engine.device import PROFILE_TOKENS, cpu_threads, cuda_kv_budget, inductor_options, memory_budget  # noqa: F401 (cpu_threads re-exported)
 from memt_core.engine.jobs import CommitJob, QueryJob, put_all, set_exception, set_result
 from memt_core.engine.runner import COMPILED_PREFILL_TOKENS, ModelRunner, fused_decoder  # noqa: F401 (re-exported)
 from memt_core.engine.step import Commit, Decode, Handles, Leave, Prefill, Step, StepResult
@@ -114,11 +114,13 @@ class TorchEngine(Engine):
         else:
             model = load_model(checkpoint, device=options.device, dtype=DTYPES[options.dtype])
         durable, owned = shared_stores(checkpoint, options)
-        kv_budget = options.budget.max_total_tokens or cuda_kv_budget(model, options.budget.mem_fraction_static)
+        kv_budget = options.budget.max_total_tokens or cuda_kv_budget(
+            model, options.budget.mem_fraction_static, profile_tokens=min(options.context_length, PROFILE_TOKENS),
+            state_slots=options.max_sessions)
         return cls(
             model, runner=runner, state_directory=options.state_directory, snapshot_store=durable, owned=owned,
             max_running_requests=options.max_running_requests, max_commit_batch=options.max_commit_batch * parallel.session_ranks,
-            max_total_tokens=kv_budget, max_queued_requests=options.budget.max_queued_requests,
+            max_total_tokens=kv_budget, memory_state_slots=options.max_sessions, max_queued_requests=options.budget.max_queued_requests,
             kv_cache_dtype=options.budget.kv_cache_dtype, kv_pool_tokens=kv_budget if options.budget.kv_pool == "paged" else None,
             torch_compile=options.torch_compile, threads=cpu_threads(options), fused_decode=options.fused_decode,
             cuda_graphs=options.cuda_graphs, cuda_graph_max_tokens=options.cuda_graph_max_tokens,
@@ -170,6 +172,7 @@ class TorchEngine(Engine):
         runner=None,  # several ranks: memt_core.parallel.ranks.RankDriver over rank 0's share of ``model``
         max_total_tokens: int | None = None,  # the KV budget of the running queries (memt_core.engine.admission)
         max_queued_requests: int | None = None,  # queries that may wait for admission (beyond: 503)
+        memory_state_slots: int = 1,  # sessions' memory states the budget counts (max sessions per rank)
         kv_cache_dtype: str = "auto",  # fp8_e4m3: the KV cache in FP8 (memt_core.engine.fp8_kv)
         kv_pool_tokens: int | None = None,  # a paged KV pool of this many tokens (memt_core.engine.paged_kv)
     ):
@@ -204,7 +207,9 @@ class TorchEngine(Engine):
         self.stop_ids = eos_token_ids(model)
         self.max_running = max_running_requests
         self.max_commit_batch = max_commit_batch
-        self.admission = Admission(budget=max_total_tokens, max_queued=max_queued_requests)
+        self.memory_state_slots = memory_state_slots
+        self.admission = Admission(budget=max_total_tokens, max_queued=max_queued_requests, padded=kv_pool_tokens is None,
+                                   block=paged_kv.BLOCK if kv_pool_tokens is not None else 1)
         self._stats = EngineStats()
         self._inbox: queue.Queue = queue.Queue()
         self._waiting: deque[QueryJob] = deque()
@@ -269,12 +274,13 @@ class TorchEngine(Engine):
         a = self.admission
         self._stats.queued, self._stats.kv_reserved, self._stats.kv_reserved_peak = a.queued, a.reserved, a.peak
         self._stats.kv_budget, self._stats.refused_queue_full = a.budget, a.refused
+        self._stats.kv_held_peak = getattr(self.runner, "kv_peak", None)  # measured on this process's caches
         return self._stats
 
     def capabilities(self) -> dict:
         return {"device": str(self.device), "dtype": str(next(self.runner.model.parameters()).dtype).removeprefix("torch."),
                 "memory_budget": memory_budget(self.runner.model, self.admission.budget, self.runner.kv_cache_dtype,
-                                               pool=getattr(self.runner, "pool", None))}
+                                               pool=getattr(self.runner, "pool", None), state_slots=self.memory_state_slots)}
 
     # ------------------------------------------------------------------ asyncio-side API
 

@@ -34,6 +34,8 @@ class _StateCollector:
         yield GaugeMetricFamily("memt_kv_reserved_tokens", "KV tokens the running queries reserved (against --max-total-tokens)", value=stats.kv_reserved)
         if stats.kv_budget is not None:
             yield GaugeMetricFamily("memt_kv_budget_tokens", "The KV budget (--max-total-tokens)", value=stats.kv_budget)
+        if stats.kv_held_peak is not None:
+            yield GaugeMetricFamily("memt_kv_held_peak_tokens", "The most KV tokens the caches held after a step (measured)", value=stats.kv_held_peak)
         for name, value, help_text in (
             ("commits", stats.commits, "Commits applied to transaction candidates"),
             ("write_events", stats.write_events, "Memory write events (per memory layer)"),

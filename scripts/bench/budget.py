@@ -1,12 +1,12 @@
 #!/usr/bin/env python
 """A burst of long prompts against the KV budget: admitted, queued, refused, and the KV held against the budget.
 
-Two torch engines on the same checkpoint, one after the other: one with ``--max-total-tokens`` and
-``--max-queued-requests`` (``memt_core.engine.admission``), one without either (today's default). Each takes a burst
+Three torch engines on the same checkpoint, one after the other: two with ``--max-total-tokens`` and
+``--max-queued-requests`` (``memt_core.engine.admission``; the growing cache, then the paged pool), one without either (today's default). Each takes a burst
 of ``--burst`` queries at once, every one a prompt of ``--prompt-tokens`` tokens asking for ``--new-tokens``. Printed
 per engine: queries answered, refused with 503 (the queue was full), the most that waited at once, the KV tokens the
-running queries reserved at most against the budget, the KV tokens the runner's caches really held at most (sampled
-every few milliseconds), and the burst's wall time.
+running queries reserved at most against the budget, the KV tokens the runner's caches really held at most (measured
+after every step: the growing cache's padding included, the paged pool's blocks in use), and the burst's wall time.
 
 Then decode tokens/s with the paged KV pool (``--kv-pool paged``) against transformers' growing cache, at 1 and 16
 sessions, alternating, medians of ``--repeats``.
@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -30,19 +29,6 @@ from memt_core.engine import TorchEngine
 from memt_core.errors import EngineBusy
 from memt_core.models.weights import load_model
 from memt_core.sampling import SamplingParams
-
-
-def held_tokens(runner) -> int:
-    """KV tokens the runner's caches hold now: each cache's length times its rows (a best-effort read while it runs)."""
-    total = 0
-    caches = list(runner.caches.values()) + ([runner.batch_cache] if runner.batch_cache is not None else [])
-    for cache in caches:
-        try:
-            layer = next(layer for layer in cache.layers if getattr(layer, "keys", None) is not None and layer.keys.numel())
-            total += layer.keys.shape[0] * layer.keys.shape[-2]
-        except (StopIteration, AttributeError, RuntimeError):
-            continue
-    return total
 
 
 async def burst(engine, prompts: list[list[int]], new_tokens: int) -> dict:
@@ -76,23 +62,13 @@ async def burst(engine, prompts: list[list[int]], new_tokens: int) -> dict:
 
 def run(model, prompts, new_tokens: int, **limits) -> dict:
     engine = TorchEngine(model, max_running_requests=64, **limits).start()
-    peak, stop = [0], threading.Event()
-
-    def sample():
-        while not stop.is_set():
-            peak[0] = max(peak[0], held_tokens(engine.runner))
-            time.sleep(0.003)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
     started = time.perf_counter()
     try:
         found = asyncio.run(burst(engine, prompts, new_tokens))
     finally:
-        stop.set()
-        sampler.join()
         engine.stop()
-    return {**found, "seconds": time.perf_counter() - started, "held_peak": peak[0], "reserved_peak": engine.stats.kv_reserved_peak}
+    stats = engine.stats
+    return {**found, "seconds": time.perf_counter() - started, "held_peak": stats.kv_held_peak, "reserved_peak": stats.kv_reserved_peak}
 
 
 def decode_rate(engine, prompts, new_tokens: int) -> float:
@@ -132,14 +108,15 @@ def main() -> int:
     prompts = [torch.randint(10, model.config.vocab_size, (args.prompt_tokens,), generator=generator).tolist() for _ in range(args.burst)]
     print(f"a burst of {args.burst} queries of {args.prompt_tokens} prompt tokens + {args.new_tokens} new, at once; model: "
           f"{args.model_path}; CPU, one torch thread; torch {torch.__version__}")
-    header = f"{'engine':<34} {'answered':>8} {'refused':>7} {'most waiting':>12} {'reserved peak':>13} {'KV held peak':>12} {'seconds':>8}"
+    header = f"{'engine':<44} {'answered':>8} {'refused':>7} {'most waiting':>12} {'reserved peak':>13} {'KV held peak':>12} {'seconds':>8}"
     print(header)
     print("-" * len(header))
-    for name, limits in ((f"--max-total-tokens {args.budget} --max-queued-requests {args.queue}",
-                          {"max_total_tokens": args.budget, "max_queued_requests": args.queue}),
+    bounded = {"max_total_tokens": args.budget, "max_queued_requests": args.queue}
+    for name, limits in ((f"--max-total-tokens {args.budget} --max-queued-requests {args.queue}", bounded),
+                         ("the same, --kv-pool paged", {**bounded, "kv_pool_tokens": args.budget}),
                          ("no budget, no queue bound", {})):
         r = run(model, prompts, args.new_tokens, **limits)
-        print(f"{name:<34} {r['answered']:>8} {r['refused']:>7} {r['most_waiting']:>12} {r['reserved_peak']:>13,} "
+        print(f"{name:<44} {r['answered']:>8} {r['refused']:>7} {r['most_waiting']:>12} {r['reserved_peak']:>13,} "
               f"{r['held_peak']:>12,} {r['seconds']:>8.2f}")
     import statistics
 

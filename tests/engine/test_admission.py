@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+import torch
 
 from memt_core.engine import TorchEngine
 from memt_core.engine.admission import Admission
@@ -50,6 +51,23 @@ def test_reservations_fit_the_budget_and_one_alone_always_starts():
     assert Admission().need(30, 50) == 0 and Admission().fits(10**9, alone=False)  # no budget, no bound
 
 
+def test_a_padded_batch_is_admitted_by_its_longest_row():
+    """The growing cache pads every running row to the longest: two queries reserving 20 and 60 hold 2 × 60, not 80.
+    A paged pool holds each row's own."""
+    padded, paged = Admission(budget=100, padded=True), Admission(budget=100)
+    for a in (padded, paged):
+        a.admit(20)
+    assert padded.room(60) == 20 and paged.room(60) == 0
+    assert padded.room(50) == 0  # 2 × 50
+    padded.admit(50)
+    assert padded.peak == 100
+    padded.release(20)
+    assert padded.room(30) == 0 and padded.room(60) == 20  # 2 × 50 fits; 2 × 60 does not
+    padded.release(50)
+    assert padded.reserved == 0 and padded.room(100) == 0
+    assert Admission(budget=100, block=16).need(4, 20) == 32 and Admission(budget=100, block=16).need(90, 20) == 100
+
+
 def test_the_queue_is_bounded_and_a_prompt_that_fills_the_budget_is_refused():
     a = Admission(budget=100, max_queued=2)
     a.enter(10)
@@ -82,6 +100,27 @@ def test_a_burst_larger_than_the_budget_waits_its_turn_and_answers_as_alone(nano
         stats = engine.stats
         assert stats.kv_reserved_peak == 72 <= stats.kv_budget == 80  # two running at once at most
         assert stats.kv_reserved == 0 and stats.queued == 0
+    finally:
+        engine.stop()
+
+
+@pytest.mark.parametrize("pool", ["dynamic", "paged"])
+def test_the_caches_never_hold_more_than_the_budget_measured(nano_model, pool):
+    """Short and long prompts in one burst: the KV the caches actually hold after every step (the growing cache's
+    padding included; the paged pool's blocks in use) stays within ``--max-total-tokens``, and each answers as alone."""
+    budget = 100
+    prompts = [[17, 42, 99, 5], [10 + i for i in range(40)], [7, 8, 9, 10, 11], [20 + i for i in range(36)]] * 2
+    expected = [alone(nano_model, prompt, 20) for prompt in prompts]
+    engine = TorchEngine(nano_model, max_running_requests=8, max_total_tokens=budget,
+                         kv_pool_tokens=budget if pool == "paged" else None).start()
+    try:
+        async def burst():
+            return await asyncio.gather(*(answer(engine, f"q{i}", prompt, 20) for i, prompt in enumerate(prompts)))
+
+        assert [tokens for tokens, _ in asyncio.run(burst())] == expected
+        stats = engine.stats
+        assert 0 < stats.kv_held_peak <= budget  # a paged query reserves whole blocks
+        assert stats.kv_reserved_peak <= budget
     finally:
         engine.stop()
 
@@ -128,15 +167,35 @@ def test_beyond_the_queues_bound_a_query_is_refused_and_the_others_answer(nano_m
 
 
 def test_the_fraction_of_a_device_becomes_a_kv_budget(nano_model):
-    """``--mem-fraction-static`` on CUDA: what the fraction leaves after the weights, less the activations' share,
-    divided by one token's KV bytes (every layer counted as full attention: an upper bound per token)."""
-    from memt_core.engine.device import ACTIVATION_SHARE, kv_budget_tokens, kv_token_bytes
+    """``--mem-fraction-static`` on CUDA: what the fraction leaves after the weights, the measured activation peak and
+    the sessions' memory state slots, divided by one token's KV bytes (every layer counted as full attention: an
+    upper bound per token)."""
+    from memt_core.engine.device import kv_budget_tokens, kv_token_bytes, memory_state_bytes
 
     config = nano_model.config
     per_token = kv_token_bytes(nano_model)
     assert per_token == 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * 4  # FP32
-    assert kv_budget_tokens(0.5, 100_000_000, 10_000_000, 1000) == int(40_000_000 * (1 - ACTIVATION_SHARE) // 1000)
-    assert kv_budget_tokens(0.1, 100_000_000, 20_000_000, 1000) == 0  # the weights alone pass the fraction
+    assert kv_budget_tokens(0.5, 100_000_000, 10_000_000, 1000, activation=5_000_000) == 35_000
+    assert kv_budget_tokens(0.5, 100_000_000, 10_000_000, 1000, activation=5_000_000, states=64 * 100_000) == 28_600
+    assert kv_budget_tokens(0.1, 100_000_000, 20_000_000, 1000, activation=0) == 0  # the weights alone pass the fraction
+    heads, keys, values = nano_model.checkpoint.memory.state_shape()[1:]
+    assert memory_state_bytes(nano_model) == 4 * heads * keys * values * len(nano_model.memory_layers)
+
+
+@pytest.mark.gpu
+def test_the_fraction_is_sized_from_a_measured_activation_peak_on_cuda(nano_checkpoint):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    from memt_core.engine.device import activation_peak, cuda_kv_budget
+    from memt_core.models.weights import load_model
+
+    model = load_model(nano_checkpoint, device="cuda", dtype=torch.bfloat16)
+    short, long = activation_peak(model, 64), activation_peak(model, 2048)
+    assert 0 < short < long  # a longer prompt's forward passes take more
+    small = cuda_kv_budget(model, 0.5, profile_tokens=2048, state_slots=64)
+    assert 0 < small < cuda_kv_budget(model, 0.9, profile_tokens=2048, state_slots=64)
+    engine = TorchEngine(model, max_total_tokens=small, kv_pool_tokens=min(small, 65_536), memory_state_slots=64)
+    assert engine.capabilities()["memory_budget"]["memory_state_slots"] == 64
 
 
 def test_retained_contexts_count_against_the_budget_and_are_evicted_first(nano_model):
@@ -171,4 +230,7 @@ def test_capabilities_state_the_budget_in_tokens_and_bytes(nano_model):
     assert budget["kv_bytes"] == 512 * budget["kv_bytes_per_token"]
     heads, keys, values = nano_model.checkpoint.memory.state_shape()[1:]
     assert budget["memory_state_bytes"] == 4 * heads * keys * values * len(nano_model.memory_layers)
+    assert budget["memory_state_slots"] == 1 and budget["memory_states_bytes"] == budget["memory_state_bytes"]
+    slots = TorchEngine(nano_model, memory_state_slots=64).capabilities()["memory_budget"]
+    assert slots["memory_state_slots"] == 64 and slots["memory_states_bytes"] == 64 * budget["memory_state_bytes"]
     assert TorchEngine(nano_model).capabilities()["memory_budget"]["kv_tokens"] is None
