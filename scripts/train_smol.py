@@ -49,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=3000, help="training steps (default: 3000)")
     parser.add_argument("--batch-size", type=int, default=8, help="episodes per step (default: 8)")
     parser.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default: 1e-3)")
+    parser.add_argument("--value-weight", type=float, default=defaults.value_weight,
+                        help=f"loss weight of the recalled values in answers, against 1 for the rest (default: {defaults.value_weight})")
     parser.add_argument("--seed", type=int, default=0, help="seed of data, initialisation and order")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (default: 2)")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where to train (default: cpu)")
@@ -75,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     shape = replace(ModelShape(), memory_layers=tuple(sorted(args.memory_layers)), memory_heads=args.memory_heads,
                     key_dim=args.key_dim, value_dim=args.value_dim)
     config = replace(defaults, steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed, threads=args.threads,
-                     device=args.device, batched=args.batched, log_every=args.log_every, reply_weight=0.0, warmup=20,
+                     device=args.device, batched=args.batched, log_every=args.log_every, reply_weight=0.0, value_weight=args.value_weight, warmup=20,
                      memory_init_std=0.02, memory_out_std=0.02, shape=shape, backbone=args.backbone,
                      lora_rank=args.lora_rank, lora_alpha=args.lora_alpha)
     full = Mix(**overrides)
