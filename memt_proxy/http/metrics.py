@@ -51,7 +51,7 @@ class _SessionCollector:
         yield GaugeMetricFamily("memt_proxy_sessions", "Session states the proxy keeps", value=len(states))
         yield GaugeMetricFamily("memt_proxy_sessions_in_use", "Sessions a request holds or waits for", value=sum(s.users > 0 for s in states))
         yield GaugeMetricFamily("memt_proxy_sessions_leased", "Sessions holding an upstream lease", value=sum(s.lease is not None for s in states))
-        yield GaugeMetricFamily("memt_proxy_memory_states", "Kept conversation states a resent transcript can resume", value=len(sessions.prefixes))
+        yield GaugeMetricFamily("memt_proxy_memory_states", "Kept conversation states a resent transcript can resume", value=sessions.kept.findable())
         for name, value, text in (
             ("session_offloads", sessions.placement.offloads, "Upstream sessions offloaded to make room"),
             ("session_restores", sessions.placement.restores, "Offloaded sessions restored"),

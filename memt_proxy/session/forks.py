@@ -31,16 +31,14 @@ class NamedForks:
 
     def parent_link(self, state: SessionState) -> str | None:
         """Before a named chat session's memory changes (its lock and lease held): the chain of the messages it holds,
-        reserved for the state ``keep_parent`` makes of it (``PrefixIndex.made`` ends the reservation); None where
+        reserved for the state ``keep_parent`` makes of it (``KeptStates.made`` ends the reservation); None where
         nothing is kept: no room, a history the proxy does not know, or a state kept already for the same messages."""
         if not (state.exists and state.committed and state.history_known and state.lease is not None):
             return None
         link = chain(state.tenant, state.committed)[-1]
-        if self.kept.table.room() < 2:
-            return None  # its place in the table would be the last one: a request's, not a copy's
-        if not self.kept.prefixes.reserve(link):
-            return None  # kept already (the session forked from it, or a conversation without a header holds the same)
-        return link
+        # None where its place in the table would be the last one (a request's, not a copy's) or it is kept already (the
+        # session forked from it, or a conversation without a header holds the same)
+        return link if self.kept.reserve(link) else None
 
     async def keep_parent(self, state: SessionState, parent: SessionState, link: str) -> None:
         """What a named session holds kept as the new state ``parent`` (held), found by the chain of its messages,
@@ -57,11 +55,7 @@ class NamedForks:
             self.writes.record(parent, self.records.save, parent.committed)
         except ProxyError as exc:
             log.info("the state before a turn of %s is not kept (%s)", state.native, exc.message)
-            self.kept.prefixes.drop(parent.name)
-            if parent.exists:
-                await self.kept.close(parent)
-            else:
-                self.records.delete(parent.native)
+            await self.kept.abandon(parent)
 
     async def rebuild(self, state: SessionState, origin: SessionState) -> None:
         """Make a named session's memory a copy of the kept state ``origin`` (both held): a request that diverged from

@@ -84,14 +84,14 @@ async def planned(sessions: Sessions, messages: list[Message] | list[dict], tena
     """``plan_headerless``, once the state the request's whole history names is made, if it is being made (its answer,
     just sent, forks it behind itself): a conversation's next request reads it, as a named session's next request waits
     for its commit. The wait is bounded by ``lease_wait``; past it the request reads what is kept."""
-    plan = await off_loop(size, plan_headerless, messages, tenant, sessions.prefixes)
-    making = sessions.prefixes.being_made(plan.links[-1]) if plan.links else None
+    plan = await off_loop(size, plan_headerless, messages, tenant, sessions.kept.prefixes)
+    making = sessions.kept.prefixes.being_made(plan.links[-1]) if plan.links else None
     if making is not None and (plan.found is None or plan.found.depth < len(plan.links)):
         try:
             await asyncio.wait_for(making.wait(), timeout=sessions.leases.lease_wait)
         except asyncio.TimeoutError:
             return plan
-        plan = await off_loop(size, plan_headerless, messages, tenant, sessions.prefixes)
+        plan = await off_loop(size, plan_headerless, messages, tenant, sessions.kept.prefixes)
     return plan
 
 
@@ -128,13 +128,8 @@ async def resume(sessions: Sessions, messages: list[Message] | list[dict], tenan
 def find_shared(sessions: Sessions, plan: HeaderlessPlan) -> None:
     """With records a cluster's proxies share: a request that found no kept state here looks for one another
     node made (its memory in the shared snapshot store), and finds it from then on."""
-    if plan.found is not None or not sessions.records.shared:
-        return
-    shared = sessions.records.kept_at(list(plan.links))
-    if shared is not None:
-        depth, name = shared
-        sessions.prefixes.move(name, plan.links[depth - 1])
-        plan.found = Found(depth, name)
+    if plan.found is None:
+        plan.found = sessions.kept.found_elsewhere(list(plan.links))
 
 
 async def resumable(sessions: Sessions, state: SessionState, plan: HeaderlessPlan) -> bool:
@@ -178,8 +173,8 @@ def after_answer(
     link = plan.link
     for message in answer:
         link = extend(link, message_hash(message))
-    sessions.prefixes.answered(link)
-    if not keep or sessions.table.room() < 2 or not sessions.prefixes.reserve(link):
+    sessions.kept.answered(link)
+    if not keep or not sessions.kept.reserve(link):
         return  # nothing to keep, the table's last place (a request's), or kept already
     task = asyncio.get_running_loop().create_task(_fork(sessions, plan.tenant, None if parent is None else parent.name, link, hashes, ids))
     sessions.behind.add(task)
@@ -205,17 +200,13 @@ async def _fork(sessions: Sessions, tenant: str, parent: str | None, link: str, 
                 await sessions.writes.write(state, held.lease, sessions.upstream.pieces(written), hashes)
             except ProxyError as exc:
                 log.info("a header-less conversation's state is not kept (%s)", exc.message)
-                sessions.prefixes.drop(state.name)
-                if state.exists:
-                    await sessions.kept.close(state, held.lease)
-                else:
-                    sessions.records.delete(state.native)
+                await sessions.kept.abandon(state, held.lease)
     except ProxyError as exc:  # e.g. every session state of the proxy in use
         log.info("a header-less conversation's state is not kept (%s)", exc.message)
     except Exception:
         log.exception("keeping a header-less conversation's state failed")
     finally:
-        sessions.prefixes.made(link)
+        sessions.kept.made(link)
 
 
 async def _copy(sessions: Sessions, tenant: str, parent: str, state: SessionState, hashes: list[str]) -> None:

@@ -2,13 +2,19 @@
 hold (``memt_proxy.session.prefix_index``) and never written once made — a header-less conversation's states
 (``memt_proxy.session.headerless``) and the state a named session held before each change (``memt_proxy.session.forks``).
 
-This part holds them within their bound and nothing else:
+This part holds them within their bound, and their index: the ``PrefixIndex`` is its own, read by the header-less plan
+(``prefixes``) and changed only here:
 
+* ``reserve(link)`` / ``made(link)``: a new kept state for the messages whose chain is ``link`` is to be made (not the
+  table's last place, and none kept or being made for them already), until it is made or given up; ``answered(link)``:
+  a transcript answered (a request carrying it is worth keeping); ``found_elsewhere(links)``: a state another node of a
+  cluster made, indexed here;
 * ``move(state, head)``: a kept state holds (or is about to hold) the messages whose chain is ``head``: indexed and
   recorded (before it exists upstream, so that a proxy killed meanwhile leaves no native session its records do not
   name);
 * ``room(state)``: held while a kept state is created: room is made for it (``make_room``), one at a time, so that
   concurrent ones never pass ``limit()``;
+* ``abandon(state)``: a kept state that could not be made or written, found no more and closed (or its record dropped);
 * ``close(state)``: a kept state nobody holds closed (found no more; its conversation's next prompt is longer);
   ``close_copies_of(session)``: the states kept of a named session, closed with it;
 * ``recorded()`` / ``forget(state)`` / ``trim()``: once the upstream first answers, the states an earlier life of
@@ -32,7 +38,7 @@ from memt_core.client.errors import MemTClientError
 from memt_core.errors import UnknownSession
 from memt_proxy.errors import RateLimited
 from memt_proxy.session.leases import Leases
-from memt_proxy.session.prefix_index import PrefixIndex
+from memt_proxy.session.prefix_index import Found, PrefixIndex
 from memt_proxy.session.state import LIVE_SECONDS, SessionState, SessionTable, evicted_first
 from memt_proxy.session.store import SessionRecordStore
 from memt_proxy.session.upstream import Upstream
@@ -41,24 +47,21 @@ log = logging.getLogger("memt.proxy")
 
 
 class KeptStates:
-    """The kept states of ``table``, indexed by ``prefixes`` and recorded in ``records``, within ``max_memory_states``
-    (see the module docstring); closed on ``upstream`` through ``leases``."""
+    """The kept states of ``table``, indexed by their ``prefixes`` and recorded in ``records``, within
+    ``max_memory_states`` (see the module docstring); closed on ``upstream`` through ``leases``."""
 
-    def __init__(
-        self, upstream: Upstream, leases: Leases, records: SessionRecordStore, table: SessionTable, prefixes: PrefixIndex, *,
-        max_memory_states: int,
-    ):
+    def __init__(self, upstream: Upstream, leases: Leases, records: SessionRecordStore, table: SessionTable, *, max_memory_states: int):
         self.upstream = upstream
         self.client = upstream.client
         self.leases = leases
         self.records = records
         self.table = table
-        self.prefixes = prefixes
+        self.prefixes = PrefixIndex()  # read by the header-less plan; changed only here
         self.max_memory_states = max_memory_states  # kept states upstream at most
         self.making = asyncio.Lock()  # kept states are made one at a time (``room``)
         self._recorded = records.kept_states()  # taken into the table once the upstream answers (``recorded``)
         for recorded in self._recorded:
-            prefixes.move(recorded["name"], recorded["head"])
+            self.prefixes.move(recorded["name"], recorded["head"])
         self.closed = 0  # kept states closed to make room (or beyond the bound), since start
 
     def limit(self) -> int:
@@ -66,6 +69,36 @@ class KeptStates:
         session capacity bounds them too: where it is full, making any session closes an idle state first
         (``Placement.offload_idle``)."""
         return self.max_memory_states
+
+    def findable(self) -> int:
+        """Kept states a resent transcript can resume (indexed)."""
+        return len(self.prefixes)
+
+    def reserve(self, link: str) -> bool:
+        """Whether a new kept state may be made for the messages whose chain is ``link``: not in the table's last place
+        (a request's, not a copy's), and none kept or being made for them already (concurrent identical requests make
+        one); if so, reserved until ``made(link)``."""
+        return self.table.room() >= 2 and self.prefixes.reserve(link)
+
+    def made(self, link: str) -> None:
+        """The state reserved for ``link`` made, or given up: requests waiting for it look again."""
+        self.prefixes.made(link)
+
+    def answered(self, link: str) -> None:
+        """The transcript whose chain is ``link`` was answered: a request carrying it is worth keeping."""
+        self.prefixes.answered(link)
+
+    def found_elsewhere(self, links: list[str]) -> Found | None:
+        """With records a cluster's proxies share: the deepest kept state another node made for the chain ``links``
+        (its memory in the shared snapshot store), found here from then on; None without one (or shared records)."""
+        if not self.records.shared:
+            return None
+        shared = self.records.kept_at(list(links))
+        if shared is None:
+            return None
+        depth, name = shared
+        self.prefixes.move(name, links[depth - 1])
+        return Found(depth, name)
 
     def move(self, state: SessionState, head: str | None) -> None:
         """The kept state ``state`` now holds (or is about to hold) the messages whose chain is ``head``: index and record it."""
@@ -114,6 +147,15 @@ class KeptStates:
         if state.is_kept and not state.extended and state.idle_since is not None and self.leases.clock.now() - state.idle_since < LIVE_SECONDS:
             log.warning("closing the latest state of a live header-less conversation (used %.0f s ago) to make room (%s): its next "
                         "turn is read as text", self.leases.clock.now() - state.idle_since, why)
+
+    async def abandon(self, state: SessionState, lease: str | None = None) -> None:
+        """A kept state that could not be made or written: found no more, and closed where it exists upstream (with
+        ``lease``, if held), else its record dropped."""
+        self.prefixes.drop(state.name)
+        if state.exists:
+            await self.close(state, lease)
+        else:
+            self.records.delete(state.native)
 
     async def close(self, state: SessionState, lease: str | None = None) -> bool:
         """Close a kept state nobody holds (its lease, or ``lease``, taken if need be): a closed state costs only a longer

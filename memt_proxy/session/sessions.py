@@ -82,7 +82,6 @@ from memt_proxy.session.held import HeldSession
 from memt_proxy.session.kept import KeptStates
 from memt_proxy.session.leases import Leases
 from memt_proxy.session.placement import Placement
-from memt_proxy.session.prefix_index import PrefixIndex
 from memt_proxy.session.state import (
     KEPT_PREFIX,
     LEASE_IDLE,
@@ -133,14 +132,13 @@ class Sessions:
     ):
         self.records = records or SessionRecordStore(None)
         self.table = SessionTable(max_sessions)
-        self.prefixes = PrefixIndex()  # kept states (``memt_proxy.session.headerless``, ``forks``), as recorded
         self.memory_tokens = MemoryTokens()  # the prompt tokens each session's memory spares, for every surface
         self.behind: set[asyncio.Task] = set()  # commits and forks under way behind their answers
         self.upstream = Upstream(client, identity=identity, served=served, table=self.table)
         self.clock = clock or Clock()  # the leases' time, and a state's idle time (``SessionState.idle_since``)
         self.leases = Leases(self.upstream, lease_wait=lease_wait, lease_ttl=lease_ttl, lease_idle=lease_idle, clock=self.clock)
         self.writes = Writes(self.upstream, self.leases, self.records, native_encoding=native_encoding)
-        self.kept = KeptStates(self.upstream, self.leases, self.records, self.table, self.prefixes, max_memory_states=max_memory_states)
+        self.kept = KeptStates(self.upstream, self.leases, self.records, self.table, max_memory_states=max_memory_states)
         self.placement = Placement(self.upstream, self.leases, self.writes, self.records, self.table, self.kept)
         self.forks = NamedForks(self.upstream, self.writes, self.placement, self.kept, self.memory_tokens)
 
@@ -277,7 +275,7 @@ class Sessions:
         except ProxyError as exc:  # e.g. every session state of the proxy in use
             log.info("the state before a turn of %s is not kept (%s)", state.native, exc.message)
         finally:
-            self.prefixes.made(link)
+            self.kept.made(link)
 
     async def rebuild(self, state: SessionState, source: str) -> None:
         """The named session (its lock held) made a copy of the kept state ``source``, held here meanwhile

@@ -191,6 +191,22 @@ def test_request_context_travels_as_its_own_object_not_on_the_request_models():
         raise AssertionError("RequestContext is not frozen")
 
 
+def test_the_prefix_index_changes_only_through_kept_states():
+    """Issue 59 (1): the index of kept states is ``KeptStates``' own: outside ``session/kept.py`` it is only read (the
+    header-less plan finds states in it); what changes it goes through ``KeptStates``' API (``move``, ``reserve``, ``made``,
+    ``answered``, ``abandon``, ``found_elsewhere``, ``close``)."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "memt_proxy"
+    changing = [
+        (str(path.relative_to(root)), line.strip())
+        for path in root.rglob("*.py") if str(path.relative_to(root)) != "session/kept.py"
+        for line in path.read_text().splitlines() if re.search(r"prefixes\.(move|drop|reserve|made|answered)\(|PrefixIndex\(", line)
+    ]
+    assert changing == []
+
+
 def test_no_session_test_sleeps():
     """Issue 59: the session layer's tests wait for no time: time comes from the harness's ``StoppedClock``, and
     concurrent requests are interleaved by event-loop rounds (``session_harness.turns``) or wait on a state."""

@@ -20,9 +20,8 @@ class NoSessions:
 
     table: list = []
     placement = type("Placement", (), {"offloads": 0, "restores": 0})()
-    kept = type("KeptStates", (), {"closed": 0})()
+    kept = type("KeptStates", (), {"closed": 0, "findable": lambda self: 0})()
     writes = type("Writes", (), {"published": 0})()
-    prefixes: list = []
 
 
 NoSessions.table = type("Table", (list,), {"dropped": 0})()

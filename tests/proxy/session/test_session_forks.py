@@ -24,9 +24,9 @@ def test_only_a_known_history_on_a_leased_session_with_room_is_kept_once_at_a_ti
             await held.start()
             link = forks.parent_link(state)
             again = forks.parent_link(state)  # reserved: being kept
-            sessions.prefixes.made(link)
+            sessions.kept.made(link)
             after = forks.parent_link(state)
-            sessions.prefixes.made(after)
+            sessions.kept.made(after)
             state.history_known = False
             unknown = forks.parent_link(state)
             state.history_known = True
@@ -85,7 +85,7 @@ def test_keep_parent_copies_a_sessions_memory_and_indexes_it(tmp_path):
         parents = kept(sessions)
         parent = parents[0]
         record = [b for b in sessions.records.kept_states() if b["name"] == parent.name]
-        return (state, parent, again, twice, h.memory(parent.native), sessions.prefixes.find(chain("t", [H1, H2])), record,
+        return (state, parent, again, twice, h.memory(parent.native), sessions.kept.prefixes.find(chain("t", [H1, H2])), record,
                 sessions.records.load(parent.native, 0), sessions.memory_tokens.held(parent), h.memory(state.native))
 
     state, parent, once, twice, memory, found, record, recorded, tokens, own = run(body, state=tmp_path)
@@ -106,7 +106,7 @@ def test_closing_a_session_closes_the_states_kept_for_it(tmp_path):
             await sessions.keep_parent(held.state)
         parent = kept(sessions)[0]
         await sessions.admin("t", "a", "close")
-        return parent, h.native(parent.native), sessions.prefixes.find(chain("t", [H1])), SessionRecordStore(tmp_path / "records").kept_states()
+        return parent, h.native(parent.native), sessions.kept.prefixes.find(chain("t", [H1])), SessionRecordStore(tmp_path / "records").kept_states()
 
     parent, native, found, branches = run(body, state=tmp_path)
     assert not parent.exists and native is None and found is None and branches == []

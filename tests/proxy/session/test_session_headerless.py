@@ -67,7 +67,7 @@ def test_twenty_identical_answers_fork_one_state_written_once():
         sessions = h.sessions
         parent = await keep(sessions, "t", CONVERSATION[:2], [1, 2])
         writes_before, copies_before = sessions.writes.published, h.client.count("create")
-        plan = plan_headerless(CONVERSATION[:3], "t", sessions.prefixes)
+        plan = plan_headerless(CONVERSATION[:3], "t", sessions.kept.prefixes)
         assert plan.found == Found(2, parent.name)
         answer = [assistant("2")]
         release = asyncio.Event()
@@ -84,14 +84,14 @@ def test_twenty_identical_answers_fork_one_state_written_once():
 
         await asyncio.gather(*(answered(index) for index in range(20)))
         link = chain("t", [*HASHES[:3], message_hash(answer[0])])[-1]
-        assert sessions.prefixes.being_made(link) is not None and len(sessions.behind) == 1  # one fork under way
+        assert sessions.kept.prefixes.being_made(link) is not None and len(sessions.behind) == 1  # one fork under way
         release.set()
         await settle(sessions)
         await asyncio.gather(*(answered(index) for index in range(10)))  # after it is made: found, not made again
         await settle(sessions)
         made = [state for state in kept(sessions) if state is not parent]
         return (parent, made, sessions.writes.published - writes_before, h.client.count("create") - copies_before, len(asked),
-                [h.memory(state.native) for state in made], h.memory(parent.native), sessions.prefixes.find(chain("t", [*HASHES[:3], message_hash(answer[0])])))
+                [h.memory(state.native) for state in made], h.memory(parent.native), sessions.kept.prefixes.find(chain("t", [*HASHES[:3], message_hash(answer[0])])))
 
     parent, made, writes, creates, asked, memories, parent_memory, found = run(body)
     assert len(made) == 1 and writes == 1 and creates == 1 and asked == 1
@@ -105,7 +105,7 @@ def test_a_conversations_next_request_waits_for_the_state_its_answer_makes():
     """``planned`` (through ``resume``): a request whose history is being kept waits for it and reads it."""
     async def body(h):
         sessions = h.sessions
-        plan = plan_headerless(CONVERSATION[:3], "t", sessions.prefixes)
+        plan = plan_headerless(CONVERSATION[:3], "t", sessions.kept.prefixes)
         release = asyncio.Event()
 
         async def ids():
@@ -113,7 +113,7 @@ def test_a_conversations_next_request_waits_for_the_state_its_answer_makes():
             return [1, 2, 3, 4]
 
         waiting = asyncio.Event()
-        being_made = sessions.prefixes.being_made
+        being_made = sessions.kept.prefixes.being_made
 
         class Watched:  # the state being made, as the request sees it: it says when the request waits for it
             def __init__(self, event: asyncio.Event):
@@ -123,8 +123,8 @@ def test_a_conversations_next_request_waits_for_the_state_its_answer_makes():
                 waiting.set()
                 await self.event.wait()
 
-        sessions.prefixes.being_made = lambda link: None if (event := being_made(link)) is None else Watched(event)
-        sessions.prefixes.answered(plan.links[-1])
+        sessions.kept.prefixes.being_made = lambda link: None if (event := being_made(link)) is None else Watched(event)
+        sessions.kept.prefixes.answered(plan.links[-1])
         after_answer(sessions, plan, [assistant("2")], parent=None, keep=True, ids=ids)
         following = asyncio.create_task(resume(sessions, [*CONVERSATION[:4], user("three")], "t", 10))
         await waiting.wait()  # the request found its history being kept and waits for it
@@ -166,11 +166,11 @@ def test_a_state_that_moved_on_is_not_resumed_and_the_index_learns_what_it_holds
     async def body(h):
         sessions = h.sessions
         state = await keep(sessions, "t", CONVERSATION[:2], [1, 2])
-        plan = plan_headerless(CONVERSATION, "t", sessions.prefixes)
+        plan = plan_headerless(CONVERSATION, "t", sessions.kept.prefixes)
         state.committed = [message_hash(user("other")), message_hash(assistant("x"))]  # holds another conversation now
         async with sessions.turn("t", state.name) as held:
             ok = await resumable(sessions, held.state, plan)
-        return ok, sessions.prefixes.head(state.name), chain("t", state.committed)[-1], plan_headerless(CONVERSATION, "t", sessions.prefixes).found
+        return ok, sessions.kept.prefixes.head(state.name), chain("t", state.committed)[-1], plan_headerless(CONVERSATION, "t", sessions.kept.prefixes).found
 
     ok, head, expected, found = run(body)
     assert ok is False and head == expected and found is None
@@ -183,10 +183,10 @@ def test_a_state_gone_upstream_is_dropped_from_the_index():
         state = await keep(sessions, "t", CONVERSATION[:2], [1, 2])
         await sessions.upstream.client.control("close", state.native, lease=state.drop_lease())
         state.let_go()
-        plan = plan_headerless(CONVERSATION, "t", sessions.prefixes)
+        plan = plan_headerless(CONVERSATION, "t", sessions.kept.prefixes)
         async with sessions.turn("t", state.name) as held:
             ok = await resumable(sessions, held.state, plan)
-        return ok, sessions.prefixes.head(state.name), h.native(state.native)
+        return ok, sessions.kept.prefixes.head(state.name), h.native(state.native)
 
     ok, head, native = run(body)
     assert ok is False and head is None and native is None
@@ -214,7 +214,7 @@ def test_a_proxy_killed_while_a_state_is_made_leaves_no_native_session_without_a
         async def ids():
             return [3, 4]
 
-        plan = plan_headerless(CONVERSATION[:3], "t", sessions.prefixes)
+        plan = plan_headerless(CONVERSATION[:3], "t", sessions.kept.prefixes)
         after_answer(sessions, plan, [assistant("2")], parent=parent, keep=True, ids=ids)
         await asyncio.gather(*set(sessions.behind), return_exceptions=True)
         restarted = h.life()  # the next proxy, on the same records
@@ -237,11 +237,11 @@ def test_every_kept_state_is_recorded_and_adopted_by_a_restarted_proxy(tmp_path)
         async def ids():
             return [1, 2, 3, 4]
 
-        first = plan_headerless(CONVERSATION[:3], "t", sessions.prefixes)
+        first = plan_headerless(CONVERSATION[:3], "t", sessions.kept.prefixes)
         after_answer(sessions, first, [assistant("2")], parent=None, keep=True, ids=ids)
         await settle(sessions)
         parent = kept(sessions)[0]
-        second = plan_headerless([*CONVERSATION[:4], user("three")], "t", sessions.prefixes)
+        second = plan_headerless([*CONVERSATION[:4], user("three")], "t", sessions.kept.prefixes)
         after_answer(sessions, second, [assistant("3")], parent=parent, keep=True, ids=ids)
         await settle(sessions)
         made = {state.native for state in kept(sessions)}

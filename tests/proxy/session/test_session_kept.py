@@ -1,7 +1,8 @@
 """``memt_proxy.session.kept`` on the in-process harness: kept states stay within their bound however many are made at
 once (closed to make room, or refused while all are in use); the bound is the proxy's own; a kept state that cannot be
 closed now stays, still counted; a restarted proxy takes over the states an earlier life recorded, forgets those gone
-upstream and closes those past the bound."""
+upstream and closes those past the bound; a state is made for a chain once (``reserve``/``made``), and one that could not
+be made is found no more (``abandon``)."""
 
 from __future__ import annotations
 
@@ -80,7 +81,7 @@ def test_a_kept_state_that_cannot_be_closed_now_is_kept_and_counted(tmp_path):
         snapshot = dict(
             closed=closed, exists=state.exists, record=sessions.records.known(state.native),
             branch=[b["name"] for b in sessions.records.kept_states()], native=h.native(state.native) is not None,
-            found=sessions.prefixes.find(chain("t", [H1])), counted=sessions.kept.closed,
+            found=sessions.kept.prefixes.find(chain("t", [H1])), counted=sessions.kept.closed,
         )
         newcomer = sessions.state("t", new_kept_name())
         room = await sessions.kept.make_room(newcomer)
@@ -114,7 +115,7 @@ def test_a_restarted_proxy_takes_over_the_recorded_states_forgets_those_gone_and
         left = kept(later)
         return dict(
             left=[state.native for state in left], closed=later.kept.closed, upstream=h.proxy_sessions(),
-            records=sorted(b["name"] for b in later.records.kept_states()), gone_found=later.prefixes.find(chain("t", [H1])),
+            records=sorted(b["name"] for b in later.records.kept_states()), gone_found=later.kept.prefixes.find(chain("t", [H1])),
             gone_recorded=later.records.known(gone.native),
         ), states
 
@@ -123,3 +124,39 @@ def test_a_restarted_proxy_takes_over_the_recorded_states_forgets_those_gone_and
     assert seen["closed"] == 1 and seen["upstream"] == set(seen["left"])
     survivor = next(state for state in states if state.native == seen["left"][0])
     assert seen["records"] == [survivor.name] and seen["gone_found"] is None and not seen["gone_recorded"]
+
+
+def test_a_state_is_reserved_once_per_chain_and_one_that_could_not_be_made_is_abandoned(tmp_path):
+    async def body(h):
+        sessions = h.sessions
+        link, other = chain("t", [H1])[-1], chain("t", [H2])[-1]
+        first, again, elsewhere = sessions.kept.reserve(link), sessions.kept.reserve(link), sessions.kept.reserve(other)
+        sessions.kept.made(link)
+        after = sessions.kept.reserve(link)  # given up (never made): it may be made again
+        sessions.kept.made(link)
+        sessions.kept.made(other)
+        made = await kept_state(sessions, "t", [H1], [1, 2])
+        kept_already = sessions.kept.reserve(link)  # a state holds that chain already
+        unmade = sessions.state("t", new_kept_name())  # indexed and recorded before it exists upstream, then given up
+        sessions.kept.move(unmade, other)
+        recorded = unmade.name in [b["name"] for b in sessions.records.kept_states()]
+        await sessions.kept.abandon(unmade)
+        async with sessions.turn("t", made.name):
+            await sessions.kept.abandon(made)  # made, but its write failed: closed
+        still = unmade.name in [b["name"] for b in sessions.records.kept_states()]
+        return (first, again, elsewhere, after, kept_already, recorded, still, sessions.kept.prefixes.find([other]),
+                made.exists, sessions.kept.findable(), h.native(made.native))
+
+    first, again, elsewhere, after, kept_already, recorded, still, found, exists, findable, native = run(body, state=tmp_path)
+    assert first and not again and elsewhere and after  # one state per chain at a time
+    assert not kept_already
+    assert recorded and not still and found is None  # abandoned before it existed: its record dropped, found no more
+    assert not exists and native is None and findable == 0  # abandoned once made: closed upstream
+
+
+def test_a_full_table_reserves_no_state():
+    """The table's last place is a request's, never a kept copy's."""
+    async def body(h):
+        return h.sessions.kept.reserve(chain("t", [H1])[-1])
+
+    assert run(body, max_sessions=1) is False

@@ -141,7 +141,7 @@ def test_auto_commits_behind_the_answer_keeping_the_state_before_it(tmp_path):
         await settle(sessions)
         parents = kept(sessions)
         return (version, later, written_yet, state, h.memory(state.native), parents, [h.memory(p.native) for p in parents],
-                sessions.records.load_answer(state.native, 2), sessions.memory_tokens.held(state), sessions.prefixes.find(chain("t", [H1])), runner)
+                sessions.records.load_answer(state.native, 2), sessions.memory_tokens.held(state), sessions.kept.prefixes.find(chain("t", [H1])), runner)
 
     version, later, written_yet, state, memory, parents, parent_memory, recorded, tokens, found, runner = run(body, state=tmp_path)
     assert version == 2 and written_yet == 1  # behind the answer: not before the request let go
@@ -192,7 +192,7 @@ def test_a_headerless_turn_forks_the_conversations_next_state(finish, expected):
         sessions = h.sessions
         runner = TurnRunner(sessions, Format())
         parent = await keep(sessions, "t", conversation[:2], [1, 2])
-        plan = plan_headerless(conversation, "t", sessions.prefixes)
+        plan = plan_headerless(conversation, "t", sessions.kept.prefixes)
         assert plan.found == Found(2, parent.name)
         async with sessions.turn("t", parent.name) as held:
             await held.start()
@@ -202,7 +202,7 @@ def test_a_headerless_turn_forks_the_conversations_next_state(finish, expected):
         await settle(sessions)
         made = [state for state in kept(sessions) if state is not parent]
         link = chain("t", [message_hash(m) for m in (*conversation, answer)])[-1]
-        return version, later, made, [h.memory(s.native) for s in made], h.memory(parent.native), sessions.prefixes.find([link])
+        return version, later, made, [h.memory(s.native) for s in made], h.memory(parent.native), sessions.kept.prefixes.find([link])
 
     version, later, made, memories, parent_memory, found = run(body)
     assert version is None and later is None and parent_memory == (1, 2)
@@ -220,7 +220,7 @@ def test_a_headerless_turn_without_a_state_starts_one_from_its_opening():
     async def body(h):
         sessions = h.sessions
         runner = TurnRunner(sessions, Format())
-        plan = plan_headerless(conversation, "t", sessions.prefixes)
+        plan = plan_headerless(conversation, "t", sessions.kept.prefixes)
         assert plan.found is None and plan.worth_keeping
 
         async def opening():
