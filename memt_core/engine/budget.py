@@ -18,8 +18,9 @@ flag                           here
 ``--chunked-prefill-size``     -1 only (the seed keeps chunked prefill off; commits are chunked by ``memt.chunk_tokens``)
 ``--disable-radix-cache``      accepted: this engine has no radix cache
 ``--disable-cuda-graph``       accepted (the default); refused beside ``--enable-cuda-graph``
-``--kv-pool dynamic|paged``    paged: the full-attention KV in one pool of blocks per layer, allocated at start for the
-                               budget (``memt_core.engine.paged_kv``)
+``--kv-pool auto|dynamic|paged``  paged: the full-attention KV in one pool of blocks per layer, allocated at start for
+                               the budget (``memt_core.engine.paged_kv``); auto, the default: paged wherever a KV
+                               budget is given and the steps are eager in the compute dtype, else dynamic
 =============================  ==========================================================================================
 
 Pure: argparse and dataclasses only.
@@ -33,7 +34,7 @@ from dataclasses import asdict, dataclass
 from memt_core.errors import CheckpointError
 
 KV_CACHE_DTYPES = ("auto", "bf16", "fp8_e4m3")
-KV_POOLS = ("dynamic", "paged")
+KV_POOLS = ("auto", "dynamic", "paged")
 #: per backend flag: the names this engine honours, and what each runs
 BACKENDS = {
     "attention_backend": {"torch_native": "transformers' SDPA attention (and the fused decode step's)"},
@@ -53,7 +54,7 @@ class Budget:
     mem_fraction_static: float | None = None
     max_queued_requests: int | None = None  # None: an unbounded queue
     kv_cache_dtype: str = "auto"
-    kv_pool: str = "dynamic"  # paged: the full-attention KV in one pool of blocks allocated at start
+    kv_pool: str = "auto"  # paged: the full-attention KV in one pool of blocks allocated at start (auto: ``paged``)
     attention_backend: str | None = None  # None: the engine's default (each flag's first name; linear attention: by device)
     linear_attn_backend: str | None = None
     moe_runner_backend: str | None = None
@@ -71,7 +72,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--max-total-tokens", type=int, default=None, metavar="N", help="KV tokens all running queries may hold together: a query is admitted when its prompt + max_new_tokens fit beside the running ones' (else it waits), and one alone that would outgrow the budget stops there with finish_reason length (default: no bound but --max-running-requests; on CUDA with --mem-fraction-static, what that fraction leaves)")
     group.add_argument("--mem-fraction-static", type=float, default=None, metavar="F", help="CUDA: the share of the device's memory the server may take (0-1]; without --max-total-tokens the KV budget is what it leaves after the weights and the warm-up. No effect on the CPU, which has no device memory to measure")
     group.add_argument("--max-queued-requests", type=int, default=None, metavar="N", help="queries that may wait for admission; a new one beyond is refused with 503 and Retry-After (default: unbounded)")
-    group.add_argument("--kv-pool", default="dynamic", choices=KV_POOLS, help="where full-attention keys and values live: dynamic (each request's cache grows as it goes, within --max-total-tokens) or paged (one pool of 16-token blocks per layer, allocated at start for the KV budget: --max-total-tokens, or on CUDA --mem-fraction-static; a request holds a block table and gives its blocks back when it ends; eager steps only, not with an FP8 cache)")
+    group.add_argument("--kv-pool", default="auto", choices=KV_POOLS, help="where full-attention keys and values live: dynamic (each request's cache grows as it goes, within --max-total-tokens), paged (one pool of 16-token blocks per layer, allocated at start for the KV budget: --max-total-tokens, or on CUDA --mem-fraction-static; a request holds a block table and gives its blocks back when it ends; eager steps only, not with an FP8 cache), or auto (the default): paged wherever a KV budget is given and neither --kv-cache-dtype fp8_e4m3, --enable-cuda-graph nor --enable-torch-compile is, else dynamic")
     group.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES, help="the KV cache's dtype: auto (the compute dtype), bf16 (with --dtype bfloat16), fp8_e4m3 (full-attention keys and values stored as float8_e4m3fn with SGLang's per-tensor scale of 1.0, dequantized for attention: half BF16's bytes per token; on the CPU too; not with --enable-cuda-graph or --enable-torch-compile; its agreement with the compute dtype's cache: scripts/bench/kv_dtype.py)")
     for flag, names in BACKENDS.items():
         group.add_argument("--" + flag.replace("_", "-"), default=None, metavar="NAME",
@@ -124,6 +125,15 @@ def check(budget: Budget, *, dtype: str, cuda_graphs: bool, min_kv_tokens: int, 
                               f"{b.chunked_prefill_size}")
     if b.disable_cuda_graph and cuda_graphs:
         raise CheckpointError("--disable-cuda-graph and --enable-cuda-graph contradict each other: give one")
+
+
+def paged(budget: Budget, *, cuda_graphs: bool, torch_compile: bool) -> bool:
+    """Whether the KV lives in the paged pool: ``--kv-pool paged``, or ``auto`` with a KV budget given, eager steps
+    and the KV in the compute dtype (what the pool holds). The pool still needs the budget in tokens at start."""
+    if budget.kv_pool != "auto":
+        return budget.kv_pool == "paged"
+    given = budget.max_total_tokens is not None or budget.mem_fraction_static is not None
+    return given and budget.kv_cache_dtype != "fp8_e4m3" and not cuda_graphs and not torch_compile
 
 
 def check_device(budget: Budget, device: str) -> None:

@@ -99,6 +99,7 @@ class PagedLayer(CacheLayerMixin):
     step writes every row's new tokens in one store and reads the batch in one gather."""
 
     is_compileable = False
+    fused_decode = True  # ``update`` returns the batch's keys and values as DynamicLayer's does (memt_core.models.decode)
 
     def __init__(self, pool: LayerPool, rows: list[Table] | None = None, width: int = 0, index: torch.Tensor | None = None):
         super().__init__()

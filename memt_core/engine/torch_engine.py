@@ -99,12 +99,13 @@ class TorchEngine(Engine):
         budget.check_device(options.budget, options.device)
         runner = None
         parallel = options.parallel
+        pool = budget.paged(options.budget, cuda_graphs=options.cuda_graphs, torch_compile=options.torch_compile)
         if parallel.world > 1:  # ranks as processes: this one serves, every one runs the steps (its own part, DP attention)
             from memt_core.parallel import dp, ranks
 
             runner_options = {"fused_decode": options.fused_decode and not parallel.dp_attention, "max_rows": options.max_running_requests,
                               "kv_cache_dtype": options.budget.kv_cache_dtype,
-                              "kv_pool_tokens": options.budget.max_total_tokens if options.budget.kv_pool == "paged" else None}
+                              "kv_pool_tokens": options.budget.max_total_tokens if pool else None}
             model, group, processes = ranks.start(checkpoint, parallel, device=options.device, dtype=options.dtype,
                                                   runner_options=runner_options, threads=cpu_threads(options),
                                                   deterministic=options.deterministic_communication)
@@ -121,7 +122,7 @@ class TorchEngine(Engine):
             model, runner=runner, state_directory=options.state_directory, snapshot_store=durable, owned=owned,
             max_running_requests=options.max_running_requests, max_commit_batch=options.max_commit_batch * parallel.session_ranks,
             max_total_tokens=kv_budget, memory_state_slots=options.max_sessions, max_queued_requests=options.budget.max_queued_requests,
-            kv_cache_dtype=options.budget.kv_cache_dtype, kv_pool_tokens=kv_budget if options.budget.kv_pool == "paged" else None,
+            kv_cache_dtype=options.budget.kv_cache_dtype, kv_pool_tokens=kv_budget if pool else None,
             torch_compile=options.torch_compile, threads=cpu_threads(options), fused_decode=options.fused_decode,
             cuda_graphs=options.cuda_graphs, cuda_graph_max_tokens=options.cuda_graph_max_tokens,
             warmup=warmup.plan(options.warmup, torch.device(options.device).type, max_rows=options.max_running_requests,
@@ -146,8 +147,8 @@ class TorchEngine(Engine):
                 batch_sizes=options.warmup_batch_sizes, compiled=options.torch_compile, graphs=options.cuda_graphs)),
             "inductor_options": inductor_options(options.device) if options.torch_compile else None,
             "torch_threads": cpu_threads(options) or f"torch's default ({torch.get_num_threads()})",
-            "kv_cache": (f"a paged pool of {paged_kv.BLOCK}-token blocks, allocated at start (--kv-pool paged)" if options.budget.kv_pool == "paged"
-                         else "grows per request (transformers DynamicCache)"),
+            "kv_cache": (f"a paged pool of {paged_kv.BLOCK}-token blocks, allocated at start for the KV budget" if budget.paged(
+                options.budget, cuda_graphs=options.cuda_graphs, torch_compile=options.torch_compile) else "grows per request (transformers DynamicCache)"),
             "ranks_served": options.parallel.world,
             **options.budget.describe(),
         }

@@ -250,7 +250,9 @@ class FusedDecode:
     # ------------------------------------------------------------------ the step
 
     def can_run(self, ids: torch.Tensor, cache) -> bool:
-        """Whether this step can advance ``cache`` by ``ids`` (one token a row; every layer's cache started)."""
+        """Whether this step can advance ``cache`` by ``ids`` (one token a row; every layer's cache started). A
+        full-attention layer is advanced by its ``update`` alone, so a cache layer class that returns the batch's
+        keys and values from it as ``DynamicLayer`` does may say so with ``fused_decode = True`` (the paged pool's)."""
         from transformers.cache_utils import DynamicLayer, LinearAttentionLayer
 
         if cache is None or ids.dim() != 2 or ids.shape[1] != 1 or len(cache.layers) != len(self.layers):
@@ -260,8 +262,8 @@ class FusedDecode:
                 if type(cached) is not LinearAttentionLayer or cached.record_past or cached.conv_states.get(0) is None \
                         or cached.recurrent_states.get(0) is None:
                     return False
-            elif type(cached) is not DynamicLayer or not cached.is_initialized:
-                return False
+            elif not (type(cached) is DynamicLayer or getattr(cached, "fused_decode", False)) or not cached.is_initialized:
+                return False  # a full-attention cache the step knows: transformers' growing one, or one marked so
         return True
 
     @torch.no_grad()

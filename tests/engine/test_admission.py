@@ -68,6 +68,19 @@ def test_a_padded_batch_is_admitted_by_its_longest_row():
     assert Admission(budget=100, block=16).need(4, 20) == 32 and Admission(budget=100, block=16).need(90, 20) == 100
 
 
+def test_the_paged_pool_is_the_default_wherever_a_budget_is_given_and_it_can_hold_the_kv():
+    from memt_core.engine.budget import Budget, paged
+
+    eager = {"cuda_graphs": False, "torch_compile": False}
+    assert not paged(Budget(), **eager)  # no budget: the growing cache
+    assert paged(Budget(max_total_tokens=4096), **eager) and paged(Budget(mem_fraction_static=0.6), **eager)
+    assert not paged(Budget(max_total_tokens=4096, kv_cache_dtype="fp8_e4m3"), **eager)
+    assert not paged(Budget(max_total_tokens=4096), cuda_graphs=True, torch_compile=False)
+    assert not paged(Budget(max_total_tokens=4096), cuda_graphs=False, torch_compile=True)
+    assert not paged(Budget(max_total_tokens=4096, kv_pool="dynamic"), **eager)
+    assert paged(Budget(max_total_tokens=4096, kv_pool="paged"), **eager)
+
+
 def test_the_queue_is_bounded_and_a_prompt_that_fills_the_budget_is_refused():
     a = Admission(budget=100, max_queued=2)
     a.enter(10)

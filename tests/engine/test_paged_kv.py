@@ -85,6 +85,26 @@ def test_a_paged_engine_answers_as_the_growing_cache_does_and_returns_its_blocks
         plain.stop()
 
 
+def test_the_fused_decode_step_advances_a_paged_cache_as_the_growing_one(nano_model):
+    """The fused decode step (``memt_core.models.decode``) reads a full-attention layer through ``update`` alone, so
+    it runs on the pool's layers too, with the growing cache's logits."""
+    from memt_core.engine.runner import ModelRunner
+
+    paged = ModelRunner(nano_model, kv_pool_tokens=256, max_rows=2)
+    plain = ModelRunner(nano_model, max_rows=2)
+    assert paged.fused is not None
+    ids, step = torch.tensor([PROMPTS[1]]), torch.tensor([[5]])
+    logits = []
+    for runner in (paged, plain):
+        with torch.no_grad():
+            cache = runner.forward_prompt(ids, None, runner.new_cache()).past_key_values
+            assert runner.fused.can_run(step, cache)
+            mask = torch.ones(1, ids.shape[1] + 1, dtype=torch.long)
+            out = runner.fused(step, memory=None, past_key_values=cache, attention_mask=mask, position_ids=torch.tensor([[ids.shape[1]]]))
+        logits.append(out.logits)
+    torch.testing.assert_close(logits[0], logits[1])
+
+
 def test_an_exhausted_pool_fails_one_request_and_the_engine_goes_on(nano_model):
     engine = TorchEngine(nano_model, max_running_requests=2, kv_pool_tokens=BLOCK).start()  # 1 + 2 * 2 + 64 blocks
     try:

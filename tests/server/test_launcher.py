@@ -349,6 +349,7 @@ def test_start_nano_script_settings(runs, checkpoints):
     assert engine["enable_streaming_session"] is False
     # the seed's budgets: 65,536 total tokens, a static fraction of 0.60, eager, chunked prefill and radix cache off
     assert (engine["max_total_tokens"], engine["mem_fraction_static"], engine["kv_cache_dtype"]) == (65536, 0.6, "auto")
+    assert engine["kv_pool"] == "auto" and engine["kv_cache"].startswith("a paged pool")  # a budget, eager, compute-dtype KV
     assert (engine["chunked_prefill_size"], engine["disable_radix_cache"], engine["disable_cuda_graph"]) == (-1, True, True)
     assert outcome.json()["launch_identity"]["config_sha256"] == _sha256(checkpoints["nano"])
     ranks = outcome.json()["parallel"]  # the seed's TP/EP/DP 2/1/1, DP attention off; CPU ranks here
@@ -367,6 +368,7 @@ def test_start_flash_script_settings(runs):
     assert engine["enable_streaming_session"] is True
     assert engine["context_length"] == 8192  # the extra argument overrode the script's 16384
     assert (engine["max_total_tokens"], engine["mem_fraction_static"], engine["kv_cache_dtype"]) == (65536, 0.7, "fp8_e4m3")
+    assert engine["kv_cache"].startswith("grows per request")  # an FP8 cache is not the pool's
     ranks = outcome.json()["parallel"]  # the seed's 8/8/8 with DP attention: attention TP 1, one expert per rank
     assert (ranks["tp_size"], ranks["ep_size"], ranks["dp_size"], ranks["enable_dp_attention"]) == (8, 8, 8, True)
     assert ranks["attention_tp_size"] == 1 and len(ranks["ranks"]) == 8
