@@ -23,6 +23,8 @@ flag                           here
                                budget is given and the steps are eager in the compute dtype, else dynamic
 =============================  ==========================================================================================
 
+With a budget the sessions' memory states take slots allocated at start too (``memt_core.engine.state_slots``).
+
 Pure: argparse and dataclasses only.
 """
 

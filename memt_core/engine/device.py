@@ -145,14 +145,15 @@ def cuda_kv_budget(model: MemTForCausalLM, fraction: float | None, *, profile_to
     return tokens
 
 
-def memory_budget(model: MemTForCausalLM, kv_tokens: int | None, kv_cache_dtype: str = "auto", pool=None, state_slots: int = 1) -> dict:
+def memory_budget(model: MemTForCausalLM, kv_tokens: int | None, kv_cache_dtype: str = "auto", pool=None, slots=None) -> dict:
     """What the server may hold, in ``/memt/capabilities``: the KV budget in tokens and bytes (None: unbounded), the
-    paged pool's blocks (``--kv-pool paged``), and the bytes of one session's memory state (every memory layer's
-    ``[1, H, K, V]`` FP32 matrix)."""
+    paged pool's blocks (``--kv-pool paged``), the bytes of one session's memory state (every memory layer's
+    ``[1, H, K, V]`` FP32 matrix) and the slots allocated for them at start (``memt_core.engine.state_slots``;
+    "as made" without a budget)."""
     per_token = kv_token_bytes(model)
     if kv_cache_dtype == "fp8_e4m3":
         per_token //= next(model.parameters()).element_size()
     return {"kv_tokens": kv_tokens, "kv_bytes_per_token": per_token, "kv_bytes": None if kv_tokens is None else kv_tokens * per_token,
             "kv_cache_dtype": kv_cache_dtype, "memory_state_bytes": memory_state_bytes(model),
-            "memory_state_slots": state_slots, "memory_states_bytes": state_slots * memory_state_bytes(model),
+            "memory_state_slots": slots.describe() if slots is not None else "as made",
             "kv_pool": pool.describe() if pool is not None else "dynamic"}

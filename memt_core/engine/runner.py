@@ -55,6 +55,7 @@ class ModelRunner:
         max_rows: int = 32,
         kv_cache_dtype: str = "auto",  # fp8_e4m3: full-attention keys and values stored in FP8 (memt_core.engine.fp8_kv)
         kv_pool_tokens: int | None = None,  # a paged KV pool of this many tokens, allocated now (memt_core.engine.paged_kv)
+        memory_state_slots: int | None = None,  # memory states in slots allocated now (memt_core.engine.state_slots)
     ):
         self.model = model
         self.kv_cache_dtype = kv_cache_dtype
@@ -65,6 +66,15 @@ class ModelRunner:
 
             weight = next(model.parameters())
             self.pool = KVPool(model.config, kv_pool_tokens, rows=2 * max_rows + 64, dtype=weight.dtype, device=weight.device)
+        self.heads: slice | None = getattr(model, "memory_heads", None)  # on several ranks: this rank's memory heads
+        self.slots = None
+        if memory_state_slots is not None:
+            from memt_core.engine.state_slots import StateSlots
+
+            memory = getattr(model.checkpoint, "whole", model.checkpoint).memory  # a rank's share names the whole
+            heads, keys, values = memory.state_shape()[1:]
+            heads = len(range(heads)[self.heads]) if self.heads is not None else heads  # a rank holds its heads
+            self.slots = StateSlots(tuple(memory.memory_layers), (heads, keys, values), memory_state_slots, device=self.device)
         # the shared batch's decode step, compiled with --enable-torch-compile, and short prompts' prefills once
         # warmed up (``warm``); longer prefills and commits stay eager
         self.compiled = torch_compile
@@ -85,7 +95,6 @@ class ModelRunner:
             self.graphs = GraphDecode(self.fused, max_rows=max_rows, max_tokens=cuda_graph_max_tokens)
         # on several ranks (memt_core.parallel.shard): the collectives, and which of the memory's heads this rank holds
         self.group = getattr(model, "group", None)
-        self.heads: slice | None = getattr(model, "memory_heads", None)
         self.memories: dict[int, MemoryState] = {}
         self.caches: dict[int, Any] = {}  # request or retained handle → its own KV cache (batch size 1)
         self.reads: dict[int, int | None] = {}  # running request → the memory handle it reads
@@ -105,10 +114,18 @@ class ModelRunner:
         """Hold ``state`` (a whole memory, every head) as ``handle``: on a rank, its heads only."""
         if self.heads is not None:
             state = MemoryState({layer: state.get(layer)[:, self.heads].contiguous() for layer in state.layers()})
-        self.memories[handle] = state.to(self.device)
+        state = state.to(self.device)
+        self.memories[handle] = self.slots.put(handle, state) if self.slots is not None else state
 
     def fork_memory(self, source: int, handle: int) -> None:
         self.memories[handle] = self.memories[source].fork()
+        if self.slots is not None:
+            self.slots.share(source, handle)
+
+    def drop_memory(self, handle: int | None) -> None:
+        """Let go of the state ``handle`` names (its slot is free once no other handle names it)."""
+        if self.memories.pop(handle, None) is not None and self.slots is not None:
+            self.slots.drop(handle)
 
     def memory(self, handle: int | None) -> MemoryState:
         """The state ``handle`` names, as this rank holds it."""
@@ -134,7 +151,7 @@ class ModelRunner:
         for prefill in step.prefills:
             result.prefilled[prefill.request] = self._prefill(prefill)
         for handle in step.free:
-            self.memories.pop(handle, None)
+            self.drop_memory(handle)
             self.caches.pop(handle, None)
         self.kv_peak = max(self.kv_peak, self.kv_held())
         return result
@@ -159,7 +176,7 @@ class ModelRunner:
                 cache = self.caches.pop(leave.request, None)
                 if leave.retain is not None and cache is not None:
                     self.caches[leave.retain] = cache
-            self.memories.pop(self.reads.pop(leave.request, None), None)
+            self.drop_memory(self.reads.pop(leave.request, None))
         if gone:
             keep = [i for i in range(len(self.rows)) if i not in gone]
             self.rows = [self.rows[i] for i in keep]
@@ -172,15 +189,13 @@ class ModelRunner:
     def _commit(self, commits) -> list[CommitOutcome] | Exception:
         try:
             results = commit_batch(self.model, [self.memory(c.memory) for c in commits], [list(c.tokens) for c in commits])
+            # a candidate dropped meanwhile stays dropped
+            new = {c.memory: r.memory for c, r in zip(commits, results) if c.memory in self.memories}
+            self.memories.update(self.slots.replace(new) if self.slots is not None else new)
         except Exception as exc:  # nothing was applied: the candidates are unchanged
             log.exception("commit failed")
             return exc
-        outcomes = []
-        for commit, result in zip(commits, results):
-            if commit.memory in self.memories:  # a candidate dropped meanwhile stays dropped
-                self.memories[commit.memory] = result.memory
-            outcomes.append(CommitOutcome(result.tokens, result.write_events))
-        return outcomes
+        return [CommitOutcome(result.tokens, result.write_events) for result in results]
 
     def _prefill(self, p: Prefill):
         self.reads[p.request] = p.memory  # owned by the request from now on, let go when it leaves
@@ -191,7 +206,7 @@ class ModelRunner:
             out = self.forward_prompt(feed, self.memory(p.memory), cache, fresh=p.retained is None)
         except Exception as exc:
             log.exception("prefill failed")
-            self.memories.pop(self.reads.pop(p.request), None)
+            self.drop_memory(self.reads.pop(p.request))
             if self.pool is not None:
                 self.pool.release(cache)  # not left to the traceback the error carries
             return exc

@@ -25,6 +25,7 @@ import torch
 from memt_core.checkpoint import Checkpoint
 from memt_core.engine import budget, paged_kv, warmup
 from memt_core.engine.admission import Admission
+from memt_core.engine.state_slots import slots_for
 from memt_core.engine.base import CommitInfo, Engine, EngineOptions, EngineStats, TokenEvent
 from memt_core.engine.device import PROFILE_TOKENS, cpu_threads, cuda_kv_budget, inductor_options, memory_budget  # noqa: F401 (cpu_threads re-exported)
 from memt_core.engine.jobs import CommitJob, QueryJob, put_all, set_exception, set_result
@@ -100,12 +101,14 @@ class TorchEngine(Engine):
         runner = None
         parallel = options.parallel
         pool = budget.paged(options.budget, cuda_graphs=options.cuda_graphs, torch_compile=options.torch_compile)
+        given = options.budget.max_total_tokens is not None or options.budget.mem_fraction_static is not None
+        slots = slots_for(options.max_sessions, options.max_commit_batch) if given else None  # sized once, with a budget
         if parallel.world > 1:  # ranks as processes: this one serves, every one runs the steps (its own part, DP attention)
             from memt_core.parallel import dp, ranks
 
             runner_options = {"fused_decode": options.fused_decode and not parallel.dp_attention, "max_rows": options.max_running_requests,
                               "kv_cache_dtype": options.budget.kv_cache_dtype,
-                              "kv_pool_tokens": options.budget.max_total_tokens if pool else None}
+                              "kv_pool_tokens": options.budget.max_total_tokens if pool else None, "memory_state_slots": slots}
             model, group, processes = ranks.start(checkpoint, parallel, device=options.device, dtype=options.dtype,
                                                   runner_options=runner_options, threads=cpu_threads(options),
                                                   deterministic=options.deterministic_communication)
@@ -117,18 +120,15 @@ class TorchEngine(Engine):
         durable, owned = shared_stores(checkpoint, options)
         kv_budget = options.budget.max_total_tokens or cuda_kv_budget(
             model, options.budget.mem_fraction_static, profile_tokens=min(options.context_length, PROFILE_TOKENS),
-            state_slots=options.max_sessions)
+            state_slots=slots or 0)
         return cls(
             model, runner=runner, state_directory=options.state_directory, snapshot_store=durable, owned=owned,
             max_running_requests=options.max_running_requests, max_commit_batch=options.max_commit_batch * parallel.session_ranks,
-            max_total_tokens=kv_budget, memory_state_slots=options.max_sessions, max_queued_requests=options.budget.max_queued_requests,
+            max_total_tokens=kv_budget, memory_state_slots=slots, max_queued_requests=options.budget.max_queued_requests,
             kv_cache_dtype=options.budget.kv_cache_dtype, kv_pool_tokens=kv_budget if pool else None,
             torch_compile=options.torch_compile, threads=cpu_threads(options), fused_decode=options.fused_decode,
             cuda_graphs=options.cuda_graphs, cuda_graph_max_tokens=options.cuda_graph_max_tokens,
-            warmup=warmup.plan(options.warmup, torch.device(options.device).type, max_rows=options.max_running_requests,
-                               context_length=options.context_length, lengths=options.warmup_lengths,
-                               batch_sizes=options.warmup_batch_sizes, compiled=options.torch_compile,
-                               graphs=options.cuda_graphs),
+            warmup=warmup.of_options(options),
         )
 
     @classmethod
@@ -141,10 +141,7 @@ class TorchEngine(Engine):
             "fused_decode": (options.fused_decode and not options.torch_compile and options.parallel.ep == 1
                              and not options.parallel.dp_attention),
             "cuda_graphs": {"max_tokens": options.cuda_graph_max_tokens} if options.cuda_graphs else False,
-            "warmup": warmup.described(warmup.plan(
-                options.warmup, torch.device(options.device).type, max_rows=options.max_running_requests,
-                context_length=options.context_length, lengths=options.warmup_lengths,
-                batch_sizes=options.warmup_batch_sizes, compiled=options.torch_compile, graphs=options.cuda_graphs)),
+            "warmup": warmup.described(warmup.of_options(options)),
             "inductor_options": inductor_options(options.device) if options.torch_compile else None,
             "torch_threads": cpu_threads(options) or f"torch's default ({torch.get_num_threads()})",
             "kv_cache": (f"a paged pool of {paged_kv.BLOCK}-token blocks, allocated at start for the KV budget" if budget.paged(
@@ -173,7 +170,7 @@ class TorchEngine(Engine):
         runner=None,  # several ranks: memt_core.parallel.ranks.RankDriver over rank 0's share of ``model``
         max_total_tokens: int | None = None,  # the KV budget of the running queries (memt_core.engine.admission)
         max_queued_requests: int | None = None,  # queries that may wait for admission (beyond: 503)
-        memory_state_slots: int = 1,  # sessions' memory states the budget counts (max sessions per rank)
+        memory_state_slots: int | None = None,  # memory states in slots allocated at start (None: each as it is made)
         kv_cache_dtype: str = "auto",  # fp8_e4m3: the KV cache in FP8 (memt_core.engine.fp8_kv)
         kv_pool_tokens: int | None = None,  # a paged KV pool of this many tokens (memt_core.engine.paged_kv)
     ):
@@ -181,6 +178,7 @@ class TorchEngine(Engine):
             model, torch_compile=torch_compile, compile_options=compile_options, module_guards=module_guards,
             fused_decode=fused_decode, cuda_graphs=cuda_graphs, cuda_graph_max_tokens=cuda_graph_max_tokens,
             max_rows=max_running_requests, kv_cache_dtype=kv_cache_dtype, kv_pool_tokens=kv_pool_tokens,
+            memory_state_slots=memory_state_slots,
         )
         self.threads = threads
         self.checkpoint = getattr(model.checkpoint, "whole", model.checkpoint)  # a rank's share names the whole
@@ -208,7 +206,6 @@ class TorchEngine(Engine):
         self.stop_ids = eos_token_ids(model)
         self.max_running = max_running_requests
         self.max_commit_batch = max_commit_batch
-        self.memory_state_slots = memory_state_slots
         self.admission = Admission(budget=max_total_tokens, max_queued=max_queued_requests, padded=kv_pool_tokens is None,
                                    block=paged_kv.BLOCK if kv_pool_tokens is not None else 1)
         self._stats = EngineStats()
@@ -281,7 +278,7 @@ class TorchEngine(Engine):
     def capabilities(self) -> dict:
         return {"device": str(self.device), "dtype": str(next(self.runner.model.parameters()).dtype).removeprefix("torch."),
                 "memory_budget": memory_budget(self.runner.model, self.admission.budget, self.runner.kv_cache_dtype,
-                                               pool=getattr(self.runner, "pool", None), state_slots=self.memory_state_slots)}
+                                               pool=getattr(self.runner, "pool", None), slots=getattr(self.runner, "slots", None))}
 
     # ------------------------------------------------------------------ asyncio-side API
 

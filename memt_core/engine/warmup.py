@@ -108,3 +108,10 @@ def described(plan: WarmupPlan | None) -> dict | None:
     if plan is None:
         return None
     return {"lengths": list(plan.lengths), "batch_sizes": list(plan.batch_sizes), "compile": plan.compile, "graphs": plan.graphs}
+
+
+def of_options(options) -> WarmupPlan:
+    """The plan of an engine's options (``memt_core.engine.base.EngineOptions``)."""
+    return plan(options.warmup, str(options.device).split(":")[0], max_rows=options.max_running_requests,
+                context_length=options.context_length, lengths=options.warmup_lengths,
+                batch_sizes=options.warmup_batch_sizes, compiled=options.torch_compile, graphs=options.cuda_graphs)

@@ -147,9 +147,9 @@ class DataParallelRunner:
         """Copy memory ``handle`` from rank ``source`` to rank ``target``, letting it go on ``source``."""
         state = self.gather_memory(handle, source)
         if self.group.rank == source:
-            self.runner.memories.pop(handle, None)
+            self.runner.drop_memory(handle)
         if self.group.rank == target:
-            self.runner.memories[handle] = state
+            self.runner.put_memory(handle, state)
 
     def warm(self, plan, progress, stopping) -> None:
         try:

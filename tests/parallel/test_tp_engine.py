@@ -13,6 +13,7 @@ import pytest
 
 from memt_core.checkpoint import read_checkpoint
 from memt_core.engine import EngineOptions, TorchEngine
+from memt_core.engine.budget import Budget
 from memt_core.memory.snapshot import load_snapshot
 from memt_core.parallel.plan import Parallel
 from memt_core.protocol import effects as fx
@@ -51,24 +52,27 @@ async def imported(engine, file: str) -> list[int]:
 
 
 SPLITS = {
-    "tp2": ("nano_checkpoint", Parallel(tp=2)),
-    "tp2-ep2": ("nano_checkpoint", Parallel(tp=2, ep=2)),
+    # with a budget, as start_memt_nano.sh serves: every rank's KV in its paged pool, its memory heads in slots
+    "tp2": ("nano_checkpoint", Parallel(tp=2), Budget(max_total_tokens=1024)),
+    "tp2-ep2": ("nano_checkpoint", Parallel(tp=2, ep=2), Budget()),
     # Flash as the seed serves it: each rank its own sessions' attention and memory, whole; the experts split
-    "flash-dp-attention": ("flash_checkpoint", Parallel(tp=2, ep=2, dp=2, dp_attention=True)),
+    "flash-dp-attention": ("flash_checkpoint", Parallel(tp=2, ep=2, dp=2, dp_attention=True), Budget()),
 }
 
 
 @pytest.mark.parametrize("split", list(SPLITS))
 def test_two_ranks_answer_as_one_device_and_snapshots_move_between_them(request, tmp_path, split):
-    fixture, parallel = SPLITS[split]
+    fixture, parallel, budget = SPLITS[split]
     checkpoint = read_checkpoint(request.getfixturevalue(fixture))
     one_dir, two_dir = tmp_path / "tp1", tmp_path / "tp2"
     base = EngineOptions(device="cpu", max_running_requests=8, max_commit_batch=2, threads=1)
     one = TorchEngine.load(checkpoint, dataclasses.replace(base, state_directory=str(one_dir))).start()
-    two = TorchEngine.load(checkpoint, dataclasses.replace(base, state_directory=str(two_dir), parallel=parallel)).start()
+    two = TorchEngine.load(checkpoint, dataclasses.replace(base, state_directory=str(two_dir), parallel=parallel, budget=budget)).start()
     processes = list(two.runner.processes)
     try:
         assert two.runner.group.world == 2 and len(processes) == 1 and processes[0].poll() is None
+        budgeted = budget.max_total_tokens is not None
+        assert (two.runner.pool is not None, two.runner.slots is not None) == (budgeted, budgeted)
         if parallel.ep == 1:  # the fused step, its residuals added after the all-reduce
             assert two.runner.fused is not None and two.runner.fused.reduce is not None
         else:  # experts split by EP: the model's own modules decode

@@ -1,0 +1,133 @@
+"""Memory state slots: the sessions' latent memory in tensors allocated once, at start.
+
+With a KV budget the engine's memory is sized up front (``memt_core.engine.budget``), the memory states included:
+per memory layer one FP32 tensor ``[slots, H, K, V]`` (on a rank, its heads). A state the runner holds is a
+``MemoryState`` whose tensors are one slot's rows. States are never changed in place, so a fork shares its source's
+slot (counted) and a commit's new state takes a slot of its own; a slot is free again when no handle names it.
+
+How many: every session keeps a published state and may build one candidate, and a step's commits each need a slot
+before the old candidate's is given back, so ``slots_for(sessions, commits)`` is twice the sessions plus the commit
+batch plus a margin for handles let go but not yet freed (they are freed at the next step). When no slot is free, a
+commit batch is refused with ``SlotsFull`` (503) before anything is written, and the engine goes on. A put (a
+memory imported, loaded or moved to another rank) never fails for want of a slot: it is allocated beside the slots
+and counted (``overflow``, logged), because on several ranks a put is replayed where no error could reach the
+client.
+
+Handles are taken and let go from the event loop's thread (puts, forks) and the engine's (commits, frees): one lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import torch
+
+from memt_core.errors import MemTError
+from memt_core.memory.state import MemoryState
+
+log = logging.getLogger("memt.engine")
+
+#: slots beyond twice the sessions and a commit batch: handles let go whose slots come back at the next step
+MARGIN = 8
+
+
+class SlotsFull(MemTError):
+    """Every memory state slot is in use (503): the new state is refused, nothing changes."""
+
+    status = 503
+
+
+def slots_for(sessions: int, commits: int) -> int:
+    """Slots for ``sessions`` sessions (a published state and a candidate each) and a batch of ``commits``."""
+    return 2 * sessions + commits + MARGIN
+
+
+class StateSlots:
+    def __init__(self, layers: tuple[int, ...], shape: tuple[int, int, int], slots: int, *, device):
+        self.slabs = {layer: torch.zeros(slots, *shape, dtype=torch.float32, device=device) for layer in layers}
+        self.slots = slots
+        self._free = list(range(slots - 1, -1, -1))
+        self._refs = [0] * slots
+        self._slot_of: dict[int, int] = {}  # handle → its slot
+        self._lock = threading.Lock()
+        self.overflow = 0  # states put beside the slots, none being free
+
+    @property
+    def used(self) -> int:
+        with self._lock:
+            return self.slots - len(self._free)
+
+    def bytes(self) -> int:
+        return sum(slab.numel() * slab.element_size() for slab in self.slabs.values())
+
+    def _take(self, count: int) -> list[int]:
+        with self._lock:
+            if len(self._free) < count:
+                raise SlotsFull(f"all {self.slots} memory state slots are in use ({len(self._free)} free, {count} needed): "
+                                "close or reset sessions, or serve with more --max-sessions-per-rank")
+            taken = [self._free.pop() for _ in range(count)]
+            for slot in taken:
+                self._refs[slot] = 1
+            return taken
+
+    def _unref(self, slot: int) -> None:
+        self._refs[slot] -= 1
+        if self._refs[slot] == 0:
+            self._free.append(slot)
+
+    def _fill(self, slot: int, state: MemoryState) -> MemoryState:
+        held = MemoryState({layer: self.slabs[layer][slot : slot + 1] for layer in state.layers()})
+        for layer in state.layers():
+            held.get(layer).copy_(state.get(layer))
+        return held
+
+    def put(self, handle: int, state: MemoryState) -> MemoryState:
+        """``state`` copied into a free slot named by ``handle`` (an empty state takes none); with none free, ``state``
+        itself, beside the slots (counted in ``overflow``)."""
+        if state.is_empty:
+            return state
+        try:
+            [slot] = self._take(1)
+        except SlotsFull as exc:
+            self.overflow += 1
+            log.warning("%s; a memory state is held beside them (%d so far)", exc.message, self.overflow)
+            return state
+        with self._lock:
+            self._slot_of[handle] = slot
+        return self._fill(slot, state)
+
+    def share(self, source: int, handle: int) -> None:
+        """``handle`` names ``source``'s slot as well (a fork)."""
+        with self._lock:
+            slot = self._slot_of.get(source)
+            if slot is not None:
+                self._refs[slot] += 1
+                self._slot_of[handle] = slot
+
+    def replace(self, states: dict[int, MemoryState]) -> dict[int, MemoryState]:
+        """Each handle's new state in a slot of its own, the old ones let go; every slot is taken before anything
+        changes, so a refusal (``SlotsFull``) leaves every handle as it was."""
+        filled = [(handle, state) for handle, state in states.items() if not state.is_empty]
+        taken = self._take(len(filled))
+        held = {handle: state for handle, state in states.items() if state.is_empty}
+        for slot, (handle, state) in zip(taken, filled):
+            held[handle] = self._fill(slot, state)
+        with self._lock:
+            for handle in states:
+                old = self._slot_of.pop(handle, None)
+                if old is not None:
+                    self._unref(old)
+            for slot, (handle, _) in zip(taken, filled):
+                self._slot_of[handle] = slot
+        return held
+
+    def drop(self, handle: int) -> None:
+        """``handle`` names its slot no more (free once nothing else does)."""
+        with self._lock:
+            slot = self._slot_of.pop(handle, None)
+            if slot is not None:
+                self._unref(slot)
+
+    def describe(self) -> dict:
+        return {"slots": self.slots, "slots_used": self.used, "bytes": self.bytes(), "overflow": self.overflow}

@@ -1,0 +1,121 @@
+"""Memory state slots (``memt_core.engine.state_slots``): with a budget the sessions' memory states live in tensors
+allocated at start. A fork shares its source's slot, a commit's new state takes its own, a slot comes back when no
+handle names it; a commit batch that finds too few free slots fails whole and changes nothing; an engine on slots
+answers and remembers exactly as one that allocates each state as it is made. A put is never refused (on several
+ranks it is replayed where no error reaches a client): with no slot free the state is held beside them, counted."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from memt_core.engine import TorchEngine
+from memt_core.engine.state_slots import SlotsFull, StateSlots, slots_for
+from memt_core.memory.state import MemoryState
+from memt_core.protocol import effects as fx
+from memt_core.sampling import SamplingParams
+
+pytestmark = pytest.mark.timeout(300)
+
+TURN = list(range(20, 60))
+
+
+def state(value: float) -> MemoryState:
+    return MemoryState({1: torch.full((1, 2, 3, 3), value), 3: torch.full((1, 2, 3, 3), -value)})
+
+
+def test_forks_share_a_slot_commits_take_their_own_and_slots_come_back():
+    slots = StateSlots((1, 3), (2, 3, 3), 3, device="cpu")
+    original = state(1.0)
+    held = slots.put(10, original)
+    assert held.equal(original) and held.get(1).data_ptr() == slots.slabs[1].data_ptr()  # a slot's rows, copied
+    slots.share(10, 11)  # a fork
+    assert slots.used == 1
+    [new] = slots.replace({11: state(2.0)}).values()  # the fork's commit: a slot of its own
+    assert slots.used == 2 and new.equal(state(2.0)) and held.equal(original)  # the source is untouched
+    slots.drop(10)
+    assert slots.used == 1
+    slots.drop(11)
+    assert slots.used == 0
+    assert slots.put(12, MemoryState()).is_empty and slots.used == 0  # the empty memory takes none
+
+
+def test_a_refused_replace_changes_nothing():
+    slots = StateSlots((1, 3), (2, 3, 3), 2, device="cpu")
+    a = slots.put(1, state(1.0))
+    slots.put(2, state(2.0))
+    with pytest.raises(SlotsFull, match="memory state slots"):
+        slots.replace({1: state(5.0)})
+    assert slots.used == 2 and a.equal(state(1.0))
+    beside = slots.put(3, state(3.0))  # a put is never refused: held beside the slots, counted
+    assert beside.equal(state(3.0)) and slots.overflow == 1 and slots.used == 2
+    slots.drop(3)  # it names no slot
+    assert slots.used == 2
+    slots.drop(2)
+    [b] = slots.replace({1: state(5.0)}).values()  # one free slot: taken, then the old one comes back
+    assert b.equal(state(5.0)) and slots.used == 1
+    assert SlotsFull.status == 503 and slots_for(4, 2) == 2 * 4 + 2 + 8
+
+
+def greedy(n: int) -> SamplingParams:
+    return SamplingParams(max_new_tokens=n, temperature=0, skip_eos=True)
+
+
+async def remember(engine, sessions: int) -> list[list[int]]:
+    """Each session: a turn committed and published, a fork queried; the answers."""
+    out = []
+    for i in range(sessions):
+        name = f"s{i}"
+        await engine.apply(fx.NewMemory(name))
+        await engine.apply(fx.ForkCandidate(name, transaction="t"))
+        await engine.commit(name, "t", "n", [t + i for t in TURN])
+        await engine.apply(fx.PublishCandidate(name, transaction="t"))
+        out.append([e.token async for e in engine.query(f"q{i}", [17, 42, 99], greedy(8), session=name) if e.token is not None])
+    return out
+
+
+def test_an_engine_on_slots_remembers_as_one_without_and_gives_them_back(nano_model):
+    plain = TorchEngine(nano_model).start()
+    slotted = TorchEngine(nano_model, memory_state_slots=slots_for(3, 1)).start()
+    try:
+        expected = asyncio.run(remember(plain, 3))
+        assert asyncio.run(remember(slotted, 3)) == expected
+        slots = slotted.runner.slots
+        assert slots.used == 3  # one published state per session (the pins were let go)
+
+        async def drop_all():
+            for i in range(3):
+                await slotted.apply(fx.DropSession(f"s{i}"))
+            [e async for e in slotted.query("after", [5, 6], greedy(2))]  # its steps free what was let go
+
+        asyncio.run(drop_all())
+        assert slots.used == 0
+        memory_budget = slotted.capabilities()["memory_budget"]
+        assert memory_budget["memory_state_slots"]["slots"] == slots_for(3, 1)
+        assert memory_budget["memory_state_slots"]["bytes"] == slots_for(3, 1) * memory_budget["memory_state_bytes"]
+    finally:
+        plain.stop()
+        slotted.stop()
+
+
+def test_a_commit_that_finds_no_free_slot_fails_and_the_engine_goes_on(nano_model):
+    engine = TorchEngine(nano_model, memory_state_slots=2).start()
+    try:
+        async def scenario():
+            for name in ("a", "b"):
+                await engine.apply(fx.NewMemory(name))
+                await engine.apply(fx.ForkCandidate(name, transaction="t"))
+            await engine.commit("a", "t", "n", TURN)
+            await engine.apply(fx.PublishCandidate("a", transaction="t"))
+            await engine.commit("b", "t", "n", TURN)  # the second slot
+            await engine.apply(fx.ForkCandidate("a", transaction="u"))  # shares a's slot
+            with pytest.raises(SlotsFull):
+                await engine.commit("a", "u", "m", TURN)  # its new state finds none
+            await engine.apply(fx.DropCandidate("a", transaction="u"))
+            return [e.token async for e in engine.query("q", [17, 42, 99], greedy(4), session="a") if e.token is not None]
+
+        assert len(asyncio.run(scenario())) == 4 and engine.alive
+    finally:
+        engine.stop()
