@@ -92,11 +92,17 @@ def memory_state_bytes(model: MemTForCausalLM) -> int:
     return 4 * heads * keys * values * len(model.checkpoint.memory.memory_layers)
 
 
-def kv_budget_tokens(fraction: float, total: int, used: int, token_bytes: int, *, activation: int, states: int = 0) -> int:
+#: where the activation peak cannot be measured (several ranks: a forward pass needs them all), the share of what
+#: the fraction leaves that is kept for activations
+ACTIVATION_SHARE = 0.2
+
+
+def kv_budget_tokens(fraction: float, total: int, used: int, token_bytes: int, *, activation: int | None, states: int = 0) -> int:
     """The KV tokens ``--mem-fraction-static`` allows on a device of ``total`` bytes: what the fraction leaves after
-    ``used`` (the weights), the ``activation`` peak the warm-up's forward passes measured and the ``states`` bytes
-    the sessions' memory states take, divided by one token's KV bytes."""
-    free = fraction * total - used - activation - states
+    ``used`` (the weights), the ``states`` bytes the sessions' memory states take and the ``activation`` peak the
+    profile measured (None: ``ACTIVATION_SHARE`` of the rest), divided by one token's KV bytes."""
+    free = fraction * total - used - states
+    free = free * (1 - ACTIVATION_SHARE) if activation is None else free - activation
     return int(max(0.0, free) // max(token_bytes, 1))
 
 
@@ -125,23 +131,27 @@ def activation_peak(model: MemTForCausalLM, tokens: int) -> int:
 PROFILE_TOKENS = 8192
 
 
-def cuda_kv_budget(model: MemTForCausalLM, fraction: float | None, *, profile_tokens: int, state_slots: int) -> int | None:
+def cuda_kv_budget(model: MemTForCausalLM, fraction: float | None, *, profile_tokens: int, state_slots: int,
+                   ranks: int = 1) -> int | None:
     """On CUDA with ``--mem-fraction-static``: the KV budget in tokens, sized once from the measured activation peak
-    of a ``profile_tokens`` prompt and ``state_slots`` sessions' memory states (logged); else None (no bound)."""
+    of a ``profile_tokens`` prompt (one rank; on several, whose forward passes need every rank, a fixed share) and
+    ``state_slots`` sessions' memory states (logged); else None (no bound)."""
     device = next(model.parameters()).device
     if fraction is None or device.type != "cuda":
         return None
     total = torch.cuda.get_device_properties(device).total_memory
-    activation = activation_peak(model, profile_tokens)
+    activation = activation_peak(model, profile_tokens) if ranks == 1 else None
     states = state_slots * memory_state_bytes(model)
     weights = torch.cuda.memory_allocated(device)
     tokens = kv_budget_tokens(fraction, total, weights, kv_token_bytes(model), activation=activation, states=states)
     import logging
 
     logging.getLogger("memt.engine").info(
-        "--mem-fraction-static %.2f of %.1f GB: weights %.2f GB, activation peak %.2f GB (a %d-token prompt and commit, "
-        "measured), %d memory state slots %.2f GB: a KV budget of %d tokens (%d bytes each)",
-        fraction, total / 1e9, weights / 1e9, activation / 1e9, profile_tokens, state_slots, states / 1e9, tokens, kv_token_bytes(model))
+        "--mem-fraction-static %.2f of %.1f GB: weights %.2f GB, activations %s, %d memory state slots %.2f GB: a KV "
+        "budget of %d tokens (%d bytes each)", fraction, total / 1e9, weights / 1e9,
+        f"{ACTIVATION_SHARE:.0%} of the rest (several ranks)" if activation is None
+        else f"{activation / 1e9:.2f} GB (a {profile_tokens}-token prompt and commit, measured)",
+        state_slots, states / 1e9, tokens, kv_token_bytes(model))
     return tokens
 
 

@@ -191,6 +191,7 @@ def test_the_fraction_of_a_device_becomes_a_kv_budget(nano_model):
     assert kv_budget_tokens(0.5, 100_000_000, 10_000_000, 1000, activation=5_000_000) == 35_000
     assert kv_budget_tokens(0.5, 100_000_000, 10_000_000, 1000, activation=5_000_000, states=64 * 100_000) == 28_600
     assert kv_budget_tokens(0.1, 100_000_000, 20_000_000, 1000, activation=0) == 0  # the weights alone pass the fraction
+    assert kv_budget_tokens(0.5, 100_000_000, 10_000_000, 1000, activation=None) == 32_000  # several ranks: a fixed share
     heads, keys, values = nano_model.checkpoint.memory.state_shape()[1:]
     assert memory_state_bytes(nano_model) == 4 * heads * keys * values * len(nano_model.memory_layers)
 
