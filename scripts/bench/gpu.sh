@@ -15,9 +15,10 @@
 #   lengths.txt   scripts/bench/lengths.py --device cuda: time to ready (the warm-up) and, after ready,
 #   lengths.json  24 prompt/commit lengths each first met after ready: max / median per length
 #   decode.txt    scripts/bench/decode_paths.py --device cuda: fused vs reference tokens/s and tokens (if time is left)
+#   kv_dtype.txt  scripts/bench/kv_dtype.py --device cuda --dtype bfloat16: the FP8 KV cache against BF16's (issue 60)
 #   launches.txt  scripts/bench/launches.py: the CPU launch count per decode step (runs on the CPU meanwhile)
 #   summary.txt   each step's exit status and seconds, and the figures' key lines
-# (8 files: what a device machine's $OUT gives back.)
+# (9 files: what a device machine's $OUT gives back.)
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
 ROOT=$(pwd)
@@ -64,8 +65,11 @@ step "lengths bench" 180 30 "$OUT/lengths.txt" $PY scripts/bench/lengths.py --mo
     --ready-timeout 150 --repeats 2 --out "$OUT/lengths.json"
 grep -sE "ready after|target" "$OUT/lengths.txt" | sed 's/^/  lengths: /' | tee -a "$SUMMARY"
 
-step "decode paths" 90 0 "$OUT/decode.txt" $PY scripts/bench/decode_paths.py --device "$DEVICE" --rows 1,16 --tokens 32 --repeats 3
+step "decode paths" 90 45 "$OUT/decode.txt" $PY scripts/bench/decode_paths.py --device "$DEVICE" --rows 1,16 --tokens 32 --repeats 3
 grep -sE "×|slowest" "$OUT/decode.txt" | sed 's/^/  decode: /' | tee -a "$SUMMARY"
+
+step "kv dtype" 45 0 "$OUT/kv_dtype.txt" $PY scripts/bench/kv_dtype.py --device "$DEVICE" --dtype bfloat16
+grep -sE "memt-" "$OUT/kv_dtype.txt" | sed 's/^/  fp8 kv vs bf16: /' | tee -a "$SUMMARY"
 
 grep -sE "^ +[0-9]+ +[0-9,]+ |target" "$OUT/launches.txt" | sed 's/^/  launches (CPU): /' | tee -a "$SUMMARY"
 note "done in $(($(date +%s) - START))s"
