@@ -75,14 +75,33 @@ def claim_architecture(model: MemTForCausalLM) -> None:
     _COMPILED_ARCHITECTURES[model] = mine
 
 
+def _linear_layers(config) -> int:
+    """How many decoder layers are linear attention (``layer_types``; 0 where the backbone names none)."""
+    return sum(kind == "linear_attention" for kind in getattr(config, "layer_types", None) or ())
+
+
 def kv_token_bytes(model: MemTForCausalLM) -> int:
-    """Bytes one token's keys and values take in the KV cache: every decoder layer counted as full attention (an
-    upper bound for hybrid backbones, whose linear-attention layers keep a fixed state instead)."""
+    """Bytes one token's keys and values take in the KV cache: every decoder layer but the linear-attention ones
+    (which keep a fixed state instead, ``recurrent_state_bytes``), counted as full attention (an upper bound for
+    layers that keep less, e.g. a sliding window)."""
     config = model.config
     heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     size = next(model.parameters()).element_size()
-    return 2 * int(config.num_hidden_layers) * int(heads) * int(head_dim) * size
+    return 2 * (int(config.num_hidden_layers) - _linear_layers(config)) * int(heads) * int(head_dim) * size
+
+
+def recurrent_state_bytes(model: MemTForCausalLM) -> int:
+    """Bytes of one request's linear-attention states, whatever its length: per linear-attention layer the causal
+    convolution's window (the compute dtype) and the gated delta rule's FP32 matrix; 0 for a backbone without."""
+    config = model.config
+    layers = _linear_layers(config)
+    if not layers:
+        return 0
+    key_heads, key_dim = config.linear_num_key_heads, config.linear_key_head_dim
+    value_heads, value_dim = config.linear_num_value_heads, config.linear_value_head_dim
+    window = (2 * key_heads * key_dim + value_heads * value_dim) * config.linear_conv_kernel_dim
+    return layers * (window * next(model.parameters()).element_size() + 4 * value_heads * key_dim * value_dim)
 
 
 def memory_state_bytes(model: MemTForCausalLM) -> int:
@@ -99,8 +118,9 @@ ACTIVATION_SHARE = 0.2
 
 def kv_budget_tokens(fraction: float, total: int, used: int, token_bytes: int, *, activation: int | None, states: int = 0) -> int:
     """The KV tokens ``--mem-fraction-static`` allows on a device of ``total`` bytes: what the fraction leaves after
-    ``used`` (the weights), the ``states`` bytes the sessions' memory states take and the ``activation`` peak the
-    profile measured (None: ``ACTIVATION_SHARE`` of the rest), divided by one token's KV bytes."""
+    ``used`` (the weights), the ``states`` bytes (the sessions' memory states, the running requests' recurrent
+    states) and the ``activation`` peak the profile measured (None: ``ACTIVATION_SHARE`` of the rest), divided by
+    one token's KV bytes."""
     free = fraction * total - used - states
     free = free * (1 - ACTIVATION_SHARE) if activation is None else free - activation
     return int(max(0.0, free) // max(token_bytes, 1))
@@ -132,26 +152,27 @@ PROFILE_TOKENS = 8192
 
 
 def cuda_kv_budget(model: MemTForCausalLM, fraction: float | None, *, profile_tokens: int, state_slots: int,
-                   ranks: int = 1) -> int | None:
+                   rows: int, ranks: int = 1) -> int | None:
     """On CUDA with ``--mem-fraction-static``: the KV budget in tokens, sized once from the measured activation peak
-    of a ``profile_tokens`` prompt (one rank; on several, whose forward passes need every rank, a fixed share) and
-    ``state_slots`` sessions' memory states (logged); else None (no bound)."""
+    of a ``profile_tokens`` prompt (one rank; on several, whose forward passes need every rank, a fixed share),
+    ``state_slots`` sessions' memory states and ``rows`` running requests' recurrent states (logged); else None."""
     device = next(model.parameters()).device
     if fraction is None or device.type != "cuda":
         return None
     total = torch.cuda.get_device_properties(device).total_memory
     activation = activation_peak(model, profile_tokens) if ranks == 1 else None
-    states = state_slots * memory_state_bytes(model)
+    states = state_slots * memory_state_bytes(model) + rows * recurrent_state_bytes(model)
     weights = torch.cuda.memory_allocated(device)
     tokens = kv_budget_tokens(fraction, total, weights, kv_token_bytes(model), activation=activation, states=states)
     import logging
 
     logging.getLogger("memt.engine").info(
-        "--mem-fraction-static %.2f of %.1f GB: weights %.2f GB, activations %s, %d memory state slots %.2f GB: a KV "
+        "--mem-fraction-static %.2f of %.1f GB: weights %.2f GB, activations %s, %d memory state slots and %d "
+        "requests' recurrent states %.2f GB: a KV "
         "budget of %d tokens (%d bytes each)", fraction, total / 1e9, weights / 1e9,
         f"{ACTIVATION_SHARE:.0%} of the rest (several ranks)" if activation is None
         else f"{activation / 1e9:.2f} GB (a {profile_tokens}-token prompt and commit, measured)",
-        state_slots, states / 1e9, tokens, kv_token_bytes(model))
+        state_slots, rows, states / 1e9, tokens, kv_token_bytes(model))
     return tokens
 
 
@@ -166,4 +187,5 @@ def memory_budget(model: MemTForCausalLM, kv_tokens: int | None, kv_cache_dtype:
     return {"kv_tokens": kv_tokens, "kv_bytes_per_token": per_token, "kv_bytes": None if kv_tokens is None else kv_tokens * per_token,
             "kv_cache_dtype": kv_cache_dtype, "memory_state_bytes": memory_state_bytes(model),
             "memory_state_slots": slots.describe() if slots is not None else "as made",
+            "recurrent_state_bytes": recurrent_state_bytes(model),  # one running request's linear-attention states
             "kv_pool": pool.describe() if pool is not None else "dynamic"}

@@ -120,7 +120,7 @@ class TorchEngine(Engine):
         durable, owned = shared_stores(checkpoint, options)
         kv_budget = options.budget.max_total_tokens or cuda_kv_budget(
             model, options.budget.mem_fraction_static, profile_tokens=min(options.context_length, PROFILE_TOKENS),
-            state_slots=slots or 0, ranks=parallel.world)
+            state_slots=slots or 0, rows=options.max_running_requests, ranks=parallel.world)
         return cls(
             model, runner=runner, state_directory=options.state_directory, snapshot_store=durable, owned=owned,
             max_running_requests=options.max_running_requests, max_commit_batch=options.max_commit_batch * parallel.session_ranks,

@@ -187,13 +187,26 @@ def test_the_fraction_of_a_device_becomes_a_kv_budget(nano_model):
 
     config = nano_model.config
     per_token = kv_token_bytes(nano_model)
-    assert per_token == 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * 4  # FP32
+    full = sum(kind == "full_attention" for kind in config.layer_types)  # the linear-attention layers keep a state
+    assert 0 < full < config.num_hidden_layers
+    assert per_token == 2 * full * config.num_key_value_heads * config.head_dim * 4  # FP32
     assert kv_budget_tokens(0.5, 100_000_000, 10_000_000, 1000, activation=5_000_000) == 35_000
     assert kv_budget_tokens(0.5, 100_000_000, 10_000_000, 1000, activation=5_000_000, states=64 * 100_000) == 28_600
     assert kv_budget_tokens(0.1, 100_000_000, 20_000_000, 1000, activation=0) == 0  # the weights alone pass the fraction
     assert kv_budget_tokens(0.5, 100_000_000, 10_000_000, 1000, activation=None) == 32_000  # several ranks: a fixed share
     heads, keys, values = nano_model.checkpoint.memory.state_shape()[1:]
     assert memory_state_bytes(nano_model) == 4 * heads * keys * values * len(nano_model.memory_layers)
+    # one request's linear-attention states, as a forward pass leaves them in its cache
+    from memt_core.engine.device import recurrent_state_bytes
+    from memt_core.engine.fp8_kv import new_cache
+    from memt_core.models.passes import memory_batch
+
+    with torch.no_grad():
+        cache = nano_model(torch.tensor([[5, 6, 7]]), memory=memory_batch(nano_model, [None]),
+                           past_key_values=new_cache(nano_model.config, "auto"), use_cache=True).past_key_values
+    held = sum(t.numel() * t.element_size() for layer in cache.layers if hasattr(layer, "recurrent_states")
+               for states in (layer.conv_states, layer.recurrent_states) for t in states.values() if t is not None)
+    assert recurrent_state_bytes(nano_model) == held > 0
 
 
 @pytest.mark.gpu
@@ -206,8 +219,8 @@ def test_the_fraction_is_sized_from_a_measured_activation_peak_on_cuda(nano_chec
     model = load_model(nano_checkpoint, device="cuda", dtype=torch.bfloat16)
     short, long = activation_peak(model, 64), activation_peak(model, 2048)
     assert 0 < short < long  # a longer prompt's forward passes take more
-    small = cuda_kv_budget(model, 0.5, profile_tokens=2048, state_slots=64)
-    assert 0 < small < cuda_kv_budget(model, 0.9, profile_tokens=2048, state_slots=64)
+    small = cuda_kv_budget(model, 0.5, profile_tokens=2048, state_slots=64, rows=8)
+    assert 0 < small < cuda_kv_budget(model, 0.9, profile_tokens=2048, state_slots=64, rows=8)
     engine = TorchEngine(model, max_total_tokens=small, kv_pool_tokens=min(small, 65_536), memory_state_slots=64)
     assert engine.capabilities()["memory_budget"]["memory_state_slots"]["slots"] == 64
 
