@@ -74,8 +74,9 @@ class ChatService:
         # which memory a turn runs on: a named session, or the kept state a header-less conversation reaches
         self.memory = ChatMemory(sessions, self.runner, self.plans)
 
-    async def complete(self, request: ChatCompletionRequest, context: RequestContext, *, session: str | None, on_divergence: str | None = None,
-                       ) -> dict | AsyncIterator[dict]:
+    async def complete(
+        self, request: ChatCompletionRequest, context: RequestContext, *, session: str | None, on_divergence: str | None = None,
+    ) -> dict | AsyncIterator[dict]:
         """A chat.completion body, or (``stream``) an iterator of chat.completion.chunk bodies. ``context``: the
         request's tenant, memory policy, size, digest, and whether the client says it retries (the OpenAI SDKs'
         ``x-stainless-retry-count``) or repeats an ``Idempotency-Key``. A retry of an answered request gets its kept

@@ -134,7 +134,7 @@ class ResponsesService:
             state = held.state
             if on.restore is None:
                 await self.threads.confirm(held, thread)
-            memory = self.runner.memory("read" if context.policy == "read" else "auto", state, retries=self.runner.answers)
+            memory = self.runner.memory_plan("read" if context.policy == "read" else "auto", state, retries=self.runner.answers)
             plan = await self._planned(request, context, items, thread, thread.uncommitted, thread.calls, state.pending, memory, base_version=state.version)
             handed_off = True
             return OnMemory(held, hold, turn=plan)

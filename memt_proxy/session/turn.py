@@ -134,7 +134,7 @@ class TurnRunner:
         self.answers = KeptAnswers()  # for a client's retry where no session keeps the answer
         self.on_usage = no_usage
 
-    def memory(self, policy: str, state: SessionState | None = None, **plan) -> MemoryPlan:
+    def memory_plan(self, policy: str, state: SessionState | None = None, **plan) -> MemoryPlan:
         """The memory plan of a turn reading ``state``, with the prompt tokens its memory spares."""
         return MemoryPlan(policy, state, self.memory_tokens.held(state), **plan)
 
@@ -186,7 +186,7 @@ class TurnRunner:
             return OnMemory(turn=await plain(MemoryPlan(context.policy, headerless=found, retries=self.answers)))
 
         async def prepare():
-            return await plan(self.memory(context.policy, held.state, headerless=found, retries=self.answers), found)
+            return await plan(self.memory_plan(context.policy, held.state, headerless=found, retries=self.answers), found)
 
         return OnMemory(held, hold, prepare)
 
@@ -218,7 +218,7 @@ class TurnRunner:
         log.info("%s forks from a kept state of %d messages", state.native, len(origin.state.committed))
 
         async def prepare():
-            return await plan(self.memory(context.policy, origin.state, follower=held, retries=IN_SESSION_RECORD), found.hashes)
+            return await plan(self.memory_plan(context.policy, origin.state, follower=held, retries=IN_SESSION_RECORD), found.hashes)
 
         return OnMemory(origin, hold, prepare)
 
@@ -226,14 +226,14 @@ class TurnRunner:
         """The turn on a named session's own memory (see ``hold_named``); it keeps the state before its commit."""
         try:
             if not starts_over(state):
-                return await plan(self.memory(policy, state, keep_parent=True, retries=IN_SESSION_RECORD))
+                return await plan(self.memory_plan(policy, state, keep_parent=True, retries=IN_SESSION_RECORD))
         except ProxyError as exc:
             if exc.code != "transcript_diverged" or strict:
                 raise
         await self.sessions.placement.lease_of(state)
         await self.sessions.keep_parent(state)
         await self.sessions.writes.reset(state, await self.sessions.placement.lease_of(state))
-        return await plan(self.memory(policy, state, keep_parent=True, retries=IN_SESSION_RECORD))
+        return await plan(self.memory_plan(policy, state, keep_parent=True, retries=IN_SESSION_RECORD))
 
     # ---- answer: the one entry
 
