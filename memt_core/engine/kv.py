@@ -41,12 +41,24 @@ def _new_cache(template, layers):
     return cache
 
 
-def join(a, mask_a: torch.Tensor, b, mask_b: torch.Tensor):
-    """Stack two batched caches (rows of ``a`` first), left-padding the shorter to the longer."""
+def _stacked(slots, key, parts: list[torch.Tensor]) -> torch.Tensor:
+    """``parts`` stacked on the batch axis: in the recurrent slots' first rows (``memt_core.engine.state_slots``)
+    where there are slots and they fit, else a new tensor."""
+    if slots is not None:
+        starts = [sum(p.shape[0] for p in parts[:i]) for i in range(len(parts))]
+        placed = slots.place(key, list(zip(parts, starts)))
+        if placed is not None:
+            return placed
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
+
+
+def join(a, mask_a: torch.Tensor, b, mask_b: torch.Tensor, slots=None):
+    """Stack two batched caches (rows of ``a`` first), left-padding the shorter to the longer; ``slots``: the
+    recurrent slots the linear-attention states are stacked in (``memt_core.engine.state_slots.RecurrentSlots``)."""
     length = max(mask_a.shape[1], mask_b.shape[1])
     pad_a, pad_b = length - mask_a.shape[1], length - mask_b.shape[1]
     layers = []
-    for la, lb in zip(a.layers, b.layers):
+    for number, (la, lb) in enumerate(zip(a.layers, b.layers)):
         layer = _clone_layer(la)
         if type(la) is PagedLayer:  # block tables move; the pool's tensors stay
             layer = la.joined(lb)
@@ -57,23 +69,25 @@ def join(a, mask_a: torch.Tensor, b, mask_b: torch.Tensor):
         else:
             for index in la.recurrent_states:
                 if la.conv_states[index] is not None:
-                    layer.conv_states[index] = torch.cat([la.conv_states[index], lb.conv_states[index]], dim=0)
+                    layer.conv_states[index] = _stacked(slots, (number, f"conv{index}"), [la.conv_states[index], lb.conv_states[index]])
                 if la.recurrent_states[index] is not None:
-                    layer.recurrent_states[index] = torch.cat([la.recurrent_states[index], lb.recurrent_states[index]], dim=0)
+                    layer.recurrent_states[index] = _stacked(slots, (number, f"recurrent{index}"),
+                                                             [la.recurrent_states[index], lb.recurrent_states[index]])
         layers.append(layer)
     mask = torch.cat([F.pad(mask_a, (pad_a, 0)), F.pad(mask_b, (pad_b, 0))], dim=0)
     return _new_cache(a, layers), mask
 
 
-def select(cache, mask: torch.Tensor, rows: list[int]):
-    """Keep ``rows`` of a batched cache, dropping leading columns that are padding for every kept row."""
+def select(cache, mask: torch.Tensor, rows: list[int], slots=None):
+    """Keep ``rows`` of a batched cache, dropping leading columns that are padding for every kept row (the
+    linear-attention states moved up in ``slots``, where given)."""
     index = torch.tensor(rows, device=mask.device)
     mask = mask.index_select(0, index)
     real = mask.any(dim=0).nonzero()
     start = int(real[0]) if real.numel() else mask.shape[1]
     mask = mask[:, start:]
     layers = []
-    for layer in cache.layers:
+    for number, layer in enumerate(cache.layers):
         clone = _clone_layer(layer)
         if type(layer) is PagedLayer:
             clone = layer.selected(rows, start)
@@ -83,10 +97,10 @@ def select(cache, mask: torch.Tensor, rows: list[int]):
                 clone.values = layer.values.index_select(0, index.to(layer.values.device))[:, :, start:]
         else:
             for i in layer.recurrent_states:
-                if layer.conv_states[i] is not None:
-                    clone.conv_states[i] = layer.conv_states[i].index_select(0, index.to(layer.conv_states[i].device))
-                if layer.recurrent_states[i] is not None:
-                    clone.recurrent_states[i] = layer.recurrent_states[i].index_select(0, index.to(layer.recurrent_states[i].device))
+                for kind, states, kept in (("conv", layer.conv_states, clone.conv_states),
+                                           ("recurrent", layer.recurrent_states, clone.recurrent_states)):
+                    if states[i] is not None:
+                        kept[i] = _stacked(slots, (number, f"{kind}{i}"), [states[i].index_select(0, index.to(states[i].device))])
         layers.append(clone)
     return _new_cache(cache, layers), mask
 

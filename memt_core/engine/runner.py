@@ -67,9 +67,11 @@ class ModelRunner:
             weight = next(model.parameters())
             self.pool = KVPool(model.config, kv_pool_tokens, rows=2 * max_rows + 64, dtype=weight.dtype, device=weight.device)
         self.heads: slice | None = getattr(model, "memory_heads", None)  # on several ranks: this rank's memory heads
-        self.slots = None
-        if memory_state_slots is not None:
-            from memt_core.engine.state_slots import StateSlots
+        self.slots = self.recurrent = None
+        if memory_state_slots is not None:  # with a budget: the states in slots allocated once
+            from memt_core.engine.state_slots import RecurrentSlots, StateSlots
+
+            self.recurrent = RecurrentSlots(max_rows)
 
             memory = getattr(model.checkpoint, "whole", model.checkpoint).memory  # a rank's share names the whole
             heads, keys, values = memory.state_shape()[1:]
@@ -181,7 +183,7 @@ class ModelRunner:
             keep = [i for i in range(len(self.rows)) if i not in gone]
             self.rows = [self.rows[i] for i in keep]
             if keep:
-                self.batch_cache, self.batch_mask = kv.select(self.batch_cache, self.batch_mask, keep)
+                self.batch_cache, self.batch_mask = kv.select(self.batch_cache, self.batch_mask, keep, self.recurrent)
             else:
                 self.batch_cache, self.batch_mask = None, None
                 self._read = ((), None)  # let the finished queries' memory go
@@ -238,7 +240,7 @@ class ModelRunner:
             if self.batch_cache is None:
                 self.batch_cache, self.batch_mask = cache, mask
             else:
-                self.batch_cache, self.batch_mask = kv.join(self.batch_cache, self.batch_mask, cache, mask)
+                self.batch_cache, self.batch_mask = kv.join(self.batch_cache, self.batch_mask, cache, mask, self.recurrent)
             self.rows.append(row.request)
         decoded = []
         if self.rows:

@@ -1,4 +1,4 @@
-"""Memory state slots: the sessions' latent memory in tensors allocated once, at start.
+"""State slots: the sessions' latent memory, and the decode batch's linear-attention states, in tensors allocated once.
 
 With a KV budget the engine's memory is sized up front (``memt_core.engine.budget``), the memory states included:
 per memory layer one FP32 tensor ``[slots, H, K, V]`` (on a rank, its heads). A state the runner holds is a
@@ -14,6 +14,13 @@ and counted (``overflow``, logged), because on several ranks a put is replayed w
 client.
 
 Handles are taken and let go from the event loop's thread (puts, forks) and the engine's (commits, frees): one lock.
+
+``RecurrentSlots``: the running requests' linear-attention states (each layer's convolution window and gated delta
+rule matrix, a fixed size per request) in one tensor per layer and kind of ``--max-running-requests`` rows, the
+decode batch's rows its first ones. Joining a batch copies the new rows in after the others (``memt_core.engine.kv``)
+where transformers concatenates into new tensors; a row leaving moves the rows after it up. The fused decode step
+advances the states in place, in the slots. A prefilled request's states and a retained context's stay its own until
+it joins the batch.
 """
 
 from __future__ import annotations
@@ -131,3 +138,39 @@ class StateSlots:
 
     def describe(self) -> dict:
         return {"slots": self.slots, "slots_used": self.used, "bytes": self.bytes(), "overflow": self.overflow}
+
+
+class RecurrentSlots:
+    """One tensor of ``rows`` rows per linear-attention layer and state kind, made at the first batch that needs it
+    (its shape is the states', a rank's heads on TP) and never grown."""
+
+    def __init__(self, rows: int):
+        self.rows = rows
+        self.slabs: dict[tuple[int, str], torch.Tensor] = {}
+
+    def place(self, key: tuple[int, str], parts: list[tuple[torch.Tensor, int]]) -> torch.Tensor | None:
+        """The batch's states for ``key`` as the slab's first rows: ``parts`` (a tensor and the row it starts at),
+        copied in unless already there; None when they would not fit (the caller concatenates instead)."""
+        total = sum(part.shape[0] for part, _ in parts)
+        first = parts[0][0]
+        if total > self.rows:
+            return None
+        slab = self.slabs.get(key)
+        if slab is None:
+            slab = self.slabs[key] = torch.zeros(self.rows, *first.shape[1:], dtype=first.dtype, device=first.device)
+        if slab.shape[1:] != first.shape[1:] or slab.dtype != first.dtype:
+            return None
+        for part, start in parts:
+            if not (part.data_ptr() == slab[start:].data_ptr() and part.is_contiguous()):
+                slab[start : start + part.shape[0]].copy_(part)
+        return slab[:total]
+
+    def held(self, tensor: torch.Tensor) -> bool:
+        """Whether ``tensor`` is a slab's first rows."""
+        return any(tensor.data_ptr() == slab.data_ptr() for slab in self.slabs.values())
+
+    def bytes(self) -> int:
+        return sum(slab.numel() * slab.element_size() for slab in self.slabs.values())
+
+    def describe(self) -> dict:
+        return {"rows": self.rows, "bytes": self.bytes()}

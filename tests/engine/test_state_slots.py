@@ -119,3 +119,57 @@ def test_a_commit_that_finds_no_free_slot_fails_and_the_engine_goes_on(nano_mode
         assert len(asyncio.run(scenario())) == 4 and engine.alive
     finally:
         engine.stop()
+
+
+def test_the_batch_keeps_its_recurrent_states_in_slots_and_answers_as_without(nano_model):
+    """Requests of several lengths join and leave the decode batch: with slots its linear-attention states are the
+    slots' first rows (made once, ``--max-running-requests`` rows), and every answer is the one without slots."""
+    prompts = [[17, 42, 99], [5, 6, 7, 8, 9, 10, 11], [300, 12] * 6, list(range(100, 140))]
+    lengths = [4, 12, 7, 9]  # rows leave the batch at different steps, the others move up
+
+    async def answers(engine):
+        async def one(i):
+            return [e.token async for e in engine.query(f"q{i}", prompts[i], greedy(lengths[i])) if e.token is not None]
+
+        return await asyncio.gather(*(one(i) for i in range(len(prompts))))
+
+    plain = TorchEngine(nano_model, max_running_requests=4).start()
+    slotted = TorchEngine(nano_model, max_running_requests=4, memory_state_slots=slots_for(1, 1)).start()
+    try:
+        expected = asyncio.run(answers(plain))
+        for _ in range(2):
+            assert asyncio.run(answers(slotted)) == expected
+        recurrent = slotted.runner.recurrent
+        assert recurrent.slabs and all(slab.shape[0] == 4 for slab in recurrent.slabs.values())
+        assert slotted.capabilities()["memory_budget"]["recurrent_slots"]["bytes"] == recurrent.bytes() > 0
+    finally:
+        plain.stop()
+        slotted.stop()
+
+
+def test_joining_and_selecting_rows_keep_the_states_in_the_slots(nano_model):
+    from memt_core.engine import kv
+    from memt_core.engine.runner import ModelRunner
+    from memt_core.engine.state_slots import RecurrentSlots
+
+    runner = ModelRunner(nano_model, max_rows=3)
+    slots = RecurrentSlots(3)
+    caches = []
+    with torch.no_grad():
+        for prompt in ([17, 42, 99], [5, 6, 7, 8], [9, 10]):
+            caches.append((runner.forward_prompt(torch.tensor([prompt]), None, runner.new_cache()).past_key_values,
+                           torch.ones(1, len(prompt), dtype=torch.long)))
+    states = [[layer.recurrent_states[0].clone() for layer in c.layers if hasattr(layer, "recurrent_states")] for c, _ in caches]
+    batch, mask = caches[0]
+    for cache, own in caches[1:]:
+        batch, mask = kv.join(batch, mask, cache, own, slots)
+    held = [layer.recurrent_states[0] for layer in batch.layers if hasattr(layer, "recurrent_states")]
+    assert all(slots.held(t) and t.shape[0] == 3 for t in held)
+    for layer, tensor in enumerate(held):
+        assert all(torch.equal(tensor[row], states[row][layer][0]) for row in range(3))
+    batch, mask = kv.select(batch, mask, [0, 2], slots)  # the middle row leaves: the last moves up
+    held = [layer.recurrent_states[0] for layer in batch.layers if hasattr(layer, "recurrent_states")]
+    assert all(slots.held(t) and t.shape[0] == 2 for t in held)
+    for layer, tensor in enumerate(held):
+        assert torch.equal(tensor[0], states[0][layer][0]) and torch.equal(tensor[1], states[2][layer][0])
+    assert kv.join(batch, mask, *caches[1], RecurrentSlots(2))[0] is not None  # beyond the rows: concatenated
