@@ -8,7 +8,8 @@ per engine: queries answered, refused with 503 (the queue was full), the most th
 running queries reserved at most against the budget, the KV tokens the runner's caches really held at most (measured
 after every step: the growing cache's padding included, the paged pool's blocks in use), and the burst's wall time.
 
-Then decode tokens/s with the paged KV pool (``--kv-pool paged``) against transformers' growing cache, at 1 and 16
+Then decode tokens/s with the paged KV pool (``--kv-pool paged``), and with it the state slots (what a server with
+``--max-total-tokens`` runs: ``memt_core.engine.state_slots``), against transformers' growing cache, at 1 and 16
 sessions, alternating, medians of ``--repeats``.
 
     PYTHONPATH=. python scripts/bench/budget.py
@@ -26,6 +27,7 @@ from pathlib import Path
 import torch
 
 from memt_core.engine import TorchEngine
+from memt_core.engine.state_slots import slots_for
 from memt_core.errors import EngineBusy
 from memt_core.models.weights import load_model
 from memt_core.sampling import SamplingParams
@@ -123,7 +125,9 @@ def main() -> int:
     budget = 16 * (args.prompt_tokens + 2 * args.new_tokens)
     engines = {"growing cache (dynamic)": TorchEngine(model, max_running_requests=16, max_total_tokens=budget).start(),
                "paged pool (--kv-pool paged)": TorchEngine(model, max_running_requests=16, max_total_tokens=budget,
-                                                           kv_pool_tokens=budget).start()}
+                                                           kv_pool_tokens=budget).start(),
+               "paged pool + state slots": TorchEngine(model, max_running_requests=16, max_total_tokens=budget,
+                                                       kv_pool_tokens=budget, memory_state_slots=slots_for(16, 1)).start()}
     rates = {name: {1: [], 16: []} for name in engines}
     try:
         for repeat in range(args.repeats + 1):  # the first round warms up, untimed
