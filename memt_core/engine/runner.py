@@ -60,12 +60,9 @@ class ModelRunner:
         self.model = model
         self.kv_cache_dtype = kv_cache_dtype
         self.device = next(model.parameters()).device
-        self.pool = None
+        self.pool, self.max_rows = None, max_rows
         if kv_pool_tokens is not None:
-            from memt_core.engine.paged_kv import KVPool
-
-            weight = next(model.parameters())
-            self.pool = KVPool(model.config, kv_pool_tokens, rows=2 * max_rows + 64, dtype=weight.dtype, device=weight.device)
+            self.make_pool(kv_pool_tokens)
         self.heads: slice | None = getattr(model, "memory_heads", None)  # on several ranks: this rank's memory heads
         self.slots = self.recurrent = None
         if memory_state_slots is not None:  # with a budget: the states in slots allocated once
@@ -105,6 +102,14 @@ class ModelRunner:
         self.batch_mask: torch.Tensor | None = None
         self._read: tuple[tuple[int, ...], dict | None] = ((), None)  # the rows the batch's read was stacked for, and it
         self.kv_peak = 0  # the most KV tokens the caches held after a step (``kv.held_tokens``), measured
+
+    def make_pool(self, tokens: int) -> None:
+        """Allocate the paged KV pool for ``tokens`` (``memt_core.engine.paged_kv``): at start, once the budget is known
+        (on several ranks, a call every rank makes)."""
+        from memt_core.engine.paged_kv import KVPool
+
+        weight = next(self.model.parameters())
+        self.pool = KVPool(self.model.config, tokens, rows=2 * self.max_rows + 64, dtype=weight.dtype, device=weight.device)
 
     def new_cache(self):
         """A fresh KV cache for one request (its full-attention layers in FP8 with ``--kv-cache-dtype fp8_e4m3``)."""

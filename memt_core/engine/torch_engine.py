@@ -108,7 +108,7 @@ class TorchEngine(Engine):
 
             runner_options = {"fused_decode": options.fused_decode and not parallel.dp_attention, "max_rows": options.max_running_requests,
                               "kv_cache_dtype": options.budget.kv_cache_dtype,
-                              "kv_pool_tokens": options.budget.max_total_tokens if pool else None, "memory_state_slots": slots}
+                              "memory_state_slots": slots}  # the pool, once its budget is known (below)
             model, group, processes = ranks.start(checkpoint, parallel, device=options.device, dtype=options.dtype,
                                                   runner_options=runner_options, threads=cpu_threads(options),
                                                   deterministic=options.deterministic_communication)
@@ -121,6 +121,8 @@ class TorchEngine(Engine):
         kv_budget = options.budget.max_total_tokens or cuda_kv_budget(
             model, options.budget.mem_fraction_static, profile_tokens=min(options.context_length, PROFILE_TOKENS),
             state_slots=slots or 0, rows=options.max_running_requests, ranks=parallel.world)
+        if runner is not None and pool and kv_budget:  # every rank's pool, sized as rank 0 sized its budget
+            runner.make_pool(kv_budget)
         return cls(
             model, runner=runner, state_directory=options.state_directory, snapshot_store=durable, owned=owned,
             max_running_requests=options.max_running_requests, max_commit_batch=options.max_commit_batch * parallel.session_ranks,

@@ -86,6 +86,9 @@ class RankDriver:
     def compile(self) -> None:
         self._call("compile")
 
+    def make_pool(self, tokens: int) -> None:
+        self._call("make_pool", tokens)
+
     def warm(self, plan, progress: Callable[[dict], None], stopping: Callable[[], bool]) -> None:
         with self._lock:  # every rank runs the whole plan: a warm-up stopped on one rank alone would leave collectives unmet
             self._send("warm", (plan,))
