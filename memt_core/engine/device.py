@@ -177,7 +177,7 @@ def cuda_kv_budget(model: MemTForCausalLM, fraction: float | None, *, profile_to
 
 
 def memory_budget(model: MemTForCausalLM, kv_tokens: int | None, kv_cache_dtype: str = "auto", pool=None, slots=None,
-                  recurrent=None) -> dict:
+                  recurrent=None, retained=None) -> dict:
     """What the server may hold, in ``/memt/capabilities``: the KV budget in tokens and bytes (None: unbounded), the
     paged pool's blocks (``--kv-pool paged``), the bytes of one session's memory state (every memory layer's
     ``[1, H, K, V]`` FP32 matrix) and the slots allocated for them at start (``memt_core.engine.state_slots``;
@@ -190,4 +190,5 @@ def memory_budget(model: MemTForCausalLM, kv_tokens: int | None, kv_cache_dtype:
             "memory_state_slots": slots.describe() if slots is not None else "as made",
             "recurrent_state_bytes": recurrent_state_bytes(model),  # one running request's linear-attention states
             "recurrent_slots": recurrent.describe() if recurrent is not None else "as made",
+            "retained_slots": retained.describe() if retained is not None else "as made",
             "kv_pool": pool.describe() if pool is not None else "dynamic"}

@@ -64,11 +64,11 @@ class ModelRunner:
         if kv_pool_tokens is not None:
             self.make_pool(kv_pool_tokens)
         self.heads: slice | None = getattr(model, "memory_heads", None)  # on several ranks: this rank's memory heads
-        self.slots = self.recurrent = None
+        self.slots = self.recurrent = self.retained = None
         if memory_state_slots is not None:  # with a budget: the states in slots allocated once
-            from memt_core.engine.state_slots import RecurrentSlots, StateSlots
+            from memt_core.engine.state_slots import RecurrentSlots, RetainedSlots, StateSlots, sessions_of
 
-            self.recurrent = RecurrentSlots(max_rows)
+            self.recurrent, self.retained = RecurrentSlots(max_rows), RetainedSlots(sessions_of(memory_state_slots))
 
             memory = getattr(model.checkpoint, "whole", model.checkpoint).memory  # a rank's share names the whole
             heads, keys, values = memory.state_shape()[1:]
@@ -160,6 +160,8 @@ class ModelRunner:
         for handle in step.free:
             self.drop_memory(handle)
             self.caches.pop(handle, None)
+            if self.retained is not None:
+                self.retained.drop(handle)
         self.kv_peak = max(self.kv_peak, self.kv_held())
         return result
 
@@ -177,12 +179,12 @@ class ModelRunner:
             if leave.request in self.rows:
                 i = self.rows.index(leave.request)
                 if leave.retain is not None:
-                    self.caches[leave.retain] = kv.extract(self.batch_cache, self.batch_mask, i)
+                    self._keep(leave.retain, kv.extract(self.batch_cache, self.batch_mask, i))
                 gone.append(i)
             else:
                 cache = self.caches.pop(leave.request, None)
                 if leave.retain is not None and cache is not None:
-                    self.caches[leave.retain] = cache
+                    self._keep(leave.retain, cache)
             self.drop_memory(self.reads.pop(leave.request, None))
         if gone:
             keep = [i for i in range(len(self.rows)) if i not in gone]
@@ -192,6 +194,12 @@ class ModelRunner:
             else:
                 self.batch_cache, self.batch_mask = None, None
                 self._read = ((), None)  # let the finished queries' memory go
+
+    def _keep(self, handle: int, cache) -> None:
+        """A finished request's context, retained as ``handle`` (its linear-attention states in the retained slots)."""
+        self.caches[handle] = cache
+        if self.retained is not None:
+            self.retained.keep(handle, cache)
 
     def _commit(self, commits) -> list[CommitOutcome] | Exception:
         try:
@@ -209,6 +217,8 @@ class ModelRunner:
         cache = None
         try:
             cache = self.caches.pop(p.retained) if p.retained is not None else self.new_cache()
+            if p.retained is not None and self.retained is not None:
+                self.retained.take(p.retained, cache)
             feed = torch.tensor([p.tokens], dtype=torch.long, device=self.device)
             out = self.forward_prompt(feed, self.memory(p.memory), cache, fresh=p.retained is None)
         except Exception as exc:

@@ -21,6 +21,11 @@ decode batch's rows its first ones. Joining a batch copies the new rows in after
 where transformers concatenates into new tensors; a row leaving moves the rows after it up. The fused decode step
 advances the states in place, in the slots. A prefilled request's states and a retained context's stay its own until
 it joins the batch.
+
+``RetainedSlots``: a retained context's linear-attention states (a streaming session's, kept after its query for
+the next one: ``retain_kv``) in slots made at the first one kept, a row per session. Kept, the context's states
+become its slot's rows; taken back for the session's next query, they are copied out and the slot is free again.
+With none free, the context keeps its own tensors (counted in ``overflow``).
 """
 
 from __future__ import annotations
@@ -48,6 +53,11 @@ class SlotsFull(MemTError):
 def slots_for(sessions: int, commits: int) -> int:
     """Slots for ``sessions`` sessions (a published state and a candidate each) and a batch of ``commits``."""
     return 2 * sessions + commits + MARGIN
+
+
+def sessions_of(slots: int) -> int:
+    """The sessions ``slots_for`` made room for, and half the commit batch: a retained context's slot each."""
+    return max(1, (slots - MARGIN) // 2)
 
 
 class StateSlots:
@@ -174,3 +184,60 @@ class RecurrentSlots:
 
     def describe(self) -> dict:
         return {"rows": self.rows, "bytes": self.bytes()}
+
+
+class RetainedSlots:
+    """Retained contexts' linear-attention states, a row each in one tensor per layer and kind (see the module)."""
+
+    def __init__(self, rows: int):
+        self.rows = rows
+        self.slabs: dict[tuple[int, str, int], torch.Tensor] = {}
+        self._free = list(range(rows - 1, -1, -1))
+        self._slot_of: dict[int, int] = {}  # retained handle → its row
+        self.overflow = 0
+
+    @staticmethod
+    def _states(cache):
+        """(key, dict, index) of every linear-attention state in ``cache``."""
+        for number, layer in enumerate(cache.layers):
+            for kind in ("conv_states", "recurrent_states"):
+                states = getattr(layer, kind, None)
+                if isinstance(states, dict):
+                    yield from (((number, kind, i), states, i) for i, t in states.items() if isinstance(t, torch.Tensor))
+
+    def keep(self, handle: int, cache) -> None:
+        """``cache``'s states into a free row named by ``handle`` (the cache then reads them there)."""
+        states = list(self._states(cache))
+        if not states:
+            return
+        fits = all(key not in self.slabs or (self.slabs[key].shape[1:] == d[i].shape[1:] and self.slabs[key].dtype == d[i].dtype)
+                   for key, d, i in states)
+        if not self._free or not fits:
+            self.overflow += 1
+            return
+        row = self._slot_of[handle] = self._free.pop()
+        for key, d, i in states:
+            slab = self.slabs.get(key)
+            if slab is None:
+                slab = self.slabs[key] = torch.zeros(self.rows, *d[i].shape[1:], dtype=d[i].dtype, device=d[i].device)
+            slab[row : row + 1].copy_(d[i])
+            d[i] = slab[row : row + 1]
+
+    def take(self, handle: int, cache) -> None:
+        """``handle``'s states copied out of its row into ``cache`` (a query reads and advances them), the row free."""
+        row = self._slot_of.pop(handle, None)
+        if row is None:
+            return
+        for _, d, i in self._states(cache):
+            d[i] = d[i].clone()
+        self._free.append(row)
+
+    def drop(self, handle: int) -> None:
+        """The context is let go: its row is free."""
+        row = self._slot_of.pop(handle, None)
+        if row is not None:
+            self._free.append(row)
+
+    def describe(self) -> dict:
+        return {"rows": self.rows, "rows_used": len(self._slot_of), "overflow": self.overflow,
+                "bytes": sum(slab.numel() * slab.element_size() for slab in self.slabs.values())}

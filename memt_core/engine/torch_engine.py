@@ -279,9 +279,8 @@ class TorchEngine(Engine):
 
     def capabilities(self) -> dict:
         return {"device": str(self.device), "dtype": str(next(self.runner.model.parameters()).dtype).removeprefix("torch."),
-                "memory_budget": memory_budget(self.runner.model, self.admission.budget, self.runner.kv_cache_dtype,
-                                               pool=getattr(self.runner, "pool", None), slots=getattr(self.runner, "slots", None),
-                                               recurrent=getattr(self.runner, "recurrent", None))}
+                "memory_budget": memory_budget(self.runner.model, self.admission.budget, self.runner.kv_cache_dtype, **{
+                    part: getattr(self.runner, part, None) for part in ("pool", "slots", "recurrent", "retained")})}
 
     # ------------------------------------------------------------------ asyncio-side API
 

@@ -173,3 +173,45 @@ def test_joining_and_selecting_rows_keep_the_states_in_the_slots(nano_model):
     for layer, tensor in enumerate(held):
         assert torch.equal(tensor[0], states[0][layer][0]) and torch.equal(tensor[1], states[2][layer][0])
     assert kv.join(batch, mask, *caches[1], RecurrentSlots(2))[0] is not None  # beyond the rows: concatenated
+
+
+def test_a_retained_context_keeps_its_recurrent_states_in_a_slot_and_answers_as_without(nano_model):
+    """A streaming session's context, kept after its query (``retain_kv``): its linear-attention states wait in the
+    retained slots, and its next query, which extends the context, answers as on an engine without slots."""
+    first, more = [17, 42, 99, 123, 5, 6], [7, 8, 9]
+
+    async def conversation(engine):
+        await engine.apply(fx.NewMemory("s"))
+        one = [e.token async for e in engine.query("r1", first, greedy(6), session="s", retain=True) if e.token is not None]
+        kept = engine.store.sessions["s"].retained
+        assert kept is not None and list(kept.acknowledged) == first + one
+        two = [e.token async for e in engine.query("r2", first + one + more, greedy(6), session="s", retain=True)
+               if e.token is not None]
+        return one, two
+
+    plain = TorchEngine(nano_model).start()
+    slotted = TorchEngine(nano_model, memory_state_slots=slots_for(2, 1)).start()
+    try:
+        expected = asyncio.run(conversation(plain))
+        assert asyncio.run(conversation(slotted)) == expected
+
+        async def next_step():  # a step after the last one: the finished query has left, its context kept
+            [e async for e in slotted.query("sync", [5, 6], greedy(1))]
+
+        asyncio.run(next_step())
+        retained = slotted.runner.retained
+        assert retained.describe()["rows_used"] == 1 and retained.slabs  # the second query's context, kept
+        handle = slotted.store.sessions["s"].retained.kv
+        states = [t for _, d, i in retained._states(slotted.runner.caches[handle]) for t in [d[i]]]
+        assert states and all(any(t.data_ptr() == slab[row:].data_ptr() for slab in retained.slabs.values()
+                                  for row in range(retained.rows)) for t in states)
+
+        async def let_go():
+            await slotted.apply(fx.DropSession("s"))
+            [e async for e in slotted.query("after", [5, 6], greedy(2))]  # its steps free what was let go
+
+        asyncio.run(let_go())
+        assert retained.describe()["rows_used"] == 0
+    finally:
+        plain.stop()
+        slotted.stop()
