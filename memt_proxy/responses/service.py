@@ -43,7 +43,7 @@ from memt_proxy.responses.protocol import (
 from memt_proxy.responses.records import SNAPSHOTS_PER_CHAIN, ResponseRecord, ResponseRecords
 from memt_proxy.responses.stored import StoredResponses
 from memt_proxy.responses.stream import StreamedItems, replayed
-from memt_proxy.responses.threads import Threads, ThreadTurn
+from memt_proxy.responses.threads import ThreadAnswers, Threads, ThreadTurn
 from memt_proxy.session.sessions import HeldSession, Sessions
 from memt_proxy.session.turn import NO_MEMORY, MemoryPlan, OnMemory, Turn, TurnRunner
 from memt_proxy.structured import RawStream
@@ -115,7 +115,7 @@ class ResponsesService:
     async def _on_thread(self, request: ResponseRequest, context: RequestContext, items: list[dict], on: ThreadTurn) -> OnMemory:
         """Where a request on a conversation or chain (``Threads.hold``) is answered: its memory confirmed before the
         prompt is planned on it (a refusal of the plan creates nothing upstream), the held session let go when the
-        answer ends. Its answer is kept for a retry in the runner's ``answers`` (and the thread's record)."""
+        answer ends. Its answer is kept for a retry in the runner's ``answers`` and the thread's record (``ThreadAnswers``)."""
         if on.replay is not None:
             return OnMemory(replay=on.replay)
         thread, held, hold = on.thread, on.held, on.hold
@@ -123,7 +123,7 @@ class ResponsesService:
         try:
             if context.policy == "off":
                 known = await self.threads.known_messages(context, thread)
-                plan = await self._planned(request, context, items, thread, known, thread.calls, None, MemoryPlan("off", retries=self.runner.answers),
+                plan = await self._planned(request, context, items, thread, known, thread.calls, None, MemoryPlan("off", retries=ThreadAnswers(thread, self.runner.answers)),
                                            base_version=thread.version, as_text=len(known) - len(thread.uncommitted))
                 handed_off = True
                 return OnMemory(hold=hold, turn=plan)
@@ -134,7 +134,8 @@ class ResponsesService:
             state = held.state
             if on.restore is None:
                 await self.threads.confirm(held, thread)
-            memory = self.runner.memory_plan("read" if context.policy == "read" else "auto", state, retries=self.runner.answers)
+            memory = self.runner.memory_plan("read" if context.policy == "read" else "auto", state,
+                                             retries=ThreadAnswers(thread, self.runner.answers))
             plan = await self._planned(request, context, items, thread, thread.uncommitted, thread.calls, state.pending, memory, base_version=state.version)
             handed_off = True
             return OnMemory(held, hold, turn=plan)
@@ -227,7 +228,6 @@ class ResponsesService:
         if thread is None:
             uncommitted, version, snapshot_of = messages, 0, None
         else:
-            thread.remember_answer(turn.context.digest, turn.context.key, response_id, body)
             self.threads.advance(thread, response_id, messages, [] if incomplete else calls, output, version, base_version=plan.base_version, items=plan.items)
             uncommitted, version, snapshot_of = list(thread.uncommitted), thread.version, thread.snapshot_of
         if request.stored:

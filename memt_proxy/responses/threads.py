@@ -23,10 +23,26 @@ from memt_proxy.request_context import RequestContext
 from memt_proxy.responses.protocol import ResponseRequest, item_messages, new_id
 from memt_proxy.responses.records import ResponseRecord, ResponseRecords, Thread, session_name
 from memt_proxy.session.sessions import HeldSession, Sessions
-from memt_proxy.session.retries import retried
+from memt_proxy.session.retries import KeptAnswers, retried
 from memt_proxy.worker import off_loop
 
 log = logging.getLogger("memt.proxy")
+
+
+class ThreadAnswers:
+    """Where a thread's turn keeps its answer for a client's retry (a ``retries.RetryStore``, the turn's
+    ``MemoryPlan.retries``): the runner's ``answers``, and the thread's record as its head's (``Thread.remember_answer``),
+    where the thread's next request looks for a retry of it (``Threads.hold``)."""
+
+    def __init__(self, thread: Thread, answers: KeptAnswers):
+        self.thread, self.answers = thread, answers
+
+    def answered(self, context: RequestContext, answer: dict) -> None:
+        self.answers.answered(context, answer)
+        self.thread.remember_answer(context.digest, context.key, answer["id"], answer)
+
+    def committed(self, context: RequestContext, answer, state, version: int) -> None:
+        """(Kept already, when answered.)"""
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,8 @@ go. What the runner does, once for both surfaces:
   context; a header-less turn forks the conversation's next state instead (``memt_proxy.session.headerless``), a cut answer
   included (closed with the end token, as the app's transcript closes it);
 * **retry**: an answer on memory is kept for a client's retry where its memory plan says (``MemoryPlan.retries``: a
-  named session's record, or the runner's ``answers``); the rule is ``retries.retried``;
+  named session's record, the runner's ``answers``, or a store the surface made, e.g. a Responses thread's record beside
+  the runner's); the rule is ``retries.retried``;
 * **usage**: ``on_usage`` once per finished answer (``usage``), with the prompt tokens memory spared.
 """
 

@@ -32,3 +32,16 @@ def test_a_pending_or_cut_turn_stays_open_at_the_version_it_read():
     thread = Thread(id="conv_1", tenant="t", session="s", version=4)
     threads(records).advance(thread, "resp_5", SAID, ["c1"], OUTPUT, None, base_version=4, items=ITEMS)
     assert (thread.head, thread.version, thread.uncommitted, thread.calls, thread.behind) == ("resp_5", 4, SAID, ["c1"], [])
+
+
+def test_a_thread_turns_answer_is_kept_for_a_retry_in_the_runners_answers_and_the_threads_record():
+    from memt_proxy.request_context import RequestContext
+    from memt_proxy.session.retries import KeptAnswers
+    from memt_proxy.responses.threads import ThreadAnswers
+
+    answers, thread = KeptAnswers(), Thread(id="conv_1", tenant="t", session="s", version=1)
+    context = RequestContext(tenant="t", policy="auto", size=10, digest="d1", key="k1", retry=False)
+    body = {"id": "resp_7", "object": "response", "output": OUTPUT}
+    ThreadAnswers(thread, answers).answered(context, body)
+    assert thread.answered == {"digest": "d1", "key": "k1", "id": "resp_7", "body": body}
+    assert answers.retried("t", "d1", False, "k1") is body and answers.retried("t", "d1", False, None) is None
