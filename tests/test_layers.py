@@ -80,3 +80,10 @@ def test_memt_demo_has_no_import_circle():
     both demo families' skeletons build their memory objects with memt_demo/config.py."""
     found = circles(import_graph("memt_demo"))
     assert not found, found[0]
+
+
+def test_no_module_of_memt_core_is_over_600_lines():
+    """Issue 59: a module a maintainer reads whole (the scheduler is the longest)."""
+    root = Path(__file__).resolve().parents[1] / "memt_core"
+    long = {str(p.relative_to(root)): n for p in root.rglob("*.py") if (n := len(p.read_text().splitlines())) > 600}
+    assert not long, long
