@@ -73,12 +73,13 @@ class Table:
         """The pool slots of the row's next ``count`` tokens (blocks taken as needed); the row then holds them."""
         while len(self.blocks) * BLOCK < self.length + count:
             self.blocks.append(self.pool.take())
-        slots = [self.blocks[p // BLOCK] * BLOCK + p % BLOCK for p in range(self.length, self.length + count)]
+        slots = self.slots(range(self.length, self.length + count))
         self.length += count
         return slots
 
-    def slots(self) -> list[int]:
-        return [self.blocks[p // BLOCK] * BLOCK + p % BLOCK for p in range(self.length)]
+    def slots(self, positions: range | None = None) -> list[int]:
+        """The pool slots of the row's ``positions`` (default: every token it holds)."""
+        return [self.blocks[p // BLOCK] * BLOCK + p % BLOCK for p in (positions if positions is not None else range(self.length))]
 
     def append(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Write ``[heads, T, dim]`` keys and values after the row's tokens."""
